@@ -1,0 +1,51 @@
+# ragwatch: `make help` lists the targets. Everything runs from a local venv (.venv).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= agent,stream,embedded,dev
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+comma := ,
+
+.DEFAULT_GOAL := help
+.PHONY: help setup redis demo test unit lint typecheck bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+redis: ## install redis-server from Debian packages if it is missing (needs root)
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS)]'
+	@touch $@
+
+setup: redis $(STAMP) ## create .venv and install ragwatch with all extras
+
+demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert delivered)
+	$(VENV)/bin/ragwatch demo
+
+test: setup lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
+	$(PY) -m pytest
+
+unit: setup ## only the fast tests (no broker, no Redis)
+	$(PY) -m pytest -m "not integration"
+
+typecheck: setup
+	@rm -rf build/typecheck && mkdir -p build/typecheck/ragwatch
+	@for f in ragwatch/*; do ln -s "$$PWD/$$f" build/typecheck/ragwatch/; done
+	@for d in agents streams detectors; do ln -s "$$PWD/$$d" build/typecheck/ragwatch/$$d; done
+	MYPYPATH=build/typecheck $(VENV)/bin/mypy -p ragwatch
+
+lint: setup typecheck ## ruff + mypy (strict)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check ragwatch agents streams detectors bench
+
+bench: setup ## run the benchmarks, write bench/results/*.json
+	$(PY) bench/pipeline.py
+
+clean: ## remove the venv, build and cache folders
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis .ragwatch

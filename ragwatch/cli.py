@@ -1,0 +1,236 @@
+"""The ``ragwatch`` command line: worker, agent, status, demo, dev.
+
+``main()`` is the only place that reads the environment and configures logging.
+Errors ragwatch can explain (bad settings, a missing binary, an unreachable service)
+print one ``ragwatch: error: ...`` line and exit 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ragwatch import __version__
+from ragwatch.config import Settings, env_names, parse_duration
+from ragwatch.errors import ConfigError
+
+log = logging.getLogger("ragwatch")
+
+
+def _duration(v: str) -> float:
+    try:
+        return parse_duration(v)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ragwatch",
+        description="Anomaly detection for GPU fleets serving LLM/RAG traffic. "
+        "Connections come from RAGWATCH_* environment variables (see 'ragwatch settings').",
+    )
+    p.add_argument("--version", action="version", version=f"ragwatch {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("worker", help="run the stream worker (Faust) until SIGTERM")
+
+    a = sub.add_parser("agent", help="sample telemetry and publish it to Kafka")
+    a.add_argument(
+        "--source",
+        choices=("sim",),
+        default="sim",
+        help="telemetry source (sim: the simulated fleet)",
+    )
+    a.add_argument("--scenario", default="leak", help="sim scenario: healthy or leak")
+    a.add_argument("--hosts", type=int, default=4, help="simulated hosts (default 4)")
+    a.add_argument("--gpus", type=int, default=2, help="GPUs per simulated host (default 2)")
+    a.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="event-time seconds per wall second; 0 = as fast as possible",
+    )
+    a.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same telemetry)")
+    a.add_argument(
+        "--interval",
+        type=_duration,
+        default=10.0,
+        help="event-time seconds between samples (default 10s)",
+    )
+    a.add_argument(
+        "--duration",
+        type=_duration,
+        default=None,
+        help="event time to simulate, e.g. 3600, 90m or 6h (default: forever)",
+    )
+    a.add_argument(
+        "--start",
+        type=float,
+        default=None,
+        help="event time of the first sample, epoch seconds (default: now minus "
+        "--duration, so a fast replay ends near the present; now without it)",
+    )
+
+    s = sub.add_parser("status", help="hosts, GPUs, slopes and alerts, read from Redis")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    d = sub.add_parser("demo", help="replay the GPU memory-leak incident end to end")
+    d.add_argument("--scenario", default="leak", choices=("leak",))
+    d.add_argument(
+        "--json", action="store_true", help="print each delivered alert as one JSON object per line"
+    )
+    d.add_argument(
+        "--timeout", type=_duration, default=150.0, help="give up after this long (default 150s)"
+    )
+
+    dev = sub.add_parser("dev", help="embedded Tansu broker + redis-server for development")
+    dev.add_argument("action", choices=("up", "down", "status"))
+
+    sub.add_parser("settings", help="list every RAGWATCH_* setting with its current value")
+    return p
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.streams.worker import run_worker
+
+    return run_worker(settings)
+
+
+def cmd_agent(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.agents.publisher import KafkaPublisher
+    from ragwatch.agents.runner import run_simulation
+    from ragwatch.agents.sim import FleetSimulator, SimConfig
+
+    start = args.start
+    if start is None:
+        start = float(int(time.time() - (args.duration or 0.0)))
+    try:
+        cfg = SimConfig(
+            hosts=args.hosts,
+            gpus=args.gpus,
+            seed=args.seed,
+            scenario=args.scenario,
+            interval_s=args.interval,
+            start_ts=start,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    publisher = KafkaPublisher(settings.kafka_config())
+    log.info(
+        "agent: sim scenario=%s hosts=%d gpus=%d speed=%g -> %s",
+        cfg.scenario,
+        cfg.hosts,
+        cfg.gpus,
+        args.speed,
+        settings.kafka_bootstrap,
+    )
+    topics = {"gpu": settings.topic("gpu"), "events": settings.topic("events")}
+    stats = run_simulation(
+        FleetSimulator(cfg),
+        publisher,
+        topics=topics,
+        speed=args.speed,
+        duration_s=args.duration,
+        stop=stop,
+    )
+    ps = publisher.stats
+    log.info(
+        "agent done: ticks=%d envelopes=%d events=%d produced=%d delivered=%d failed=%d",
+        stats.ticks,
+        stats.envelopes,
+        stats.events,
+        ps.produced,
+        ps.delivered,
+        ps.failed,
+    )
+    return 0 if ps.failed == 0 and ps.delivered == ps.produced else 1
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.status import show_status
+
+    return show_status(settings, as_json=args.json, out=sys.stdout)
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.demo import run_demo
+
+    return run_demo(
+        settings, environ, scenario=args.scenario, as_json=args.json, timeout_s=args.timeout
+    )
+
+
+def cmd_dev(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.embedded import EmbeddedStack
+
+    stack = EmbeddedStack(settings.state_dir)
+    if args.action == "up":
+        stack.up()
+        from ragwatch.kafka_admin import ensure_topics
+
+        ensure_topics(Settings.from_env({**environ, **stack.env()}))
+    elif args.action == "down":
+        stopped = stack.down()
+        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        return 0
+    services = stack.services()
+    if not services:
+        print(f"no dev stack in {settings.state_dir} (start one with 'ragwatch dev up')")
+        return 1 if args.action == "status" else 0
+    for svc in services.values():
+        state = "up" if svc.alive else "DOWN"
+        print(f"# {svc.name}: {state} pid={svc.pid} port={svc.port} log={svc.log}")
+    for k, v in stack.env().items():
+        print(f"export {k}={v}")
+    return 0 if all(s.alive for s in services.values()) else 1
+
+
+def cmd_settings(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    docs = env_names()
+    for name, value in settings.describe().items():
+        print(f"{name}={value}    # {docs[name]}")
+    return 0
+
+
+COMMANDS: dict[str, Any] = {
+    "worker": cmd_worker,
+    "agent": cmd_agent,
+    "status": cmd_status,
+    "demo": cmd_demo,
+    "dev": cmd_dev,
+    "settings": cmd_settings,
+}
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    environ = os.environ if environ is None else environ
+    try:
+        settings = Settings.from_env(environ)
+    except ConfigError as exc:
+        print(f"ragwatch: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = COMMANDS[args.command](args, settings, environ)
+        return code
+    except ConfigError as exc:
+        print(f"ragwatch: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,276 @@
+"""One typed, frozen settings object, read from ``RAGWATCH_*`` environment variables.
+
+Only ``main()`` reads the environment (``Settings.from_env(os.environ)``); everything
+else receives a :class:`Settings`. Secrets are :class:`Secret` and never printed.
+
+>>> s = Settings.from_env({"RAGWATCH_KAFKA_BOOTSTRAP": "k1:9092,k2:9092",
+...                        "RAGWATCH_TOPIC_PREFIX": "prod."})
+>>> s.topic("gpu")
+'prod.ragwatch.gpu'
+>>> s.kafka_config()["bootstrap.servers"]
+'k1:9092,k2:9092'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ragwatch.errors import ConfigError
+
+PREFIX = "RAGWATCH_"
+TOPICS = ("gpu", "requests", "events", "metrics", "alerts", "deadletter")
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:(\d{1,5})$")
+
+
+class Secret:
+    """A string that never shows itself in ``repr``/``str`` (like pydantic's SecretStr)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')" if self._value else "Secret('')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+def redact_url(url: str) -> str:
+    """Mask passwords in a URL, in the userinfo and in a ``password=`` query parameter.
+
+    >>> redact_url("redis://user:pw@host:6379/0?password=x&db=1")
+    'redis://user:***@host:6379/0?password=***&db=1'
+    """
+    parts = urlsplit(url)
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{netloc}")
+    if parts.query:
+        query = "&".join(
+            f"{kv.split('=', 1)[0]}=***" if kv.split("=", 1)[0].lower() == "password" else kv
+            for kv in parts.query.split("&")
+        )
+        parts = parts._replace(query=query)
+    return urlunsplit(parts)
+
+
+def _bootstrap(v: str) -> str:
+    servers = [s.strip() for s in v.split(",") if s.strip()]
+    matches = [_HOSTPORT.match(s) for s in servers]
+    if not servers or not all(m and 1 <= int(m.group(1)) <= 65535 for m in matches):
+        raise ValueError(f"expected host:port[,host:port...], got {v!r}")
+    return ",".join(servers)
+
+
+def _url_list(v: str) -> tuple[str, ...]:
+    urls = tuple(u.strip() for u in v.split(",") if u.strip())
+    for u in urls:
+        if urlsplit(u).scheme not in ("http", "https") or not urlsplit(u).netloc:
+            raise ValueError(f"webhook URLs must be http(s)://host..., got {mask_webhook(u)!r}")
+    return urls
+
+
+def _redis_url(v: str) -> str:
+    if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"expected redis://, rediss:// or unix:// URL, got {redact_url(v)!r}")
+    return v
+
+
+def _positive_float(v: str) -> float:
+    f = float(v)
+    if not (f > 0 and math.isfinite(f)):
+        raise ValueError(f"must be > 0, got {v!r}")
+    return f
+
+
+def _positive_int(v: str) -> int:
+    i = int(v)
+    if i <= 0:
+        raise ValueError(f"must be > 0, got {v!r}")
+    return i
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        if v.upper() not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {v!r}")
+        return v.upper()
+
+    return parse
+
+
+def _opt_path(v: str) -> Path | None:
+    return Path(v) if v else None
+
+
+def mask_webhook(url: str) -> str:
+    """Webhook URLs often carry their secret in the path (Slack): keep scheme and host only."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return f"{parts.scheme}://{host}/***" if parts.path.strip("/") else f"{parts.scheme}://{host}"
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(v: str | float) -> float:
+    """Seconds from ``"90"``, ``"30s"``, ``"10m"``, ``"2h"``, ``"1d"`` or a number.
+
+    >>> parse_duration("10m"), parse_duration(5)
+    (600.0, 5.0)
+    """
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if v < 0:
+            raise ValueError(f"duration must be >= 0, got {v!r}")
+        return float(v)
+    m = _DURATION.match(str(v).strip())
+    if not m:
+        raise ValueError(f"bad duration {v!r} (use e.g. 30s, 10m, 2h)")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"]
+
+
+def _setting(default: Any, parse: Callable[[str], Any], doc: str, *, secret: bool = False) -> Any:
+    return field(default=default, repr=not secret, metadata={"parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of ragwatch. Field ``foo_bar`` is read from ``RAGWATCH_FOO_BAR``."""
+
+    kafka_bootstrap: str = _setting(
+        "localhost:9092", _bootstrap, "Kafka bootstrap servers, host:port[,host:port]"
+    )
+    kafka_security_protocol: str = _setting(
+        "PLAINTEXT", _choice(SECURITY_PROTOCOLS), "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+    )
+    kafka_sasl_mechanism: str = _setting(
+        "PLAIN", _choice(SASL_MECHANISMS), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+    )
+    kafka_sasl_username: str = _setting("", str, "SASL username")
+    kafka_sasl_password: Secret = _setting(Secret(""), Secret, "SASL password (secret)")
+    kafka_ssl_cafile: Path | None = _setting(None, _opt_path, "CA bundle for SSL/SASL_SSL")
+    kafka_session_timeout: float = _setting(
+        10.0, _positive_float, "consumer group session timeout, seconds"
+    )
+    topic_prefix: str = _setting("", str, "prefix for every topic name, e.g. 'prod.'")
+    topic_partitions: int = _setting(4, _positive_int, "partitions of topics ragwatch creates")
+    app_id: str = _setting("ragwatch", str, "Faust app id = Kafka consumer group of workers")
+    redis_url: str = _setting(
+        "redis://localhost:6379/0", _redis_url, "Redis URL (redis:// or rediss://)", secret=True
+    )
+    redis_prefix: str = _setting("ragwatch", str, "prefix of every Redis key")
+    webhook_urls: tuple[str, ...] = _setting(
+        (), _url_list, "comma-separated http(s) URLs that receive alert webhooks", secret=True
+    )
+    webhook_timeout: float = _setting(5.0, _positive_float, "webhook request timeout, seconds")
+    webhook_max_attempts: int = _setting(
+        8, _positive_int, "webhook delivery attempts before giving up"
+    )
+    rules_file: Path | None = _setting(
+        None, _opt_path, "YAML rules file; empty = the shipped default rules"
+    )
+    external_url: str = _setting(
+        "http://localhost:8080", str, "URL put in webhook payloads as externalURL"
+    )
+    state_dir: Path = _setting(
+        Path(".ragwatch"), Path, "where 'ragwatch dev up' keeps pids, ports and logs"
+    )
+    max_series: int = _setting(
+        100_000, _positive_int, "cap on tracked series per worker (new ones are dropped)"
+    )
+    log_level: str = _setting(
+        "INFO", _choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level of ragwatch"
+    )
+    explicit: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Build settings from ``RAGWATCH_*`` variables; ``ConfigError`` names the bad one."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if "parse" not in f.metadata:
+                continue
+            name = PREFIX + f.name.upper()
+            if name in env:
+                raw = env[name] if f.type == "Secret" else env[name].strip()
+                try:
+                    values[f.name] = f.metadata["parse"](raw)
+                except ValueError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
+        unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in env_names())
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        return cls(**values, explicit=frozenset(values)).validated()
+
+    def validated(self) -> Settings:
+        if self.kafka_security_protocol.startswith("SASL") and not self.kafka_sasl_username:
+            raise ConfigError(
+                "RAGWATCH_KAFKA_SASL_USERNAME: required when the security protocol is SASL_*"
+            )
+        return self
+
+    def topic(self, name: str) -> str:
+        """Full topic name for one of :data:`TOPICS`, with the configured prefix."""
+        if name not in TOPICS:
+            raise ValueError(f"unknown topic {name!r}; expected one of {TOPICS}")
+        return f"{self.topic_prefix}ragwatch.{name}"
+
+    def kafka_config(self) -> dict[str, Any]:
+        """librdkafka (confluent-kafka) options: the one place snake_case meets dotted keys."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.kafka_bootstrap,
+            "security.protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_security_protocol.startswith("SASL"):
+            conf["sasl.mechanism"] = self.kafka_sasl_mechanism
+            conf["sasl.username"] = self.kafka_sasl_username
+            conf["sasl.password"] = self.kafka_sasl_password.get()
+        if self.kafka_ssl_cafile is not None:
+            conf["ssl.ca.location"] = str(self.kafka_ssl_cafile)
+        return conf
+
+    def describe(self) -> dict[str, str]:
+        """Every setting as ``RAGWATCH_NAME -> printable value`` (secrets masked)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if "parse" not in f.metadata:
+                continue
+            v = getattr(self, f.name)
+            if isinstance(v, tuple):
+                v = ",".join(mask_webhook(u) for u in v)
+            elif f.name == "redis_url":
+                v = redact_url(v)
+            out[PREFIX + f.name.upper()] = "" if v is None else str(v)
+        return out
+
+
+def env_names() -> dict[str, str]:
+    """``RAGWATCH_*`` variable name -> its documentation line."""
+    return {
+        PREFIX + f.name.upper(): f.metadata["doc"]
+        for f in dataclasses.fields(Settings)
+        if "doc" in f.metadata
+    }

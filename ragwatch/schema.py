@@ -1,0 +1,409 @@
+"""Typed, frozen records for every message ragwatch puts on Kafka.
+
+This module is the wire format's single source of truth. Records are plain frozen,
+slotted dataclasses; :mod:`ragwatch.codec` is the only code that turns them into bytes
+and back. ``from_dict`` validates strictly: missing required fields, wrong types,
+NaN/inf, negative memory, ``fb_used > fb_total``, unknown ``kind`` and unsupported
+``v`` all raise :class:`~ragwatch.errors.SchemaError` with a reason naming the field.
+Extra fields are allowed and ignored (forward compatibility), except on events, which
+keep them as ``attrs``.
+
+>>> env = GpuEnvelope(host="h1", ts=1.0, gpus=())
+>>> env.kind
+'gpu'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Union, cast
+
+from ragwatch.errors import SchemaError
+
+SCHEMA_VERSION = 1
+MAX_INT = 2**63 - 1
+MAX_UINT = 2**64 - 1
+ENVELOPE_FIELDS = ("v", "kind", "host", "ts", "type")
+ALERT_STATUSES = ("pending", "firing", "resolved")
+REQUEST_STATUSES = ("ok", "error")
+EVENT_TYPES = ("xid", "oom_kill", "process_exit")
+
+AlertStatus = Literal["pending", "firing", "resolved"]
+RequestStatus = Literal["ok", "error"]
+
+
+# ---------------------------------------------------------------- field readers
+
+
+def _get(d: Mapping[str, Any], key: str, path: str) -> Any:
+    if key not in d:
+        raise SchemaError(f"{path}{key}: required field missing")
+    return d[key]
+
+
+def _str(d: Mapping[str, Any], key: str, path: str, *, nonempty: bool = True) -> str:
+    v = _get(d, key, path)
+    if not isinstance(v, str):
+        raise SchemaError(f"{path}{key}: expected string, got {type(v).__name__}")
+    if nonempty and not v:
+        raise SchemaError(f"{path}{key}: must not be empty")
+    return v
+
+
+def _opt_str(d: Mapping[str, Any], key: str, path: str) -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise SchemaError(f"{path}{key}: expected string or null, got {type(v).__name__}")
+    return v
+
+
+def _int(d: Mapping[str, Any], key: str, path: str, *, minimum: int | None = 0) -> int:
+    v = _get(d, key, path)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SchemaError(f"{path}{key}: expected integer, got {type(v).__name__}")
+    if v > MAX_UINT:
+        raise SchemaError(f"{path}{key}: must be <= 2**64-1, got {v}")
+    if minimum is not None and v < minimum:
+        raise SchemaError(f"{path}{key}: must be >= {minimum}, got {v}")
+    return v
+
+
+def _opt_int(d: Mapping[str, Any], key: str, path: str) -> int | None:
+    if d.get(key) is None:
+        return None
+    return _int(d, key, path)
+
+
+def _check_float(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise SchemaError(f"{name}: expected number, got {type(v).__name__}")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise SchemaError(f"{name}: must be finite, got an integer beyond float range") from None
+    if not math.isfinite(f):
+        raise SchemaError(f"{name}: must be finite, got {v!r}")
+    return f
+
+
+def _float(d: Mapping[str, Any], key: str, path: str, *, minimum: float | None = None) -> float:
+    f = _check_float(_get(d, key, path), f"{path}{key}")
+    if minimum is not None and f < minimum:
+        raise SchemaError(f"{path}{key}: must be >= {minimum:g}, got {f:g}")
+    return f
+
+
+def _opt_float(
+    d: Mapping[str, Any], key: str, path: str, *, minimum: float | None = None
+) -> float | None:
+    if d.get(key) is None:
+        return None
+    return _float(d, key, path, minimum=minimum)
+
+
+def _list(d: Mapping[str, Any], key: str, path: str) -> list[Any]:
+    v = _get(d, key, path)
+    if not isinstance(v, list):
+        raise SchemaError(f"{path}{key}: expected array, got {type(v).__name__}")
+    return v
+
+
+def _obj(v: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(v, dict):
+        raise SchemaError(f"{path or 'message'}: expected object, got {type(v).__name__}")
+    return v
+
+
+def _str_map(d: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
+    raw = _obj(d.get(key, {}), f"{path}{key}")
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            raise SchemaError(f"{path}{key}.{k}: expected string, got {type(v).__name__}")
+    return dict(raw)
+
+
+def _choice(d: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...]) -> str:
+    v = _str(d, key, path)
+    if v not in choices:
+        raise SchemaError(f"{path}{key}: must be one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
+def _check_json_value(v: Any, name: str) -> None:
+    """Free-form values (event attributes): finite numbers, 64-bit ints, at any depth."""
+    if isinstance(v, float) and not math.isfinite(v):
+        raise SchemaError(f"{name}: must be finite, got {v!r}")
+    if isinstance(v, int) and not isinstance(v, bool) and not -MAX_INT - 1 <= v <= MAX_UINT:
+        raise SchemaError(f"{name}: integer out of 64-bit range")
+    if isinstance(v, list):
+        for i, item in enumerate(v):
+            _check_json_value(item, f"{name}[{i}]")
+    elif isinstance(v, dict):
+        for k, item in v.items():
+            _check_json_value(item, f"{name}.{k}")
+
+
+def check_header(d: Mapping[str, Any], kind: str) -> None:
+    """Check ``v`` and ``kind`` of an envelope dict; raise SchemaError if they are off."""
+    v = d.get("v")
+    if type(v) is not int or v != SCHEMA_VERSION:
+        raise SchemaError(f"v: unsupported schema version {v!r} (this build reads v=1)")
+    if d.get("kind") != kind:
+        raise SchemaError(f"kind: expected {kind!r}, got {d.get('kind')!r}")
+
+
+# ---------------------------------------------------------------- gpu telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One compute process on one GPU: its framebuffer use (bytes) and host RSS."""
+
+    pid: int
+    name: str
+    gpu_mem: int
+    rss: int | None = None
+    container: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "") -> ProcessSample:
+        return cls(
+            pid=_int(d, "pid", path),
+            name=_str(d, "name", path, nonempty=False),
+            gpu_mem=_int(d, "gpu_mem", path),
+            rss=_opt_int(d, "rss", path),
+            container=_opt_str(d, "container", path),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU (or MIG instance) at one tick. Memory in bytes, utilisation in percent."""
+
+    index: int
+    uuid: str
+    name: str
+    fb_used: int
+    fb_total: int
+    mig: str | None = None
+    gpu_util: float | None = None
+    mem_copy_util: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    procs: tuple[ProcessSample, ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "") -> GpuSample:
+        fb_used = _int(d, "fb_used", path)
+        fb_total = _int(d, "fb_total", path)
+        if fb_used > fb_total:
+            raise SchemaError(f"{path}fb_used: {fb_used} exceeds fb_total {fb_total}")
+        procs = _list(d, "procs", path) if "procs" in d else []
+        return cls(
+            index=_int(d, "index", path),
+            uuid=_str(d, "uuid", path),
+            name=_str(d, "name", path, nonempty=False),
+            mig=_opt_str(d, "mig", path),
+            fb_used=fb_used,
+            fb_total=fb_total,
+            gpu_util=_opt_float(d, "gpu_util", path, minimum=0.0),
+            mem_copy_util=_opt_float(d, "mem_copy_util", path, minimum=0.0),
+            temp_c=_opt_float(d, "temp_c", path),
+            power_w=_opt_float(d, "power_w", path, minimum=0.0),
+            procs=tuple(
+                ProcessSample.from_dict(_obj(p, f"{path}procs[{i}]"), f"{path}procs[{i}].")
+                for i, p in enumerate(procs)
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEnvelope:
+    """Topic ``ragwatch.gpu``, key = host: every GPU of one host at one sampling tick."""
+
+    kind: ClassVar[str] = "gpu"
+    host: str
+    ts: float
+    gpus: tuple[GpuSample, ...]
+
+    @property
+    def key(self) -> str:
+        return self.host
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuEnvelope:
+        check_header(d, cls.kind)
+        return cls(
+            host=_str(d, "host", ""),
+            ts=_float(d, "ts", "", minimum=0.0),
+            gpus=tuple(
+                GpuSample.from_dict(_obj(g, f"gpus[{i}]"), f"gpus[{i}].")
+                for i, g in enumerate(_list(d, "gpus", ""))
+            ),
+        )
+
+
+# ---------------------------------------------------------------- request telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One RAG request: end-to-end and per-stage latency (ms) and token counts."""
+
+    ts: float
+    status: RequestStatus
+    e2e_ms: float
+    context_tokens: int
+    output_tokens: int
+    stages: dict[str, float] = field(default_factory=dict)
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "") -> RequestRecord:
+        stages_raw = _obj(d.get("stages", {}), f"{path}stages")
+        stages = {k: _check_float(v, f"{path}stages.{k}") for k, v in stages_raw.items()}
+        for k, v in stages.items():
+            if v < 0:
+                raise SchemaError(f"{path}stages.{k}: must be >= 0, got {v:g}")
+        status = _choice(d, "status", path, REQUEST_STATUSES)
+        return cls(
+            ts=_float(d, "ts", path, minimum=0.0),
+            status=cast(RequestStatus, status),
+            e2e_ms=_float(d, "e2e_ms", path, minimum=0.0),
+            queue_ms=_opt_float(d, "queue_ms", path, minimum=0.0),
+            ttft_ms=_opt_float(d, "ttft_ms", path, minimum=0.0),
+            stages=stages,
+            context_tokens=_int(d, "context_tokens", path),
+            output_tokens=_int(d, "output_tokens", path),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsEnvelope:
+    """Topic ``ragwatch.requests``, key = service: a batch of request records."""
+
+    kind: ClassVar[str] = "requests"
+    service: str
+    instance: str
+    ts: float
+    records: tuple[RequestRecord, ...]
+
+    @property
+    def key(self) -> str:
+        return self.service
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RequestsEnvelope:
+        check_header(d, cls.kind)
+        return cls(
+            service=_str(d, "service", ""),
+            instance=_str(d, "instance", ""),
+            ts=_float(d, "ts", "", minimum=0.0),
+            records=tuple(
+                RequestRecord.from_dict(_obj(r, f"records[{i}]"), f"records[{i}].")
+                for i, r in enumerate(_list(d, "records", ""))
+            ),
+        )
+
+
+# ---------------------------------------------------------------- device events
+
+
+@dataclass(frozen=True, slots=True)
+class EventEnvelope:
+    """Topic ``ragwatch.events``, key = host: an XID, an OOM kill or a process exit.
+
+    Fields beyond the envelope (``gpu``, ``pid``, ``xid``, ``process``...) are kept in
+    ``attrs`` and written back at the top level; attrs named like a header field
+    (``v``, ``kind``, ``host``, ``ts``, ``type``) are refused.
+    """
+
+    def __post_init__(self) -> None:
+        clash = [k for k in self.attrs if k in ENVELOPE_FIELDS]
+        if clash:
+            raise SchemaError(f"attrs: {', '.join(clash)} would overwrite the envelope header")
+
+    kind: ClassVar[str] = "event"
+    host: str
+    ts: float
+    type: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.host
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EventEnvelope:
+        check_header(d, cls.kind)
+        attrs = {k: v for k, v in d.items() if k not in ENVELOPE_FIELDS}
+        for k, v in attrs.items():
+            _check_json_value(v, k)
+        return cls(
+            host=_str(d, "host", ""),
+            ts=_float(d, "ts", "", minimum=0.0),
+            type=_choice(d, "type", "", EVENT_TYPES),
+            attrs=attrs,
+        )
+
+
+# ---------------------------------------------------------------- alerts
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """Topic ``ragwatch.alerts``: one state transition of one alert.
+
+    ``fingerprint`` identifies the alert (rule + identifying labels) across transitions;
+    times are event-time epoch seconds.
+    """
+
+    kind: ClassVar[str] = "alert"
+    rule: str
+    severity: str
+    status: AlertStatus
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    value: float
+    expected: float | None
+    starts_at: float
+    ends_at: float | None
+    fingerprint: str
+
+    @property
+    def key(self) -> str:
+        return self.fingerprint
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Alert:
+        check_header(d, cls.kind)
+        status = _choice(d, "status", "", ALERT_STATUSES)
+        return cls(
+            rule=_str(d, "rule", ""),
+            severity=_str(d, "severity", ""),
+            status=cast(AlertStatus, status),
+            labels=_str_map(d, "labels", ""),
+            annotations=_str_map(d, "annotations", ""),
+            value=_float(d, "value", ""),
+            expected=_opt_float(d, "expected", ""),
+            starts_at=_float(d, "starts_at", "", minimum=0.0),
+            ends_at=_opt_float(d, "ends_at", "", minimum=0.0),
+            fingerprint=_str(d, "fingerprint", ""),
+        )
+
+
+Envelope = Union[GpuEnvelope, RequestsEnvelope, EventEnvelope, Alert]  # noqa: UP007
+
+KINDS: dict[str, type[GpuEnvelope] | type[RequestsEnvelope] | type[EventEnvelope] | type[Alert]]
+KINDS = {c.kind: c for c in (GpuEnvelope, RequestsEnvelope, EventEnvelope, Alert)}
+
+# Headers on a dead-letter record; its value is the rejected message's original bytes.
+DLQ_HEADER_TOPIC = "ragwatch-topic"
+DLQ_HEADER_PARTITION = "ragwatch-partition"
+DLQ_HEADER_OFFSET = "ragwatch-offset"
+DLQ_HEADER_REASON = "ragwatch-reason"

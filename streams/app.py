@@ -1,0 +1,223 @@
+"""The Faust app: ``ragwatch.gpu`` -> GpuPipeline -> alerts topic, Redis, webhooks.
+
+No app exists at import time: :func:`build_app` creates one from :class:`Settings` and
+registers the processors. Topics carry raw bytes; :mod:`ragwatch.codec` decodes them. A
+message that fails validation goes to ``ragwatch.deadletter`` (value = the original bytes,
+headers = source topic, partition, offset and the reason) and is counted; it never stops
+the partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import ssl
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import faust
+import mode
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from ragwatch.codec import decode_as, encode
+from ragwatch.config import Settings
+from ragwatch.errors import SchemaError
+from ragwatch.schema import (
+    DLQ_HEADER_OFFSET,
+    DLQ_HEADER_PARTITION,
+    DLQ_HEADER_REASON,
+    DLQ_HEADER_TOPIC,
+    GpuEnvelope,
+)
+from ragwatch.streams.engine import Transition
+from ragwatch.streams.gpu import GpuPipeline
+from ragwatch.streams.rules import load_rules
+from ragwatch.streams.state import RedisState
+from ragwatch.streams.webhook import WebhookNotifier
+
+log = logging.getLogger(__name__)
+
+
+def faust_credentials(settings: Settings) -> Any:
+    """Kafka security settings as Faust/aiokafka credentials (None for PLAINTEXT)."""
+    proto = settings.kafka_security_protocol
+    if proto == "PLAINTEXT":
+        return None
+    ctx = ssl.create_default_context(
+        cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
+    )
+    if proto == "SSL":
+        return faust.SSLCredentials(ctx)
+    return faust.SASLCredentials(
+        username=settings.kafka_sasl_username,
+        password=settings.kafka_sasl_password.get(),
+        mechanism=settings.kafka_sasl_mechanism,
+        ssl_context=ctx if proto == "SASL_SSL" else None,
+    )
+
+
+@dataclass
+class WorkerCounters:
+    messages: int = 0
+    deadletter: int = 0
+    transitions: int = 0
+    redis_errors: int = 0
+
+
+class Delivery(mode.Service):
+    """Owns the Redis client and the webhook notifier; sends every transition out."""
+
+    def __init__(self, settings: Settings, worker_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.worker_id = worker_id
+        self.counters = WorkerCounters()
+        self.redis = aioredis.from_url(settings.redis_url)
+        self.store = RedisState(self.redis, settings.redis_prefix)
+        self.notifier = WebhookNotifier(
+            settings.webhook_urls,
+            external_url=settings.external_url,
+            timeout_s=settings.webhook_timeout,
+            max_attempts=settings.webhook_max_attempts,
+        )
+
+    async def on_start(self) -> None:
+        await self.notifier.start()
+
+    async def on_stop(self) -> None:
+        await self.notifier.stop(timeout_s=10.0)
+        await self.redis.aclose()
+
+    async def send(self, t: Transition, alerts_topic: Any) -> None:
+        a = t.alert
+        self.counters.transitions += 1
+        level = logging.WARNING if a.status == "firing" else logging.INFO
+        log.log(
+            level,
+            "alert %s %s -> %s fingerprint=%s labels=%s",
+            a.rule,
+            t.previous,
+            a.status,
+            a.fingerprint,
+            a.labels,
+        )
+        await alerts_topic.send(key=a.fingerprint.encode(), value=encode(a))
+        if t.notify:
+            self.notifier.submit(a)
+        try:
+            await self.store.write_transition(t)
+        except RedisError as exc:
+            self._redis_failed("write alert", exc)
+
+    async def write_status(self, pipeline: GpuPipeline, hosts: set[str]) -> None:
+        try:
+            await self.store.write_hosts({h: pipeline.host_snapshot(h) for h in hosts})
+            await self.store.write_worker(
+                self.worker_id,
+                {
+                    **asdict(self.counters),
+                    **asdict(pipeline.stats),
+                    **{f"webhook_{k}": v for k, v in asdict(self.notifier.stats).items()},
+                    "series": len(pipeline.series),
+                },
+            )
+        except RedisError as exc:
+            self._redis_failed("write status", exc)
+
+    def _redis_failed(self, what: str, exc: Exception) -> None:
+        self.counters.redis_errors += 1
+        log.warning(
+            "redis %s failed (%s); errors so far: %d", what, exc, self.counters.redis_errors
+        )
+
+
+def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
+    """A configured Faust app with the GPU processor registered."""
+    worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    app = faust.App(
+        settings.app_id,
+        broker="kafka://" + settings.kafka_bootstrap.replace(",", ";kafka://"),
+        broker_credentials=faust_credentials(settings),
+        broker_session_timeout=settings.kafka_session_timeout,
+        broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout / 3),
+        topic_partitions=settings.topic_partitions,
+        value_serializer="raw",
+        key_serializer="raw",
+        web_enabled=False,
+        store="memory://",
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+    )
+    delivery = Delivery(settings, worker_id)
+    app.service(delivery)  # type: ignore[arg-type]  # faust starts instances too
+    register_gpu_processor(
+        app,
+        settings,
+        GpuPipeline(load_rules(settings.rules_file), max_series=settings.max_series),
+        delivery,
+    )
+    return app
+
+
+def _topic(app: faust.App, settings: Settings, name: str) -> Any:
+    return app.topic(
+        settings.topic(name),
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.topic_partitions,
+    )
+
+
+def register_gpu_processor(
+    app: faust.App, settings: Settings, pipeline: GpuPipeline, delivery: Delivery
+) -> None:
+    gpu_topic = _topic(app, settings, "gpu")
+    alerts_topic = _topic(app, settings, "alerts")
+    dlq_topic = _topic(app, settings, "deadletter")
+    dirty_hosts: set[str] = set()
+
+    async def dead_letter(msg: Any, reason: str) -> None:
+        delivery.counters.deadletter += 1
+        log.warning(
+            "dead-letter %s[%d] offset=%d: %s", msg.topic, msg.partition, msg.offset, reason
+        )
+        await dlq_topic.send(
+            key=msg.key,
+            value=msg.value,
+            headers={
+                DLQ_HEADER_TOPIC: msg.topic.encode(),
+                DLQ_HEADER_PARTITION: str(msg.partition).encode(),
+                DLQ_HEADER_OFFSET: str(msg.offset).encode(),
+                DLQ_HEADER_REASON: reason.encode(),
+            },
+        )
+
+    @app.agent(gpu_topic, name="ragwatch.gpu-processor")
+    async def gpu_processor(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            delivery.counters.messages += 1
+            try:
+                env = decode_as(GpuEnvelope, msg.value or b"")
+            except SchemaError as exc:
+                await dead_letter(msg, exc.reason)
+                continue
+            try:
+                transitions = pipeline.process(env)
+            except Exception as exc:  # a bug must not stall the partition
+                log.exception("processing failed host=%s", env.host)
+                await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}")
+                continue
+            dirty_hosts.add(env.host)
+            for t in transitions:
+                await delivery.send(t, alerts_topic)
+
+    @app.timer(1.0)  # type: ignore[untyped-decorator]
+    async def write_status() -> None:
+        hosts = set(dirty_hosts)
+        dirty_hosts.clear()
+        await delivery.write_status(pipeline, hosts)

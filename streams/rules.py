@@ -1,0 +1,256 @@
+"""Alert rules: a small, Prometheus-like YAML format and its parser.
+
+A rule applies to every series of one ``series`` type (``process``: one compute process
+on one GPU; ``gpu``: one GPU or MIG instance) and fires when its ``expr`` holds for
+``for`` of event time::
+
+    rules:
+      - name: GpuMemoryLeak
+        series: process
+        expr: mem_increase_bytes > 1GB
+        for: 10m
+        severity: critical
+        expected: 0
+        labels: {team: ml-platform}
+        annotations:
+          summary: "{process} (pid {pid}) on {host} GPU {gpu} grows {gb_per_hour:.2f} GB/h"
+
+``expr`` is one or more ``signal OP number`` terms joined by ``and``; OP is one of
+``> >= < <= == !=``; numbers take the suffixes ``KB MB GB TB`` (powers of 1000) and
+``KiB MiB GiB TiB``. Annotations are ``str.format`` templates over the alert's labels and
+the series' signals. Everything is checked at load time: a bad rule is a
+:class:`~ragwatch.errors.ConfigError` naming the rule and the field.
+
+>>> rule = parse_rule({"name": "Big", "series": "gpu", "expr": "fb_used_bytes > 1.5GB"})
+>>> rule.conditions[0].threshold
+1500000000.0
+>>> rule.holds({"fb_used_bytes": 2e9})
+True
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ragwatch.config import parse_duration
+from ragwatch.errors import ConfigError
+
+SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
+    "process": (
+        "gpu_mem_bytes",
+        "rss_bytes",
+        "mem_increase_bytes",
+        "mem_increase_gb",
+        "mem_slope_bytes_per_s",
+        "gb_per_hour",
+        "leak_score",
+        "window_h",
+        "tte_s",
+        "tte_h",
+        "fb_used_bytes",
+        "fb_total_bytes",
+    ),
+    "gpu": (
+        "fb_used_bytes",
+        "fb_total_bytes",
+        "fb_used_ratio",
+        "mem_increase_bytes",
+        "mem_increase_gb",
+        "mem_slope_bytes_per_s",
+        "gb_per_hour",
+        "leak_score",
+        "window_h",
+        "tte_s",
+        "tte_h",
+        "gpu_util",
+        "mem_copy_util",
+        "temp_c",
+        "power_w",
+    ),
+}
+SERIES_LABELS: dict[str, tuple[str, ...]] = {
+    "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
+    "gpu": ("host", "gpu", "uuid", "mig", "gpu_name"),
+}
+SEVERITIES = ("critical", "error", "warning", "info")
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+UNITS = {
+    "": 1.0,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 1024.0,
+    "MIB": 1024.0**2,
+    "GIB": 1024.0**3,
+    "TIB": 1024.0**4,
+}
+_TERM = re.compile(
+    r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*([-+]?[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)"
+    r"\s*([KMGT]i?B)?\s*$",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    signal: str
+    op: str
+    threshold: float
+
+    def holds(self, signals: Mapping[str, float | None]) -> bool:
+        v = signals.get(self.signal)
+        return v is not None and not math.isnan(v) and OPS[self.op](v, self.threshold)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    series: str
+    conditions: tuple[Condition, ...]
+    for_s: float = 0.0
+    severity: str = "warning"
+    expected: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    def holds(self, signals: Mapping[str, float | None]) -> bool:
+        return all(c.holds(signals) for c in self.conditions)
+
+    def value(self, signals: Mapping[str, float | None]) -> float:
+        """The alert's value: the first condition's signal."""
+        v = signals.get(self.conditions[0].signal)
+        return float(v) if v is not None else math.nan
+
+    def render(
+        self, labels: Mapping[str, str], signals: Mapping[str, float | None]
+    ) -> dict[str, str]:
+        ctx = _Context({**{k: math.inf if v is None else v for k, v in signals.items()}, **labels})
+        return {k: string.Formatter().vformat(t, (), ctx) for k, t in self.annotations.items()}
+
+
+class _Context(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return f"<{key}?>"
+
+
+def _duration(v: Any, where: str) -> float:
+    try:
+        return parse_duration(v)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def parse_expr(expr: str, series: str, where: str) -> tuple[Condition, ...]:
+    terms = re.split(r"\s+and\s+", expr.strip())
+    conds = []
+    for term in terms:
+        m = _TERM.match(term)
+        if not m:
+            raise ConfigError(f"{where}.expr: cannot parse {term!r} (want 'signal > 1GB')")
+        signal, op, num, unit = m.group(1), m.group(2), m.group(3), (m.group(4) or "")
+        if signal not in SERIES_SIGNALS[series]:
+            raise ConfigError(
+                f"{where}.expr: unknown signal {signal!r} for series {series!r}; "
+                f"known: {', '.join(SERIES_SIGNALS[series])}"
+            )
+        conds.append(Condition(signal, op, float(num) * UNITS[unit.upper()]))
+    return tuple(conds)
+
+
+def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: expected a mapping")
+    known = {"name", "series", "expr", "for", "severity", "expected", "labels", "annotations"}
+    extra = set(d) - known
+    if extra:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+    name = d.get("name")
+    if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+        raise ConfigError(f"{where}.name: required, letters/digits/underscore, got {name!r}")
+    where = f"rule {name}"
+    series = d.get("series", "process")
+    if series not in SERIES_SIGNALS:
+        raise ConfigError(f"{where}.series: must be one of {', '.join(SERIES_SIGNALS)}")
+    if not isinstance(d.get("expr"), str):
+        raise ConfigError(f"{where}.expr: required string")
+    severity = d.get("severity", "warning")
+    if severity not in SEVERITIES:
+        raise ConfigError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}")
+    labels, annotations = d.get("labels") or {}, d.get("annotations") or {}
+    for fname, m in (("labels", labels), ("annotations", annotations)):
+        if not isinstance(m, Mapping) or not all(isinstance(v, str) for v in m.values()):
+            raise ConfigError(f"{where}.{fname}: must map names to strings")
+    expected = d.get("expected")
+    if expected is not None and (
+        isinstance(expected, bool) or not isinstance(expected, int | float)
+    ):
+        raise ConfigError(f"{where}.expected: must be a number")
+    rule = Rule(
+        name=name,
+        series=series,
+        conditions=parse_expr(d["expr"], series, where),
+        for_s=_duration(d.get("for", 0), f"{where}.for"),
+        severity=severity,
+        expected=None if expected is None else float(expected),
+        labels={str(k): v for k, v in labels.items()},
+        annotations={str(k): v for k, v in annotations.items()},
+    )
+    _check_templates(rule, where)
+    return rule
+
+
+def _check_templates(rule: Rule, where: str) -> None:
+    labels = dict.fromkeys(SERIES_LABELS[rule.series], "x") | rule.labels
+    signals: dict[str, float | None] = dict.fromkeys(SERIES_SIGNALS[rule.series], 1.0)
+    for key, tmpl in rule.annotations.items():
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(tmpl) if f]
+            unknown = [f for f in fields if f not in labels and f not in signals]
+            if unknown:
+                raise ConfigError(f"{where}.annotations.{key}: unknown field(s) {unknown}")
+            rule.render(labels, signals)
+        except (ValueError, IndexError, KeyError) as exc:
+            raise ConfigError(f"{where}.annotations.{key}: bad template: {exc}") from None
+
+
+def load_rules(path: Path | None = None) -> list[Rule]:
+    """Rules from a YAML file, or the shipped defaults (``default_rules.yaml``)."""
+    if path is None:
+        text = resources.files("ragwatch.streams").joinpath("default_rules.yaml").read_text()
+        where = "default_rules.yaml"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"rules file {path}: {exc.strerror}") from None
+        where = str(path)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"rules file {where}: invalid YAML: {exc}") from None
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("rules"), list):
+        raise ConfigError(f"rules file {where}: expected a top-level 'rules:' list")
+    rules = [parse_rule(r, f"{where}: rules[{i}]") for i, r in enumerate(doc["rules"])]
+    names = [r.name for r in rules]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"rules file {where}: duplicate rule name(s) {', '.join(dupes)}")
+    return rules

@@ -1,0 +1,88 @@
+"""Alert state, alert history and fleet status in Redis: the one module that knows the keys.
+
+Keys (``P`` = ``RAGWATCH_REDIS_PREFIX``, default ``ragwatch``):
+
+========================  ======  ==========================================================
+key                       type    content
+========================  ======  ==========================================================
+``P:alerts:active``       hash    fingerprint -> alert JSON (wire format), pending + firing
+``P:alerts:history``      list    every transition, newest first, capped at 10,000
+``P:hosts``               hash    host -> JSON snapshot: GPUs, processes, memory, slopes
+``P:workers``             hash    worker id -> JSON counters and last-seen wall time
+========================  ======  ==========================================================
+
+The worker writes with :class:`RedisState` (asyncio); ``ragwatch status`` reads with
+:func:`read_status` (blocking client), from Redis only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from ragwatch.codec import encode, from_dict
+from ragwatch.schema import Alert
+from ragwatch.streams.engine import Transition
+
+HISTORY_MAX = 10_000
+
+
+class Keys:
+    """The Redis key names under one prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.active = f"{prefix}:alerts:active"
+        self.history = f"{prefix}:alerts:history"
+        self.hosts = f"{prefix}:hosts"
+        self.workers = f"{prefix}:workers"
+
+
+class RedisState:
+    """Async writer used by the worker (``redis.asyncio`` client passed in)."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.keys = Keys(prefix)
+
+    async def write_transition(self, t: Transition) -> None:
+        data = encode(t.alert)
+        async with self.client.pipeline(transaction=True) as pipe:
+            if t.alert.status == "resolved":
+                pipe.hdel(self.keys.active, t.alert.fingerprint)
+            else:
+                pipe.hset(self.keys.active, t.alert.fingerprint, data)
+            pipe.lpush(self.keys.history, data)
+            pipe.ltrim(self.keys.history, 0, HISTORY_MAX - 1)
+            await pipe.execute()
+
+    async def write_hosts(self, snapshots: dict[str, dict[str, Any]]) -> None:
+        if snapshots:
+            await self.client.hset(
+                self.keys.hosts, mapping={h: orjson.dumps(s) for h, s in snapshots.items()}
+            )
+
+    async def write_worker(self, worker_id: str, counters: dict[str, Any]) -> None:
+        await self.client.hset(
+            self.keys.workers, worker_id, orjson.dumps({**counters, "seen": time.time()})
+        )
+
+    async def active_alerts(self) -> list[Alert]:
+        raw = await self.client.hvals(self.keys.active)
+        return [a for a in (from_dict(orjson.loads(v)) for v in raw) if isinstance(a, Alert)]
+
+
+def read_status(client: Any, prefix: str, history: int = 20) -> dict[str, Any]:
+    """Everything ``ragwatch status`` shows, from Redis only (blocking client)."""
+    keys = Keys(prefix)
+    hosts = {k.decode(): orjson.loads(v) for k, v in client.hgetall(keys.hosts).items()}
+    active = [orjson.loads(v) for v in client.hvals(keys.active)]
+    recent = [orjson.loads(v) for v in client.lrange(keys.history, 0, history - 1)]
+    workers = {k.decode(): orjson.loads(v) for k, v in client.hgetall(keys.workers).items()}
+    return {
+        "hosts": [hosts[h] for h in sorted(hosts)],
+        "alerts": sorted(active, key=lambda a: (a["status"] != "firing", a["starts_at"])),
+        "history": recent,
+        "workers": workers,
+    }

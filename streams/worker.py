@@ -1,0 +1,24 @@
+"""``ragwatch worker``: run the Faust app until SIGTERM/SIGINT.
+
+Faust's worker handles the signals: it stops the agents, commits the offsets of what
+they processed, drains the webhook queues (up to 10 s) and closes Redis.
+"""
+
+from __future__ import annotations
+
+from ragwatch.config import Settings
+from ragwatch.kafka_admin import ensure_topics
+from ragwatch.streams.app import build_app
+
+
+def run_worker(settings: Settings) -> int:
+    from faust.worker import Worker
+
+    ensure_topics(settings)
+    app = build_app(settings)
+    worker = Worker(app, loglevel=settings.log_level, redirect_stdouts=False, quiet=True)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
