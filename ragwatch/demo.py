@@ -153,6 +153,7 @@ def run_demo(
             "RAGWATCH_WEBHOOK_URLS": receiver.url,
             "RAGWATCH_APP_ID": f"ragwatch-demo-{run_id}",
             "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
+            "RAGWATCH_STATE_DIR": str(run_dir),
         }
         if "kafka" not in own:
             env["RAGWATCH_TOPIC_PREFIX"] = f"demo-{run_id}."

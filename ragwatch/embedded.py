@@ -109,9 +109,10 @@ class EmbeddedStack:
         """Start what is not running yet; return every service of this state dir."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         running = {k: s for k, s in self.services().items() if s.alive}
-        for name in which:
-            if name not in running:
-                running[name] = self._start(name, timeout_s)
+        missing = [n for n in which if n not in running]
+        binaries = {n: tansu_binary() if n == "kafka" else redis_binary() for n in missing}
+        for name in missing:
+            running[name] = self._start(name, binaries[name], timeout_s)
         self._save(running)
         return running
 
@@ -141,17 +142,17 @@ class EmbeddedStack:
         tmp.write_text(json.dumps({k: asdict(v) for k, v in services.items()}, indent=2))
         tmp.replace(self.state_file)
 
-    def _start(self, name: str, timeout_s: float) -> Service:
+    def _start(self, name: str, binary: str, timeout_s: float) -> Service:
         port = free_port()
         logfile = self.state_dir / f"{name}.log"
         env = dict(os.environ)
         if name == "kafka":
             url = f"tcp://127.0.0.1:{port}"
-            cmd = [tansu_binary(), "broker", "--storage-engine", "memory://tansu/"]
+            cmd = [binary, "broker", "--storage-engine", "memory://tansu/"]
             env.update(LISTENER_URL=url, ADVERTISED_LISTENER_URL=url)
         else:
             cmd = [
-                redis_binary(),
+                binary,
                 "--port",
                 str(port),
                 "--bind",

@@ -24,12 +24,17 @@ MAX_BODY = 1024 * 1024
 
 
 class WebhookReceiver:
-    """A threaded HTTP server on 127.0.0.1 that keeps the JSON bodies it receives."""
+    """A threaded HTTP server on 127.0.0.1 that keeps the JSON bodies it receives.
 
-    def __init__(self, port: int = 0) -> None:
+    ``fail_first`` answers the first N requests with HTTP 503 (to exercise retries);
+    ``status`` is the answer after that.
+    """
+
+    def __init__(self, port: int = 0, *, fail_first: int = 0) -> None:
         self.bodies: list[Any] = []
         self.requests = 0
         self.status = 200
+        self.fail_first = fail_first
         self._cond = threading.Condition()
         receiver = self
 
@@ -39,7 +44,8 @@ class WebhookReceiver:
                 raw = self.rfile.read(min(length, MAX_BODY))
                 with receiver._cond:
                     receiver.requests += 1
-                    status = receiver.status
+                    failing = receiver.requests <= receiver.fail_first
+                    status = 503 if failing else receiver.status
                     if status < 300:
                         try:
                             receiver.bodies.append(json.loads(raw))

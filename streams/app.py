@@ -147,6 +147,10 @@ def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
         key_serializer="raw",
         web_enabled=False,
         store="memory://",
+        # Faust keeps a small data dir per app; str.format runs on it, so escape braces.
+        datadir=str(settings.state_dir / "faust" / settings.app_id)
+        .replace("{", "{{")
+        .replace("}", "}}"),
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
     )

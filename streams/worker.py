@@ -14,8 +14,9 @@ from ragwatch.streams.app import build_app
 def run_worker(settings: Settings) -> int:
     from faust.worker import Worker
 
+    app = build_app(settings)  # loads the rules first: a bad file fails before any I/O
+    (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     ensure_topics(settings)
-    app = build_app(settings)
     worker = Worker(app, loglevel=settings.log_level, redirect_stdouts=False, quiet=True)
     try:
         worker.execute_from_commandline()

@@ -1,0 +1,140 @@
+"""Real components for integration tests: a Tansu broker and a redis-server (one each per
+session, on free loopback ports), uuid-named topics, Redis prefixes and consumer groups per
+test, a local webhook receiver, and ragwatch processes started as a user would start them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from ragwatch.config import Settings
+from ragwatch.embedded import EmbeddedStack
+from ragwatch.kafka_admin import ensure_topics
+from ragwatch.receiver import WebhookReceiver
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
+    st = EmbeddedStack(tmp_path_factory.mktemp("stack"))
+    st.up()
+    yield st
+    st.down()
+
+
+def clean_environ() -> dict[str, str]:
+    """The test process's environment without any RAGWATCH_* variable."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RAGWATCH_")}
+
+
+@pytest.fixture
+def rw_env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
+    """RAGWATCH_* variables for one test: the session stack, fresh topics/group/keys."""
+    run = uuid.uuid4().hex[:8]
+    return {
+        **stack.env(),
+        "RAGWATCH_TOPIC_PREFIX": f"t{run}.",
+        "RAGWATCH_APP_ID": f"ragwatch-test-{run}",
+        "RAGWATCH_REDIS_PREFIX": f"rw-{run}",
+        "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
+        "RAGWATCH_TOPIC_PARTITIONS": "2",
+        "RAGWATCH_STATE_DIR": str(tmp_path / "state"),
+    }
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as rx:
+        yield rx
+
+
+@pytest.fixture
+def redis_client(stack: EmbeddedStack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(stack.env()["RAGWATCH_REDIS_URL"])
+    yield client
+    client.close()
+
+
+class Proc:
+    """A ``python -m ragwatch ...`` child process with its own log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "ragwatch", *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+            raise
+
+
+@pytest.fixture
+def start_ragwatch(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    procs: list[Proc] = []
+
+    def start(args: list[str], env: dict[str, str]) -> Proc:
+        p = Proc(args, {**clean_environ(), **env}, tmp_path / f"{args[0]}-{len(procs)}.log")
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.stop(signal.SIGKILL, timeout=10)
+
+
+@pytest.fixture
+def make_settings() -> Callable[[dict[str, str]], Settings]:
+    def make(env: dict[str, str]) -> Settings:
+        settings = Settings.from_env(env)
+        ensure_topics(settings)
+        return settings
+
+    return make
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")

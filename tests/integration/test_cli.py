@@ -1,0 +1,164 @@
+"""The commands a user types: demo, dev up/down/status, status, agent; their errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragwatch.embedded import EmbeddedStack, pid_alive
+from tests.integration.conftest import clean_environ
+
+OURS = re.compile(rb"tansu|redis-server|-m\x00ragwatch\x00(worker|agent)")
+
+
+def our_processes() -> set[int]:
+    """PIDs of every Tansu, redis-server and ragwatch worker/agent on this machine."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if OURS.search(cmdline) and pid_alive(int(entry.name)):
+                pids.add(int(entry.name))
+    return pids
+
+
+def ragwatch(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ragwatch", *args],
+        env={**clean_environ(), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_demo_catches_the_leak_and_leaves_nothing_running(stack: EmbeddedStack) -> None:
+    before = our_processes()
+    out = ragwatch("demo", "--json", env={}, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "starting embedded kafka + redis" in out.stderr
+    alerts = [json.loads(line) for line in out.stdout.splitlines()]
+    firing = [a for a in alerts if a["status"] == "firing"]
+    assert firing, out.stdout
+    labels = firing[0]["labels"]
+    assert (labels["alertname"], labels["host"], labels["gpu"], labels["pid"]) == (
+        "GpuMemoryLeak",
+        "gpu-node-01",
+        "1",
+        "4011",
+    )
+    assert "GB/h" in firing[0]["annotations"]["summary"]
+    assert our_processes() == before
+
+
+def test_demo_uses_existing_kafka_and_redis_when_configured(stack: EmbeddedStack) -> None:
+    before = our_processes()
+    out = ragwatch("demo", env=stack.env(), timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "starting embedded" not in out.stderr
+    assert "FIRING GpuMemoryLeak host=gpu-node-01 gpu=1 pid=4011" in out.stdout
+    assert our_processes() == before
+    assert all(s.alive for s in stack.services().values())
+
+
+def test_dev_up_is_idempotent_prints_exports_and_down_stops(tmp_path: Path) -> None:
+    env = {"RAGWATCH_STATE_DIR": str(tmp_path / "dev")}
+    first = ragwatch("dev", "up", env=env)
+    assert first.returncode == 0, first.stderr
+    exports = dict(re.findall(r"^export (RAGWATCH_\w+)=(\S+)$", first.stdout, re.M))
+    assert set(exports) == {"RAGWATCH_KAFKA_BOOTSTRAP", "RAGWATCH_REDIS_URL"}
+    again = ragwatch("dev", "up", env=env)
+    assert again.stdout == first.stdout  # same services, same ports
+    assert ragwatch("dev", "status", env=env).returncode == 0
+    services = EmbeddedStack(tmp_path / "dev").services()
+    try:
+        # The printed settings work: a status read goes to that Redis.
+        status = ragwatch("status", "--json", env=exports)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["alerts"] == []
+    finally:
+        down = ragwatch("dev", "down", env=env)
+    assert down.returncode == 0 and "kafka" in down.stdout and "redis" in down.stdout
+    assert not any(pid_alive(s.pid) for s in services.values())
+    assert ragwatch("dev", "status", env=env).returncode == 1
+
+
+def test_dev_up_without_redis_server_is_one_clear_error(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {"RAGWATCH_STATE_DIR": str(tmp_path / "dev"), "PATH": str(empty)}
+    out = ragwatch("dev", "up", env=env)
+    assert out.returncode == 2
+    assert out.stderr.startswith("ragwatch: error: redis-server not found")
+    assert "apt-get install -y redis-server" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert EmbeddedStack(tmp_path / "dev").services() == {}  # nothing half-started
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RAGWATCH_KAFKA_BOOTSTRAP": "no-port"}, "RAGWATCH_KAFKA_BOOTSTRAP: expected host:port"),
+        ({"RAGWATCH_WEBHOOK_URLS": "ftp://x/y"}, "RAGWATCH_WEBHOOK_URLS: webhook URLs must be"),
+        ({"RAGWATCH_BOGUS": "1"}, "unknown setting(s): RAGWATCH_BOGUS"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(env: dict[str, str], message: str) -> None:
+    out = ragwatch("status", env=env)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("ragwatch: error: ") and message in line
+
+
+def test_status_with_redis_unreachable_is_one_clear_error() -> None:
+    from ragwatch.embedded import free_port
+
+    out = ragwatch(
+        "status", env={"RAGWATCH_REDIS_URL": f"redis://:s3cret@127.0.0.1:{free_port()}/0"}
+    )
+    assert out.returncode == 2
+    assert out.stderr.startswith("ragwatch: error: cannot read status from Redis")
+    assert "s3cret" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_rules_file_stops_the_worker_with_a_clear_error(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: X\n    expr: no_such_signal > 1\n")
+    out = ragwatch(
+        "worker", env={"RAGWATCH_RULES_FILE": str(rules), "RAGWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    )
+    assert out.returncode == 2
+    assert "unknown signal 'no_such_signal'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_agent_rejects_bad_arguments() -> None:
+    out = ragwatch("agent", "--hosts", "0", env={})
+    assert out.returncode == 2 and "hosts and gpus must be >= 1" in out.stderr
+    out = ragwatch("agent", "--duration", "soon", env={})
+    assert out.returncode == 2 and "bad duration" in out.stderr
+
+
+def test_settings_lists_every_variable_without_secrets() -> None:
+    env = {
+        "RAGWATCH_KAFKA_SASL_PASSWORD": "hunter2",
+        "RAGWATCH_WEBHOOK_URLS": "https://hooks.example/T0/B0/XYZ",
+    }
+    out = ragwatch("settings", env=env)
+    assert out.returncode == 0
+    assert "hunter2" not in out.stdout and "XYZ" not in out.stdout
+    from ragwatch.config import env_names
+
+    assert {line.split("=", 1)[0] for line in out.stdout.splitlines()} == set(env_names())
+    assert os.environ.get("RAGWATCH_KAFKA_SASL_PASSWORD") is None
