@@ -196,7 +196,9 @@ class Settings:
         "http://localhost:8080", str, "URL put in webhook payloads as externalURL"
     )
     state_dir: Path = _setting(
-        Path(".ragwatch"), Path, "where 'ragwatch dev up' keeps pids, ports and logs"
+        Path(".ragwatch"),
+        Path,
+        "where 'ragwatch dev up' keeps pids, ports and logs, and the worker its Faust data",
     )
     max_series: int = _setting(
         100_000, _positive_int, "cap on tracked series per worker (new ones are dropped)"
