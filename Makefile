@@ -42,7 +42,7 @@ typecheck: setup
 
 lint: setup typecheck ## ruff + mypy (strict)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check ragwatch agents streams detectors bench
+	$(VENV)/bin/ruff format --check .
 
 bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/pipeline.py

@@ -59,8 +59,12 @@ class SimConfig:
             raise ValueError("hosts and gpus must be >= 1")
         if self.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {self.scenario!r}; known: {', '.join(SCENARIOS)}")
-        if not self.interval_s > 0:
-            raise ValueError("interval_s must be > 0")
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise ValueError("interval_s must be finite and > 0")
+        if not (math.isfinite(self.start_ts) and self.start_ts >= 0):
+            raise ValueError("start_ts must be a finite epoch time >= 0")
+        if not (math.isfinite(self.leak_gb_per_h) and self.leak_gb_per_h >= 0):
+            raise ValueError("leak_gb_per_h must be finite and >= 0")
         if not 0 <= self.leak_host < self.hosts or not -self.gpus <= self.leak_gpu < self.gpus:
             raise ValueError("leak_host / leak_gpu out of range")
 
@@ -145,13 +149,15 @@ class FleetSimulator:
             yield ts, envelopes, events
             k += 1
 
-    def _sample(self, host: str, gpu: _Gpu, ts: float, events: list[EventEnvelope]) -> GpuSample:
+    def _sample(
+        self, host: str, gpu: _Gpu, ts: float, events: list[EventEnvelope], grow: bool = True
+    ) -> GpuSample:
         cfg, rng = self.config, self._rng
         phase = math.sin(2 * math.pi * ((ts - 6 * 3600) % DAY) / DAY)  # peak mid-afternoon
         elapsed = ts - cfg.start_ts
         procs = []
         for p in gpu.procs:
-            if p.leaking and elapsed >= cfg.leak_start_s:
+            if grow and p.leaking and elapsed >= cfg.leak_start_s:
                 p.leaked += cfg.leak_gb_per_h * GB * cfg.interval_s / 3600
             if p.name == "vllm-serve":
                 mem = p.base_mem + rng.gauss(0, 2 * 1024**2)
@@ -177,7 +183,7 @@ class FleetSimulator:
             )
             victim.pid += 1  # restarted by its supervisor, and the leak starts over
             victim.leaked = 0.0
-            return self._sample(host, gpu, ts, events)
+            return self._sample(host, gpu, ts, events, grow=False)
         util = min(100.0, max(0.0, 50 + 30 * phase + rng.gauss(0, 5)))
         return GpuSample(
             index=gpu.index,

@@ -7,10 +7,12 @@ ignores up to ~29 % of outlying buckets, so noise and short spikes do not look l
 growth. Memory is bounded: at most ``window_s / bucket_s + 1`` points are kept.
 
 It reports, through :attr:`LeakDetector.estimate`, the slope (bytes/s and GB/h), the
-increase over the covered window (slope x span) and, given a capacity, the time to
-exhaustion. ``score_one`` maps the increase to ``[0, 1]``:
-``increase / (increase + scale_bytes)`` (0.5 at ``scale_bytes``), 0 while warming up
-(less than ``min_span_s`` of data) and for flat or shrinking memory.
+increase over the covered window (slope x span), its steadiness (the fraction of
+bucket-to-bucket steps that went up: ~0.5 for noise or a one-off step such as a model
+load, ~1 for a leak) and, given a capacity, the time to exhaustion. ``score_one`` is
+``increase / (increase + scale_bytes)`` (0.5 at ``scale_bytes``) times
+``2 * steadiness - 1`` clipped to [0, 1]; 0 while warming up (less than ``min_span_s`` of
+data) and for flat or shrinking memory.
 
 Parameters: ``window_s`` (7200), ``bucket_s`` (``window_s / 60``), ``min_span_s`` (600),
 ``min_points`` (5), ``scale_bytes`` (1e9).
@@ -28,6 +30,7 @@ Parameters: ``window_s`` (7200), ``bucket_s`` (``window_s / 60``), ``min_span_s`
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -40,13 +43,19 @@ GB = 1e9
 
 @dataclass(frozen=True, slots=True)
 class LeakEstimate:
-    """The robust trend of one memory series over its window."""
+    """The robust trend of one memory series over its window.
+
+    ``steadiness`` is the fraction of bucket-to-bucket steps that went up: about 0.5 for
+    noise around a level (and for a one-off step, such as a model load), near 1.0 for
+    memory that keeps growing. Rules combine it with ``increase_bytes``.
+    """
 
     slope_bytes_per_s: float
     increase_bytes: float
     span_s: float
     level_bytes: float
     points: int
+    steadiness: float = 1.0
 
     @property
     def gb_per_hour(self) -> float:
@@ -87,12 +96,15 @@ class LeakDetector:
         min_points: int = 5,
         scale_bytes: float = GB,
     ) -> None:
-        if window_s <= 0 or scale_bytes <= 0 or min_points < 2:
-            raise ValueError("window_s and scale_bytes must be > 0, min_points >= 2")
+        for name, v in (("window_s", window_s), ("scale_bytes", scale_bytes)):
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+        if not (math.isfinite(min_span_s) and min_span_s >= 0) or min_points < 2:
+            raise ValueError("min_span_s must be finite and >= 0, min_points >= 2")
         self.window_s = float(window_s)
-        self.bucket_s = float(bucket_s) if bucket_s else self.window_s / 60
-        if self.bucket_s <= 0 or self.bucket_s > self.window_s:
-            raise ValueError("bucket_s must be in (0, window_s]")
+        self.bucket_s = self.window_s / 60 if bucket_s is None else float(bucket_s)
+        if not (math.isfinite(self.bucket_s) and 0 < self.bucket_s <= self.window_s):
+            raise ValueError(f"bucket_s must be in (0, window_s], got {bucket_s!r}")
         self.min_span_s = float(min_span_s)
         self.min_points = int(min_points)
         self.scale_bytes = float(scale_bytes)
@@ -131,9 +143,14 @@ class LeakDetector:
 
     def score_one(self, x: dict[str, Any]) -> float:
         est = self._estimate
-        if est is None or est.increase_bytes <= 0:
+        if est is None or not est.increase_bytes > 0:  # also NaN from overflowing slopes
             return 0.0
-        return est.increase_bytes / (est.increase_bytes + self.scale_bytes)
+        growth = (
+            1.0
+            if math.isinf(est.increase_bytes)
+            else (est.increase_bytes / (est.increase_bytes + self.scale_bytes))
+        )
+        return growth * min(1.0, max(0.0, 2 * est.steadiness - 1))
 
     def _close_bucket(self) -> None:
         self._points.append((self._tsum / self._n, self._sum / self._n))
@@ -153,4 +170,5 @@ class LeakDetector:
             return None
         vs = [p[1] for p in self._points]
         slope = theil_sen(ts, vs)
-        return LeakEstimate(slope, slope * span, span, vs[-1], len(ts))
+        rising = sum(b > a for a, b in itertools.pairwise(vs))
+        return LeakEstimate(slope, slope * span, span, vs[-1], len(ts), rising / (len(vs) - 1))

@@ -143,8 +143,8 @@ def parse_duration(v: str | float) -> float:
     (600.0, 5.0)
     """
     if isinstance(v, int | float) and not isinstance(v, bool):
-        if v < 0:
-            raise ValueError(f"duration must be >= 0, got {v!r}")
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"duration must be finite and >= 0, got {v!r}")
         return float(v)
     m = _DURATION.match(str(v).strip())
     if not m:

@@ -26,7 +26,7 @@ True
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -131,12 +131,6 @@ class AlertEngine:
                 )
                 out.append(Transition(resolved, state.status))
         return out
-
-    def restore(self, alerts: Iterable[Alert]) -> None:
-        """Load pending/firing alerts (e.g. from Redis) so timers survive a restart."""
-        for a in alerts:
-            if a.status in ("pending", "firing"):
-                self._states[a.fingerprint] = _State(a.status, a.starts_at, a.starts_at, a)
 
     def _fire(
         self,

@@ -10,8 +10,10 @@ Series:
   pid is a new series, so a restart resets the detector.
 
 A series not seen for ``stale_s`` of event time (the process exited, the GPU vanished)
-is forgotten and its active alerts resolve. New series beyond ``max_series`` are
-dropped and counted.
+is forgotten and its active alerts resolve. A host that goes silent altogether is swept
+the same way once the pipeline's event-time high-water mark is ``3 * stale_s`` past its
+last sample (the margin tolerates partitions that are consumed at different paces).
+Samples of new series beyond ``max_series`` are dropped and counted.
 
 >>> from ragwatch.agents.sim import FleetSimulator, SimConfig
 >>> from ragwatch.streams.rules import load_rules
@@ -63,7 +65,7 @@ class Series:
 class PipelineStats:
     envelopes: int = 0
     samples: int = 0
-    dropped_series: int = 0
+    dropped_samples: int = 0  # samples of series that did not fit under max_series
     evicted_series: int = 0
 
 
@@ -86,6 +88,8 @@ class GpuPipeline:
         self.stale_s = stale_s
         self.series: dict[SeriesKey, Series] = {}
         self._by_host: dict[str, set[SeriesKey]] = {}
+        self._watermark = 0.0
+        self._last_sweep = 0.0
         self.stats = PipelineStats()
 
     def process(self, env: GpuEnvelope) -> list[Transition]:
@@ -116,7 +120,13 @@ class GpuPipeline:
                     rss_bytes=None if proc.rss is None else float(proc.rss),
                 )
                 self._evaluate(p, "process", env.ts, out)
-        out += self._evict(env.host, env.ts)
+        out += self._evict(env.host, env.ts, self.stale_s)
+        if env.ts > self._watermark:
+            self._watermark = env.ts
+        if self._watermark - self._last_sweep >= self.stale_s:
+            self._last_sweep = self._watermark
+            for host in list(self._by_host):
+                out += self._evict(host, self._watermark, 3 * self.stale_s)
         return out
 
     def host_snapshot(self, host: str) -> dict[str, Any]:
@@ -166,14 +176,17 @@ class GpuPipeline:
         if s is not None:
             return s
         if len(self.series) >= self.max_series:
-            self.stats.dropped_series += 1
-            if self.stats.dropped_series in (1, 10, 100) or self.stats.dropped_series % 10_000 == 0:
+            self.stats.dropped_samples += 1
+            if (
+                self.stats.dropped_samples in (1, 10, 100)
+                or self.stats.dropped_samples % 10_000 == 0
+            ):
                 log.warning(
                     "series cap %d reached: dropped new series host=%s gpu=%d (dropped so far: %d)",
                     self.max_series,
                     env.host,
                     gpu.index,
-                    self.stats.dropped_series,
+                    self.stats.dropped_samples,
                 )
             return None
         labels = {"host": env.host, "gpu": str(gpu.index), "uuid": gpu.uuid, "mig": gpu.mig or ""}
@@ -200,7 +213,7 @@ class GpuPipeline:
         s.last_ts = max(s.last_ts, ts)
         est = s.detector.estimate
         free = gpu.fb_total - fb_used
-        tte = est.time_to_exhaustion(free) if est else None
+        tte = (est.time_to_exhaustion(free) or math.inf) if est else None
         s.signals.update(
             fb_used_bytes=float(fb_used),
             fb_total_bytes=float(gpu.fb_total),
@@ -210,8 +223,9 @@ class GpuPipeline:
             gb_per_hour=est.gb_per_hour if est else None,
             window_h=est.span_s / 3600 if est else None,
             leak_score=s.detector.score_one({"value": value, "t": ts}),
+            mem_steadiness=est.steadiness if est else None,
             tte_s=tte,
-            tte_h=tte / 3600 if tte is not None else math.inf if est else None,
+            tte_h=None if tte is None else tte / 3600,
         )
 
     def _evaluate(self, s: Series, kind: str, ts: float, out: list[Transition]) -> None:
@@ -220,15 +234,17 @@ class GpuPipeline:
             if t is not None:
                 out.append(t)
 
-    def _evict(self, host: str, ts: float) -> list[Transition]:
+    def _evict(self, host: str, now: float, stale_s: float) -> list[Transition]:
         out: list[Transition] = []
         keys = self._by_host.get(host, set())
-        for key in [k for k in keys if ts - self.series[k].last_ts > self.stale_s]:
+        for key in [k for k in keys if now - self.series[k].last_ts > stale_s]:
             s = self.series.pop(key)
             keys.discard(key)
             self.stats.evicted_series += 1
             match: dict[str, str] = {
                 k: s.labels[k] for k in ("host", "gpu", "mig", "pid") if k in s.labels
             }
-            out += self.engine.clear(match, ts)
+            out += self.engine.clear(match, now)
+        if not keys:
+            self._by_host.pop(host, None)
         return out

@@ -52,6 +52,7 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
         "mem_increase_bytes",
         "mem_increase_gb",
         "mem_slope_bytes_per_s",
+        "mem_steadiness",
         "gb_per_hour",
         "leak_score",
         "window_h",
@@ -67,6 +68,7 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
         "mem_increase_bytes",
         "mem_increase_gb",
         "mem_slope_bytes_per_s",
+        "mem_steadiness",
         "gb_per_hour",
         "leak_score",
         "window_h",
@@ -142,13 +144,20 @@ class Rule:
     def render(
         self, labels: Mapping[str, str], signals: Mapping[str, float | None]
     ) -> dict[str, str]:
-        ctx = _Context({**{k: math.inf if v is None else v for k, v in signals.items()}, **labels})
+        ctx = _Context({**{k: v for k, v in signals.items() if v is not None}, **labels})
         return {k: string.Formatter().vformat(t, (), ctx) for k, t in self.annotations.items()}
 
 
+class _Unknown:
+    """Stands in for a signal without a value; ignores the format spec."""
+
+    def __format__(self, spec: str) -> str:
+        return "n/a"
+
+
 class _Context(dict[str, Any]):
-    def __missing__(self, key: str) -> str:
-        return f"<{key}?>"
+    def __missing__(self, key: str) -> _Unknown:
+        return _Unknown()
 
 
 def _duration(v: Any, where: str) -> float:
@@ -185,9 +194,10 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
     name = d.get("name")
     if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
         raise ConfigError(f"{where}.name: required, letters/digits/underscore, got {name!r}")
-    where = f"rule {name}"
+    source = where.rpartition(": ")[0]  # the file, when loaded from one
+    where = f"{source}: rule {name}" if source else f"rule {name}"
     series = d.get("series", "process")
-    if series not in SERIES_SIGNALS:
+    if not isinstance(series, str) or series not in SERIES_SIGNALS:
         raise ConfigError(f"{where}.series: must be one of {', '.join(SERIES_SIGNALS)}")
     if not isinstance(d.get("expr"), str):
         raise ConfigError(f"{where}.expr: required string")
@@ -200,9 +210,11 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
             raise ConfigError(f"{where}.{fname}: must map names to strings")
     expected = d.get("expected")
     if expected is not None and (
-        isinstance(expected, bool) or not isinstance(expected, int | float)
+        isinstance(expected, bool)
+        or not isinstance(expected, int | float)
+        or not math.isfinite(expected)
     ):
-        raise ConfigError(f"{where}.expected: must be a number")
+        raise ConfigError(f"{where}.expected: must be a finite number")
     rule = Rule(
         name=name,
         series=series,
@@ -218,7 +230,8 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
 
 
 def _check_templates(rule: Rule, where: str) -> None:
-    labels = dict.fromkeys(SERIES_LABELS[rule.series], "x") | rule.labels
+    labels = dict.fromkeys((*SERIES_LABELS[rule.series], "alertname", "severity"), "x")
+    labels |= rule.labels
     signals: dict[str, float | None] = dict.fromkeys(SERIES_SIGNALS[rule.series], 1.0)
     for key, tmpl in rule.annotations.items():
         try:
@@ -241,6 +254,8 @@ def load_rules(path: Path | None = None) -> list[Rule]:
             text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(f"rules file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"rules file {path}: not UTF-8 text") from None
         where = str(path)
     try:
         doc = yaml.safe_load(text)

@@ -59,7 +59,8 @@ def pyproject() -> dict[str, Any]:
 
 
 _INTERPOLATION = re.compile(
-    r"\$(?:\{(?P<braced>[^}]*)\}|(?P<named>[A-Za-z_][A-Za-z0-9_]*)|(?P<escaped>\$))")
+    r"\$(?:\{(?P<braced>[^}]*)\}|(?P<named>[A-Za-z_][A-Za-z0-9_]*)|(?P<escaped>\$))"
+)
 _BRACED = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>.*))?", re.S)
 
 
@@ -113,8 +114,11 @@ def environment(svc: dict[str, Any]) -> dict[str, str | None]:
 
 
 def ragwatch_env(name: str) -> dict[str, str]:
-    return {k: v for k, v in environment(service(name)).items()
-            if k.startswith(PREFIX) and v is not None}
+    return {
+        k: v
+        for k, v in environment(service(name)).items()
+        if k.startswith(PREFIX) and v is not None
+    }
 
 
 def command_argv(svc: dict[str, Any]) -> list[str]:
@@ -154,7 +158,7 @@ def copy_sources() -> list[str]:
     for args in instructions("COPY"):
         words = [w for w in shlex.split(args) if not w.startswith("--")]
         if words and words[0].startswith("["):
-            words = json.loads(args[args.index("["):])
+            words = json.loads(args[args.index("[") :])
         sources += [w.rstrip("/") for w in words[:-1]]
     return sources
 
@@ -209,8 +213,9 @@ def test_kafka_listeners_are_consistent() -> None:
     env = environment(service("kafka"))
     listeners = _listeners(env["KAFKA_LISTENERS"])
     advertised = _listeners(env["KAFKA_ADVERTISED_LISTENERS"])
-    protocols = dict(p.split(":") for p in str(env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"])
-                     .split(","))
+    protocols = dict(
+        p.split(":") for p in str(env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]).split(",")
+    )
     controller = str(env["KAFKA_CONTROLLER_LISTENER_NAMES"])
     assert controller in listeners
     assert controller not in advertised, "brokers must not advertise the controller listener"
@@ -225,8 +230,9 @@ def test_kafka_listeners_are_consistent() -> None:
 
 @pytest.mark.parametrize("name", RAGWATCH_SERVICES)
 def test_ragwatch_services_bootstrap_from_an_advertised_kafka_listener(name: str) -> None:
-    advertised = set(_listeners(environment(service("kafka"))["KAFKA_ADVERTISED_LISTENERS"])
-                     .values())
+    advertised = set(
+        _listeners(environment(service("kafka"))["KAFKA_ADVERTISED_LISTENERS"]).values()
+    )
     settings = Settings.from_env(ragwatch_env(name))
     for server in settings.kafka_bootstrap.split(","):
         assert server in advertised, f"{name} bootstraps from {server}, not advertised"
@@ -248,8 +254,10 @@ def _depends_on(svc: dict[str, Any]) -> dict[str, str]:
 
 
 def test_dependencies_wait_for_healthy_kafka_and_redis() -> None:
-    assert _depends_on(service("worker")) == {"kafka": "service_healthy",
-                                              "redis": "service_healthy"}
+    assert _depends_on(service("worker")) == {
+        "kafka": "service_healthy",
+        "redis": "service_healthy",
+    }
     assert _depends_on(service("agent")).get("kafka") == "service_healthy"
     assert service("worker").get("restart") == "unless-stopped"
     for name, svc in compose()["services"].items():
@@ -290,9 +298,14 @@ def test_ragwatch_variables_parse_as_settings(name: str) -> None:
 
 def test_worker_is_wired_to_the_compose_services() -> None:
     env = ragwatch_env("worker")
-    assert {"RAGWATCH_KAFKA_BOOTSTRAP", "RAGWATCH_REDIS_URL", "RAGWATCH_APP_ID",
-            "RAGWATCH_WEBHOOK_URLS", "RAGWATCH_LOG_LEVEL",
-            "RAGWATCH_KAFKA_SESSION_TIMEOUT"} <= set(env)
+    assert {
+        "RAGWATCH_KAFKA_BOOTSTRAP",
+        "RAGWATCH_REDIS_URL",
+        "RAGWATCH_APP_ID",
+        "RAGWATCH_WEBHOOK_URLS",
+        "RAGWATCH_LOG_LEVEL",
+        "RAGWATCH_KAFKA_SESSION_TIMEOUT",
+    } <= set(env)
     settings = Settings.from_env(env)
     assert settings.kafka_bootstrap == "kafka:9092"
     assert urlsplit(settings.redis_url).hostname == "redis"
@@ -313,11 +326,19 @@ def test_interpolation_helper() -> None:
 
 def test_environment_helper_accepts_list_and_mapping_forms() -> None:
     as_list = {"environment": ["RAGWATCH_LOG_LEVEL=${X:-DEBUG}", "RAGWATCH_APP_ID"]}
-    as_map = {"environment": {"RAGWATCH_LOG_LEVEL": "${X:-DEBUG}", "RAGWATCH_APP_ID": None,
-                              "RAGWATCH_TOPIC_PARTITIONS": 8}}
+    as_map = {
+        "environment": {
+            "RAGWATCH_LOG_LEVEL": "${X:-DEBUG}",
+            "RAGWATCH_APP_ID": None,
+            "RAGWATCH_TOPIC_PARTITIONS": 8,
+        }
+    }
     assert environment(as_list) == {"RAGWATCH_LOG_LEVEL": "DEBUG", "RAGWATCH_APP_ID": None}
-    assert environment(as_map) == {"RAGWATCH_LOG_LEVEL": "DEBUG", "RAGWATCH_APP_ID": None,
-                                   "RAGWATCH_TOPIC_PARTITIONS": "8"}
+    assert environment(as_map) == {
+        "RAGWATCH_LOG_LEVEL": "DEBUG",
+        "RAGWATCH_APP_ID": None,
+        "RAGWATCH_TOPIC_PARTITIONS": "8",
+    }
 
 
 # ---------------------------------------------------------------- commands
@@ -332,10 +353,20 @@ def test_agent_command_parses_into_a_valid_simulation() -> None:
     args = build_parser().parse_args(command_argv(service("agent")))
     assert args.command == "agent"
     assert (args.source, args.scenario, args.hosts, args.gpus, args.speed) == (
-        "sim", "leak", 4, 2, 60.0)
+        "sim",
+        "leak",
+        4,
+        2,
+        60.0,
+    )
     # what `ragwatch agent` builds from these arguments must be valid too
-    SimConfig(hosts=args.hosts, gpus=args.gpus, seed=args.seed, scenario=args.scenario,
-              interval_s=args.interval)
+    SimConfig(
+        hosts=args.hosts,
+        gpus=args.gpus,
+        seed=args.seed,
+        scenario=args.scenario,
+        interval_s=args.interval,
+    )
 
 
 # ---------------------------------------------------------------- Dockerfile
@@ -378,8 +409,11 @@ def test_dockerfile_runs_ragwatch_as_a_non_root_user() -> None:
 
 
 def test_dockerignore_keeps_local_state_out_but_not_the_sources() -> None:
-    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for excluded in (".venv", ".git", ".ragwatch", "build"):
         assert excluded in patterns, f".dockerignore should exclude {excluded}"
     for source in copy_sources():
@@ -387,4 +421,5 @@ def test_dockerignore_keeps_local_state_out_but_not_the_sources() -> None:
             if pattern.startswith("!"):
                 continue
             assert not fnmatch.fnmatchcase(source, pattern.lstrip("/")), (
-                f".dockerignore pattern {pattern!r} hides {source!r}, which the Dockerfile copies")
+                f".dockerignore pattern {pattern!r} hides {source!r}, which the Dockerfile copies"
+            )

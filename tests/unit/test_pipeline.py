@@ -1,0 +1,286 @@
+"""The GPU pipeline end to end, fed by the fleet simulator: envelopes in, alerts out.
+
+No Kafka and no mocks: :class:`~ragwatch.agents.sim.FleetSimulator` plays the agents,
+:class:`~ragwatch.streams.gpu.GpuPipeline` runs the detectors, the default rules and the
+alert engine, exactly as the Faust agent drives it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+
+from ragwatch.agents.sim import FleetSimulator, SimConfig
+from ragwatch.schema import EventEnvelope, GpuEnvelope
+from ragwatch.streams.engine import Transition
+from ragwatch.streams.gpu import GpuPipeline
+from ragwatch.streams.rules import Rule, load_rules, parse_rule
+
+HOUR = 3600.0
+DAY = 86400.0
+
+
+@dataclass
+class Run:
+    sim: FleetSimulator
+    pipe: GpuPipeline
+    transitions: list[tuple[float, Transition]] = field(default_factory=list)
+    events: list[EventEnvelope] = field(default_factory=list)
+    last: list[GpuEnvelope] = field(default_factory=list)
+
+    def elapsed(self, ts: float) -> float:
+        return ts - self.sim.config.start_ts
+
+
+def run(
+    config: SimConfig, seconds: float, rules: list[Rule] | None = None, **pipe_kw: float
+) -> Run:
+    """Play ``seconds`` of event time through a fresh pipeline."""
+    sim = FleetSimulator(config)
+    r = Run(sim, GpuPipeline(load_rules() if rules is None else rules, **pipe_kw))
+    for _, (ts, envelopes, events) in zip(
+        range(int(seconds / config.interval_s)), sim.ticks(), strict=False
+    ):
+        r.events += events
+        for env in envelopes:
+            r.transitions += [(ts, t) for t in r.pipe.process(env)]
+        r.last = envelopes
+    return r
+
+
+def proc_key(labels: dict[str, str]) -> tuple[str, str, str, str]:
+    return labels["host"], labels["gpu"], labels["pid"], labels["process"]
+
+
+# ---------------------------------------------------------------- the incident
+
+
+@pytest.fixture(scope="module")
+def leak_run() -> Run:
+    """Four GPUs on two hosts, one leaking rag-worker from t = 20 min, for 20 + 90 min."""
+    return run(SimConfig(hosts=2, gpus=2, interval_s=10), 1200 + 90 * 60)
+
+
+def test_leak_fires_for_exactly_the_leaking_process(leak_run: Run) -> None:
+    target = leak_run.sim.leak_target
+    assert target is not None
+    host, gpu, pid, name = target
+    firing = [(ts, t) for ts, t in leak_run.transitions if t.alert.status == "firing"]
+    assert len(firing) == 1
+    ts, t = firing[0]
+    assert t.alert.rule == "GpuMemoryLeak" and t.notify and t.previous == "pending"
+    assert proc_key(t.alert.labels) == (host, str(gpu), str(pid), name)
+    leak_start = leak_run.sim.config.leak_start_s
+    assert leak_start < leak_run.elapsed(ts) <= leak_start + 90 * 60
+    assert ts - t.alert.starts_at >= 600  # the rule's for: 10m
+
+
+def test_nothing_else_fires_or_even_pends(leak_run: Run) -> None:
+    assert {t.alert.fingerprint for _, t in leak_run.transitions} == {
+        t.alert.fingerprint for _, t in leak_run.transitions if t.alert.status == "firing"
+    }
+    assert [(t.previous, t.alert.status) for _, t in leak_run.transitions] == [
+        ("inactive", "pending"),
+        ("pending", "firing"),
+    ]
+    assert leak_run.events == []  # no OOM in the first two hours
+
+
+def test_firing_alert_describes_the_leak(leak_run: Run) -> None:
+    (alert,) = leak_run.pipe.engine.active.values()
+    assert alert.status == "firing"
+    assert alert.value > 1e9  # mem_increase_bytes
+    assert alert.expected == 0.0
+    assert alert.labels["team"] == "ml-platform" and alert.labels["severity"] == "critical"
+    summary = alert.annotations["summary"]
+    assert summary.startswith("GPU memory leak: rag-worker (pid ")
+    gb_per_hour = float(summary.rsplit("grows ", 1)[1].split()[0])
+    assert gb_per_hour == pytest.approx(1.2, rel=0.15)
+    assert "<" not in "".join(alert.annotations.values())  # every field was known
+
+
+def test_gpu_series_rule_fires_for_the_leaking_gpu() -> None:
+    gpu_rule = parse_rule(
+        {
+            "name": "FramebufferGrowth",
+            "series": "gpu",
+            "expr": "mem_increase_bytes > 1GB and fb_used_ratio > 0.5",
+            "for": "10m",
+            "annotations": {"s": "{gpu_name} {host}/{gpu}"},
+        }
+    )
+    r = run(SimConfig(hosts=2, gpus=2, interval_s=30), 1200 + 90 * 60, rules=[gpu_rule])
+    target = r.sim.leak_target
+    assert target is not None
+    firing = [t.alert for _, t in r.transitions if t.alert.status == "firing"]
+    assert [(a.labels["host"], a.labels["gpu"]) for a in firing] == [(target[0], str(target[1]))]
+    assert "pid" not in firing[0].labels
+    assert firing[0].annotations == {"s": f"NVIDIA H100 80GB HBM3 {target[0]}/{target[1]}"}
+
+
+def test_healthy_fleet_is_quiet_for_three_days() -> None:
+    r = run(SimConfig(hosts=2, gpus=2, scenario="healthy", interval_s=60), 3 * DAY)
+    assert r.transitions == []
+    assert r.events == []
+    assert r.pipe.stats.envelopes == 2 * 3 * 24 * 60
+    assert r.pipe.stats.dropped_samples == r.pipe.stats.evicted_series == 0
+    assert len(r.pipe.series) == 2 * 2 * 3  # per GPU: itself, vllm-serve, rag-worker
+
+
+# ---------------------------------------------------------------- OOM and restart
+
+
+@pytest.fixture(scope="module")
+def oom_run() -> Run:
+    """One GPU leaking from t = 20 min until the OOM killer takes it (~12.2 h), then on."""
+    return run(SimConfig(hosts=1, gpus=1, interval_s=60), 13 * HOUR)
+
+
+def test_oom_kill_restarts_the_worker_with_a_new_pid(oom_run: Run) -> None:
+    (oom,) = oom_run.events
+    assert oom.type == "oom_kill"
+    old_pid = oom.attrs["pid"]
+    target = oom_run.sim.leak_target
+    assert target is not None
+    assert target[2] == old_pid + 1
+    assert oom.attrs["process"] == target[3] == "rag-worker"
+    assert 11 * HOUR < oom_run.elapsed(oom.ts) < 13 * HOUR
+
+
+def test_old_pid_alert_resolves_after_stale_s(oom_run: Run) -> None:
+    (oom,) = oom_run.events
+    old_pid, step = str(oom.attrs["pid"]), oom_run.sim.config.interval_s
+    stale_s = oom_run.pipe.stale_s
+    old = [(ts, t) for ts, t in oom_run.transitions if t.alert.labels["pid"] == old_pid]
+    assert [(t.previous, t.alert.status) for _, t in old] == [
+        ("inactive", "pending"),
+        ("pending", "firing"),
+        ("firing", "resolved"),
+    ]
+    ts, resolved = old[-1]
+    assert resolved.notify
+    last_seen = oom.ts - step  # the old pid's last sample was the tick before the kill
+    assert last_seen + stale_s < ts <= last_seen + stale_s + step
+    assert resolved.alert.ends_at == ts
+    assert resolved.alert.starts_at == old[0][1].alert.starts_at
+
+
+def test_new_pid_gets_its_own_series(oom_run: Run) -> None:
+    (oom,) = oom_run.events
+    host, gpu, new_pid, _ = oom_run.sim.leak_target or ("", 0, 0, "")
+    keys = set(oom_run.pipe.series)
+    assert (host, gpu, "", new_pid) in keys
+    assert (host, gpu, "", oom.attrs["pid"]) not in keys
+    assert oom_run.pipe.stats.evicted_series == 1
+    est = oom_run.pipe.series[(host, gpu, "", new_pid)].detector.estimate
+    assert est is not None
+    assert est.span_s <= oom_run.elapsed(oom_run.last[0].ts) - oom_run.elapsed(oom.ts)
+    procs = oom_run.pipe.host_snapshot(host)["gpus"][0]["procs"]
+    assert sorted(p["pid"] for p in procs) == sorted(p.pid for p in oom_run.last[0].gpus[0].procs)
+
+
+def test_series_cap_frees_up_when_a_series_is_evicted() -> None:
+    r = run(SimConfig(hosts=1, gpus=1, interval_s=60), 13 * HOUR, max_series=3)
+    (oom,) = r.events
+    host, gpu, new_pid, _ = r.sim.leak_target or ("", 0, 0, "")
+    assert r.pipe.stats.dropped_samples > 0  # the new pid waited for the old one to go
+    assert len(r.pipe.series) == 3
+    assert (host, gpu, "", new_pid) in r.pipe.series
+    assert (host, gpu, "", oom.attrs["pid"]) not in r.pipe.series
+
+
+# ---------------------------------------------------------------- limits and edges
+
+
+def test_series_cap_drops_and_counts_new_series() -> None:
+    sim = FleetSimulator(SimConfig(hosts=1, gpus=2, interval_s=30))  # leak on GPU 1
+    pipe = GpuPipeline(load_rules(), max_series=3)
+    ticks = sim.ticks()
+    _, (env,), _ = next(ticks)
+    assert pipe.process(env) == []
+    assert len(pipe.series) == 3  # GPU 0, its two processes
+    assert pipe.stats.dropped_samples == 3  # GPU 1, its two processes
+    assert {k[1] for k in pipe.series} == {0}
+    out = []
+    for _, (_, (env,), _) in zip(range(int(2 * HOUR / 30)), ticks, strict=False):
+        out += pipe.process(env)
+    assert out == []  # the leaking process was never tracked
+    assert len(pipe.series) == 3
+    assert [g["index"] for g in pipe.host_snapshot(env.host)["gpus"]] == [0]
+
+
+def test_replayed_old_envelope_changes_nothing() -> None:
+    """At-least-once delivery: a stale envelope must neither resolve nor re-page."""
+    sim = FleetSimulator(SimConfig(hosts=1, gpus=1, interval_s=30, leak_start_s=0))
+    pipe = GpuPipeline(load_rules())
+    history = []
+    for _, (_, (env,), _) in zip(range(int(2 * HOUR / 30)), sim.ticks(), strict=False):
+        pipe.process(env)
+        history.append(env)
+    (before,) = pipe.engine.active.values()
+    assert before.status == "firing"
+    assert pipe.process(history[len(history) // 2]) == []
+    assert pipe.engine.out_of_order == 1
+    assert list(pipe.engine.active.values()) == [before]
+
+
+def test_host_snapshot_structure() -> None:
+    r = run(SimConfig(hosts=2, gpus=2, scenario="healthy", interval_s=30), 1 * HOUR)
+    env = r.last[0]
+    snap = r.pipe.host_snapshot(env.host)
+    assert snap["host"] == env.host
+    assert [g["index"] for g in snap["gpus"]] == [0, 1]
+    for g, sample in zip(snap["gpus"], env.gpus, strict=True):
+        assert set(g) == {
+            "index",
+            "mig",
+            "procs",
+            "fb_used_bytes",
+            "fb_total_bytes",
+            "gb_per_hour",
+            "mem_increase_gb",
+            "tte_h",
+            "name",
+            "uuid",
+            "gpu_util",
+            "ts",
+        }
+        assert (g["mig"], g["name"], g["uuid"]) == (None, sample.name, sample.uuid)
+        assert (g["fb_used_bytes"], g["fb_total_bytes"]) == (sample.fb_used, sample.fb_total)
+        assert (g["gpu_util"], g["ts"]) == (sample.gpu_util, env.ts)
+        assert abs(g["gb_per_hour"]) < 0.2 and abs(g["mem_increase_gb"]) < 0.3
+        assert [p["pid"] for p in g["procs"]] == sorted(p.pid for p in sample.procs)
+        for p in g["procs"]:
+            (want,) = [s for s in sample.procs if s.pid == p["pid"]]
+            assert set(p) == {"pid", "name", "container", "gpu_mem_bytes", "gb_per_hour"}
+            assert (p["name"], p["container"], p["gpu_mem_bytes"]) == (
+                want.name,
+                want.container,
+                want.gpu_mem,
+            )
+    orjson.dumps(snap)  # `ragwatch status` serialises it
+    assert r.pipe.host_snapshot("no-such-host") == {"host": "no-such-host", "gpus": []}
+
+
+def test_snapshot_during_warm_up_has_unknown_trends() -> None:
+    r = run(SimConfig(hosts=1, gpus=1, scenario="healthy", interval_s=10), 300)
+    (g,) = r.pipe.host_snapshot(r.last[0].host)["gpus"]
+    assert (g["gb_per_hour"], g["mem_increase_gb"], g["tte_h"]) == (None, None, None)
+    assert all(p["gb_per_hour"] is None for p in g["procs"])
+
+
+def test_bug_silent_host_series_are_evicted_and_alerts_resolve() -> None:
+    sim = FleetSimulator(SimConfig(hosts=2, gpus=1, interval_s=30, leak_start_s=0))
+    pipe = GpuPipeline(load_rules(), stale_s=300)
+    ticks = sim.ticks()
+    for _, (_, envelopes, _) in zip(range(int(2 * HOUR / 30)), ticks, strict=False):
+        for env in envelopes:
+            pipe.process(env)
+    assert [a.status for a in pipe.engine.active.values()] == ["firing"]
+    resolved = []
+    for _, (_, (_, alive), _) in zip(range(int(HOUR / 30)), ticks, strict=False):
+        resolved += [t for t in pipe.process(alive) if t.alert.status == "resolved"]
+    assert len(resolved) == 1 and resolved[0].notify
+    assert all(key[0] == alive.host for key in pipe.series)
