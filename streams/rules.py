@@ -45,35 +45,25 @@ import yaml
 from ragwatch.config import parse_duration
 from ragwatch.errors import ConfigError
 
+# Signals of every memory series (leak detector output; see streams/gpu.py).
+_MEMORY_SIGNALS = (
+    "fb_used_bytes",
+    "fb_total_bytes",
+    "mem_increase_bytes",
+    "mem_increase_gb",
+    "mem_slope_bytes_per_s",
+    "mem_steadiness",
+    "gb_per_hour",
+    "leak_score",
+    "window_h",
+    "tte_s",
+    "tte_h",
+)
 SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
-    "process": (
-        "gpu_mem_bytes",
-        "rss_bytes",
-        "mem_increase_bytes",
-        "mem_increase_gb",
-        "mem_slope_bytes_per_s",
-        "mem_steadiness",
-        "gb_per_hour",
-        "leak_score",
-        "window_h",
-        "tte_s",
-        "tte_h",
-        "fb_used_bytes",
-        "fb_total_bytes",
-    ),
+    "process": ("gpu_mem_bytes", "rss_bytes", *_MEMORY_SIGNALS),
     "gpu": (
-        "fb_used_bytes",
-        "fb_total_bytes",
+        *_MEMORY_SIGNALS,
         "fb_used_ratio",
-        "mem_increase_bytes",
-        "mem_increase_gb",
-        "mem_slope_bytes_per_s",
-        "mem_steadiness",
-        "gb_per_hour",
-        "leak_score",
-        "window_h",
-        "tte_s",
-        "tte_h",
         "gpu_util",
         "mem_copy_util",
         "temp_c",

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,3 +163,38 @@ def test_settings_lists_every_variable_without_secrets() -> None:
 
     assert {line.split("=", 1)[0] for line in out.stdout.splitlines()} == set(env_names())
     assert os.environ.get("RAGWATCH_KAFKA_SASL_PASSWORD") is None
+
+
+def test_demo_timeout_exits_1_says_what_is_missing_and_cleans_up(stack: EmbeddedStack) -> None:
+    before = our_processes()
+    out = ragwatch("demo", "--timeout", "1s", env={}, timeout=120)
+    assert out.returncode == 1
+    assert "timeout after 1s: no firing GpuMemoryLeak alert for gpu-node-01 GPU 1 pid 4011" in (
+        out.stderr
+    )
+    assert "logs kept in" in out.stderr
+    assert our_processes() == before
+
+
+def test_agent_sigterm_flushes_everything_it_produced(
+    rw_env: dict[str, str], start_ragwatch: Any
+) -> None:
+    import signal
+    import time
+
+    from ragwatch.config import Settings
+    from ragwatch.kafka_admin import ensure_topics
+
+    ensure_topics(Settings.from_env(rw_env))
+    agent = start_ragwatch(["agent", "--hosts", "2", "--gpus", "2", "--speed", "60"], rw_env)
+    time.sleep(3)
+    assert agent.stop(signal.SIGTERM) == 0
+    log = agent.output()
+    done = re.search(
+        r"agent done: ticks=(\d+) envelopes=(\d+) .*produced=(\d+) delivered=(\d+)"
+        r" failed=0",
+        log,
+    )
+    assert done, log
+    ticks, envelopes, produced, delivered = map(int, done.groups())
+    assert ticks > 5 and envelopes == 2 * ticks and produced == delivered == envelopes
