@@ -28,11 +28,12 @@ from ragwatch.schema import (
     Envelope,
     EventEnvelope,
     GpuEnvelope,
+    MetricsEnvelope,
     RequestsEnvelope,
 )
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-_E = TypeVar("_E", GpuEnvelope, RequestsEnvelope, EventEnvelope, Alert)
+_E = TypeVar("_E", GpuEnvelope, RequestsEnvelope, EventEnvelope, MetricsEnvelope, Alert)
 
 
 def to_dict(record: Envelope) -> dict[str, Any]:

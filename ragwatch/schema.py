@@ -28,7 +28,13 @@ MAX_UINT = 2**64 - 1
 ENVELOPE_FIELDS = ("v", "kind", "host", "ts", "type")
 ALERT_STATUSES = ("pending", "firing", "resolved")
 REQUEST_STATUSES = ("ok", "error")
-EVENT_TYPES = ("xid", "oom_kill", "process_exit")
+EVENT_TYPES = (
+    "xid",  # an NVML XID critical error (attrs: gpu, uuid, xid)
+    "oom_kill",  # the OOM killer took a process (attrs: gpu, pid, process, container)
+    "process_exit",  # a compute process left a GPU (attrs: gpu, pid, process)
+    "device_event",  # another critical NVML event: ECC, power, clocks (attrs: gpu, event)
+    "agent_start",  # an agent started (attrs: source, driver_version, cuda_version, ...)
+)
 
 AlertStatus = Literal["pending", "firing", "resolved"]
 RequestStatus = Literal["ok", "error"]
@@ -105,6 +111,13 @@ def _opt_float(
     return _float(d, key, path, minimum=minimum)
 
 
+def _bool(d: Mapping[str, Any], key: str, path: str, default: bool = False) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise SchemaError(f"{path}{key}: expected true or false, got {type(v).__name__}")
+    return v
+
+
 def _list(d: Mapping[str, Any], key: str, path: str) -> list[Any]:
     v = _get(d, key, path)
     if not isinstance(v, list):
@@ -161,13 +174,17 @@ def check_header(d: Mapping[str, Any], kind: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ProcessSample:
-    """One compute process on one GPU: its framebuffer use (bytes) and host RSS."""
+    """One compute process on one GPU: its framebuffer use (bytes) and host RSS.
+
+    ``dead`` marks memory still held by a pid that no longer exists in ``/proc``.
+    """
 
     pid: int
     name: str
     gpu_mem: int
     rss: int | None = None
     container: str | None = None
+    dead: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "") -> ProcessSample:
@@ -177,6 +194,7 @@ class ProcessSample:
             gpu_mem=_int(d, "gpu_mem", path),
             rss=_opt_int(d, "rss", path),
             container=_opt_str(d, "container", path),
+            dead=_bool(d, "dead", path),
         )
 
 
@@ -190,6 +208,7 @@ class GpuSample:
     fb_used: int
     fb_total: int
     mig: str | None = None
+    fb_reserved: int | None = None
     gpu_util: float | None = None
     mem_copy_util: float | None = None
     temp_c: float | None = None
@@ -210,6 +229,7 @@ class GpuSample:
             mig=_opt_str(d, "mig", path),
             fb_used=fb_used,
             fb_total=fb_total,
+            fb_reserved=_opt_int(d, "fb_reserved", path),
             gpu_util=_opt_float(d, "gpu_util", path, minimum=0.0),
             mem_copy_util=_opt_float(d, "mem_copy_util", path, minimum=0.0),
             temp_c=_opt_float(d, "temp_c", path),
@@ -397,10 +417,59 @@ class Alert:
         )
 
 
-Envelope = Union[GpuEnvelope, RequestsEnvelope, EventEnvelope, Alert]  # noqa: UP007
+@dataclass(frozen=True, slots=True)
+class MetricSample:
+    """One scraped Prometheus sample: name, labels and a finite value."""
 
-KINDS: dict[str, type[GpuEnvelope] | type[RequestsEnvelope] | type[EventEnvelope] | type[Alert]]
-KINDS = {c.kind: c for c in (GpuEnvelope, RequestsEnvelope, EventEnvelope, Alert)}
+    name: str
+    labels: dict[str, str]
+    value: float
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "") -> MetricSample:
+        return cls(
+            name=_str(d, "name", path),
+            labels=_str_map(d, "labels", path),
+            value=_float(d, "value", path),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsEnvelope:
+    """Topic ``ragwatch.metrics``, key = host: samples scraped from one target at one time.
+
+    Counters are cumulative, as scraped; rates and reset handling happen in streams.
+    """
+
+    kind: ClassVar[str] = "metrics"
+    host: str
+    target: str
+    ts: float
+    samples: tuple[MetricSample, ...]
+
+    @property
+    def key(self) -> str:
+        return self.host
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MetricsEnvelope:
+        check_header(d, cls.kind)
+        return cls(
+            host=_str(d, "host", ""),
+            target=_str(d, "target", ""),
+            ts=_float(d, "ts", "", minimum=0.0),
+            samples=tuple(
+                MetricSample.from_dict(_obj(s, f"samples[{i}]"), f"samples[{i}].")
+                for i, s in enumerate(_list(d, "samples", ""))
+            ),
+        )
+
+
+Envelope = Union[GpuEnvelope, RequestsEnvelope, EventEnvelope, MetricsEnvelope, Alert]  # noqa: UP007
+
+KINDS: dict[str, type[Envelope]] = {
+    c.kind: c for c in (GpuEnvelope, RequestsEnvelope, EventEnvelope, MetricsEnvelope, Alert)
+}
 
 # Headers on a dead-letter record; its value is the rejected message's original bytes.
 DLQ_HEADER_TOPIC = "ragwatch-topic"

@@ -389,6 +389,7 @@ def test_gpu_sample_wire_shape_has_nested_processes_and_nulls() -> None:
         "gpu_mem": 30 * 2**30,
         "rss": 8 * 2**30,
         "container": "abc123",
+        "dead": False,
     }
     assert full["procs"][1]["rss"] is None
     assert mig["mig"] == "1g.10gb"
@@ -652,7 +653,7 @@ def test_version_true_is_rejected_even_though_true_equals_one(kind: str) -> None
 @pytest.mark.parametrize("kind", ["nope", "GPU", "", 1, None, ["gpu"], {"gpu": 1}])
 def test_unknown_kind_is_rejected(kind: Any) -> None:
     err = rejects(dumps(with_value("gpu", ("kind",), kind)), "kind: unknown kind")
-    assert "gpu, requests, event, alert" in err.reason
+    assert "gpu, requests, event, metrics, alert" in err.reason
 
 
 def test_missing_kind_is_rejected() -> None:
