@@ -1,9 +1,15 @@
-"""The agent loop: take samples from a source, encode them, hand them to a sink.
+"""The agent loops: take samples from a source, encode them, hand them to a sink.
 
-Event time comes from the source. ``speed`` paces a simulated source against the wall
-clock (``speed=720`` plays an hour in five seconds; ``0`` = as fast as possible). The
-loop stops at ``duration_s`` of event time or when ``stop`` is set (SIGTERM), and always
-flushes the sink.
+Two loops share :func:`publish`, which routes each envelope to its topic by kind and keys
+it (host for GPU telemetry, events and metrics):
+
+- :func:`run_simulation` plays a simulated fleet; event time comes from the simulator and
+  ``speed`` paces it against the wall clock (``speed=720`` plays an hour in five seconds,
+  ``0`` = as fast as possible), up to ``duration_s`` of event time.
+- :func:`run_polling` calls a real source (NVML, Prometheus scrapes) every ``interval_s``
+  of wall time, at a fixed rate, until ``stop`` is set.
+
+Both stop when ``stop`` is set (SIGTERM) and always close the sink, which flushes.
 
 >>> from ragwatch.agents.publisher import ListSink
 >>> from ragwatch.agents.sim import FleetSimulator, SimConfig
@@ -20,14 +26,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ragwatch.agents.publisher import Sink
 from ragwatch.agents.sim import FleetSimulator
 from ragwatch.codec import encode
+from ragwatch.schema import Envelope, EventEnvelope
 
 log = logging.getLogger(__name__)
+
+# envelope kind -> topic role (the key of ``topics``, as in ragwatch.config.TOPICS)
+KIND_TOPIC = {"gpu": "gpu", "event": "events", "metrics": "metrics", "requests": "requests"}
 
 
 @dataclass
@@ -35,8 +45,22 @@ class RunStats:
     ticks: int = 0
     envelopes: int = 0
     events: int = 0
+    errors: int = 0
     first_ts: float | None = None
     last_ts: float | None = None
+
+
+def publish(
+    envelopes: Iterable[Envelope], sink: Sink, topics: Mapping[str, str], stats: RunStats
+) -> None:
+    """Encode each envelope and write it to its kind's topic, keyed by host or service."""
+    for env in envelopes:
+        if isinstance(env, EventEnvelope):
+            log.warning("%s on host=%s: %s", env.type, env.host, env.attrs)
+            stats.events += 1
+        else:
+            stats.envelopes += 1
+        sink.write(topics[KIND_TOPIC[env.kind]], env.key, encode(env))
 
 
 def run_simulation(
@@ -65,15 +89,48 @@ def run_simulation(
                     break
             elif stop.is_set():
                 break
-            for env in envelopes:
-                sink.write(topics["gpu"], env.host, encode(env))
-            for ev in events:
-                log.warning("simulated %s on host=%s: %s", ev.type, ev.host, ev.attrs)
-                sink.write(topics["events"], ev.host, encode(ev))
+            publish([*envelopes, *events], sink, topics, stats)
             stats.ticks += 1
-            stats.envelopes += len(envelopes)
-            stats.events += len(events)
             stats.last_ts = ts
+    finally:
+        sink.close()
+    return stats
+
+
+def run_polling(
+    sample: Callable[[], list[Envelope]],
+    sink: Sink,
+    *,
+    topics: Mapping[str, str],
+    interval_s: float,
+    stop: threading.Event | None = None,
+    max_ticks: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunStats:
+    """Call ``sample`` every ``interval_s`` (fixed rate) and publish what it returns.
+
+    A sample that raises is logged and counted, and the loop goes on: one bad tick must
+    not stop a host's telemetry.
+    """
+    stop = stop or threading.Event()
+    stats = RunStats()
+    next_due = clock()
+    try:
+        while not stop.is_set() and (max_ticks is None or stats.ticks < max_ticks):
+            try:
+                envelopes = sample()
+            except Exception:
+                stats.errors += 1
+                log.exception("sampling failed (errors so far: %d)", stats.errors)
+                envelopes = []
+            publish(envelopes, sink, topics, stats)
+            stats.ticks += 1
+            next_due += interval_s
+            if max_ticks is not None and stats.ticks >= max_ticks:
+                break
+            if stop.wait(max(0.0, next_due - clock())):
+                break
+            next_due = max(next_due, clock() - interval_s)  # after a stall, don't burst
     finally:
         sink.close()
     return stats

@@ -10,14 +10,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ragwatch import __version__
+from ragwatch import __version__, agent_command
 from ragwatch.config import Settings, env_names, parse_duration
 from ragwatch.errors import ConfigError
 
@@ -42,42 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("worker", help="run the stream worker (Faust) until SIGTERM")
 
-    a = sub.add_parser("agent", help="sample telemetry and publish it to Kafka")
-    a.add_argument(
-        "--source",
-        choices=("sim",),
-        default="sim",
-        help="telemetry source (sim: the simulated fleet)",
-    )
-    a.add_argument("--scenario", default="leak", help="sim scenario: healthy or leak")
-    a.add_argument("--hosts", type=int, default=4, help="simulated hosts (default 4)")
-    a.add_argument("--gpus", type=int, default=2, help="GPUs per simulated host (default 2)")
-    a.add_argument(
-        "--speed",
-        type=float,
-        default=1.0,
-        help="event-time seconds per wall second; 0 = as fast as possible",
-    )
-    a.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same telemetry)")
-    a.add_argument(
-        "--interval",
-        type=_duration,
-        default=10.0,
-        help="event-time seconds between samples (default 10s)",
-    )
-    a.add_argument(
-        "--duration",
-        type=_duration,
-        default=None,
-        help="event time to simulate, e.g. 3600, 90m or 6h (default: forever)",
-    )
-    a.add_argument(
-        "--start",
-        type=float,
-        default=None,
-        help="event time of the first sample, epoch seconds (default: now minus "
-        "--duration, so a fast replay ends near the present; now without it)",
-    )
+    agent_command.add_parser(sub)
 
     s = sub.add_parser("status", help="hosts, GPUs, slopes and alerts, read from Redis")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -105,56 +67,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, environ: Mapping[st
 
 
 def cmd_agent(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    from ragwatch.agents.publisher import KafkaPublisher
-    from ragwatch.agents.runner import run_simulation
-    from ragwatch.agents.sim import FleetSimulator, SimConfig
-
-    start = args.start
-    if start is None:
-        start = float(int(time.time() - (args.duration or 0.0)))
-    try:
-        cfg = SimConfig(
-            hosts=args.hosts,
-            gpus=args.gpus,
-            seed=args.seed,
-            scenario=args.scenario,
-            interval_s=args.interval,
-            start_ts=start,
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    publisher = KafkaPublisher(settings.kafka_config())
-    log.info(
-        "agent: sim scenario=%s hosts=%d gpus=%d speed=%g -> %s",
-        cfg.scenario,
-        cfg.hosts,
-        cfg.gpus,
-        args.speed,
-        settings.kafka_bootstrap,
-    )
-    topics = {"gpu": settings.topic("gpu"), "events": settings.topic("events")}
-    stats = run_simulation(
-        FleetSimulator(cfg),
-        publisher,
-        topics=topics,
-        speed=args.speed,
-        duration_s=args.duration,
-        stop=stop,
-    )
-    ps = publisher.stats
-    log.info(
-        "agent done: ticks=%d envelopes=%d events=%d produced=%d delivered=%d failed=%d",
-        stats.ticks,
-        stats.envelopes,
-        stats.events,
-        ps.produced,
-        ps.delivered,
-        ps.failed,
-    )
-    return 0 if ps.failed == 0 and ps.delivered == ps.produced else 1
+    return agent_command.run(args, settings)
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:

@@ -108,11 +108,15 @@ class EmbeddedStack:
     def up(self, which: tuple[str, ...] = SERVICES, timeout_s: float = 20.0) -> dict[str, Service]:
         """Start what is not running yet; return every service of this state dir."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        running = {k: s for k, s in self.services().items() if s.alive}
+        known = self.services()
+        running = {k: s for k, s in known.items() if s.alive}
         missing = [n for n in which if n not in running]
         binaries = {n: tansu_binary() if n == "kafka" else redis_binary() for n in missing}
         for name in missing:
-            running[name] = self._start(name, binaries[name], timeout_s)
+            # A service that died comes back on its old port, so clients reconnect to it.
+            old = known.get(name)
+            port = old.port if old is not None and not port_open(old.port) else free_port()
+            running[name] = self._start(name, binaries[name], port, timeout_s)
         self._save(running)
         return running
 
@@ -142,8 +146,14 @@ class EmbeddedStack:
         tmp.write_text(json.dumps({k: asdict(v) for k, v in services.items()}, indent=2))
         tmp.replace(self.state_file)
 
-    def _start(self, name: str, binary: str, timeout_s: float) -> Service:
-        port = free_port()
+    def kill(self, name: str) -> None:
+        """SIGKILL one service (fault injection); ``up()`` restarts it on the same port."""
+        svc = self.services()[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(svc.pid, signal.SIGKILL)
+        stop_process(svc.pid, 5.0)
+
+    def _start(self, name: str, binary: str, port: int, timeout_s: float) -> Service:
         logfile = self.state_dir / f"{name}.log"
         env = dict(os.environ)
         if name == "kafka":

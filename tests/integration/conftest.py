@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
@@ -129,12 +130,51 @@ def make_settings() -> Callable[[dict[str, str]], Settings]:
     return make
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what``."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` (or its
+    result, evaluated at the time of failure)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+    pytest.fail(
+        f"timed out after {timeout:.0f}s waiting for {what if isinstance(what, str) else what()}"
+    )
+
+
+SENTINEL = b"ragwatch-test-sentinel"
+
+
+def read_records(settings: Settings, topic: str, expect: int, timeout: float = 60) -> list[Any]:
+    """The first ``expect`` records of ``topic`` (all partitions), counted, not watermarked.
+
+    Tansu's high watermark can lag one record batch behind, which hides the last batch from
+    fetches until something else is written: one sentinel record per partition, produced
+    first, moves it past the data (and is skipped here). Partitions are assigned, not
+    subscribed, so no group join (which Tansu delays by half the session timeout).
+    """
+    producer = Producer(settings.kafka_config())
+    for p in range(settings.topic_partitions):
+        producer.produce(topic, SENTINEL, partition=p)
+    assert producer.flush(10) == 0
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"reader-{uuid.uuid4().hex}"})
+    consumer.assign(
+        [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(settings.topic_partitions)]
+    )
+    out: list[Any] = []
+
+    def more() -> bool:
+        for msg in consumer.consume(1000, timeout=0.5):
+            assert msg.error() is None, msg.error()
+            if msg.value() != SENTINEL:
+                out.append(msg)
+        return len(out) >= expect
+
+    try:
+        wait_until(more, timeout, lambda: f"{expect} records on {topic} (got {len(out)})")
+        more()  # a duplicate beyond `expect` gets a chance to show up
+    finally:
+        consumer.close()
+    return out

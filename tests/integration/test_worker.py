@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from ragwatch.agents.publisher import KafkaPublisher
 from ragwatch.agents.runner import run_simulation
@@ -23,7 +23,7 @@ from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.schema import DLQ_HEADER_OFFSET, DLQ_HEADER_REASON, DLQ_HEADER_TOPIC
 from ragwatch.streams.state import Keys
-from tests.integration.conftest import clean_environ, wait_until
+from tests.integration.conftest import clean_environ, read_records, wait_until
 
 START = 1_767_225_600.0
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
@@ -39,31 +39,8 @@ def publish_sim(settings: Settings, config: SimConfig, duration_s: float) -> int
     return stats.envelopes
 
 
-def consume_all(settings: Settings, topic: str, expect: int, timeout: float = 30.0) -> list[Any]:
-    """Read ``expect`` records of ``topic`` from the beginning (counts, not watermarks).
-
-    Partitions are assigned, not subscribed: no group join, which Tansu makes wait for
-    half the session timeout.
-    """
-    consumer = Consumer(
-        {**settings.kafka_config(), "group.id": f"reader-{topic}", "enable.auto.commit": False}
-    )
-    consumer.assign(
-        [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(settings.topic_partitions)]
-    )
-    out: list[Any] = []
-    try:
-
-        def more() -> bool:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                out.append(msg)
-            return len(out) >= expect
-
-        wait_until(more, timeout, f"{expect} records on {topic} (got {len(out)})")
-    finally:
-        consumer.close()
-    return out
+def consume_all(settings: Settings, topic: str, expect: int) -> list[Any]:
+    return read_records(settings, topic, expect)
 
 
 def leak_alert(body: dict[str, Any], target: tuple[str, int, int, str]) -> bool:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from ragwatch import agent_command
 from ragwatch.agents.sim import SimConfig
 from ragwatch.cli import build_parser
 from ragwatch.config import PREFIX, Settings, env_names
@@ -365,7 +366,7 @@ def test_agent_command_parses_into_a_valid_simulation() -> None:
         gpus=args.gpus,
         seed=args.seed,
         scenario=args.scenario,
-        interval_s=args.interval,
+        interval_s=args.interval or agent_command.DEFAULT_INTERVAL["sim"],
     )
 
 

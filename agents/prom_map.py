@@ -1,0 +1,373 @@
+"""What the Prometheus scrape source makes of what it scrapes: the tables and pure functions.
+
+:mod:`ragwatch.agents.prom` fetches an exposition; this module turns its text into
+samples (:func:`parse`), folds dcgm-exporter's framebuffer, utilisation, temperature and
+power fields into :class:`~ragwatch.schema.GpuSample` records (:func:`split_gpus`), and
+renames the serving engines' metrics to engine-neutral ragwatch names (:func:`map_sample`,
+:func:`triton_counts`). Everything here is a function of its input; no I/O.
+
+The renaming is one table, :data:`METRICS`: exposed name -> (ragwatch name, unit scale).
+A histogram or summary is listed once under its base name and its ``_bucket``, ``_sum``
+and ``_count`` samples follow it: ``_sum``, quantile values and ``le`` bounds are scaled,
+counts are not. A renamed sample keeps its labels and gains ``engine`` (``vllm``,
+``tgi``, ``triton``, ``dcgm``) and ``source_metric`` (the exposed sample name); an
+exposed label already called so is kept as ``exported_<name>``, as Prometheus does (vLLM
+V1 labels every sample ``engine="<index>"``). Counters stay cumulative, as scraped.
+
+The table's order is a priority: when two entries give the same series (vLLM's
+deprecated twins during their deprecation window, Triton's latency summary next to its
+counters), the one listed first is kept (:func:`select`).
+
+>>> s = parse('# TYPE nv_inference_queue_duration_us counter\\n'
+...           'nv_inference_queue_duration_us{model="m",version="1"} 2500000\\n')[0]
+>>> mapped = map_sample(s)
+>>> mapped is not None and (mapped[1].name, mapped[1].value, mapped[1].labels["engine"])
+('ragwatch_queue_seconds_sum', 2.5, 'triton')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from typing import Final
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ragwatch.schema import MAX_UINT, GpuSample, MetricSample
+
+ONE: Final = Fraction(1)
+PERCENT: Final = Fraction(1, 100)
+MILLI: Final = Fraction(1, 1000)
+MICRO: Final = Fraction(1, 1_000_000)
+MIB: Final = Fraction(1024 * 1024)
+
+# Which engine a source metric belongs to, by its prefix.
+ENGINE_PREFIXES: Final = (("vllm:", "vllm"), ("tgi_", "tgi"), ("nv_", "triton"), ("DCGM_", "dcgm"))
+HISTOGRAM_SUFFIXES: Final = ("_bucket", "_sum", "_count")
+ADDED_LABELS: Final = ("engine", "source_metric")
+
+# exposed name -> (ragwatch name, unit scale). Order is priority (first listed wins).
+METRICS: Final[Mapping[str, tuple[str, Fraction]]] = {
+    # vLLM (docs/design/metrics.md): queue, KV cache, tokens, request latency histograms.
+    "vllm:num_requests_waiting": ("ragwatch_requests_waiting", ONE),
+    "vllm:num_requests_running": ("ragwatch_requests_running", ONE),
+    "vllm:kv_cache_usage_perc": ("ragwatch_kv_cache_usage_ratio", ONE),  # 0-1 despite "perc"
+    "vllm:gpu_cache_usage_perc": ("ragwatch_kv_cache_usage_ratio", ONE),  # deprecated name
+    "vllm:prompt_tokens_total": ("ragwatch_prompt_tokens_total", ONE),
+    "vllm:generation_tokens_total": ("ragwatch_generation_tokens_total", ONE),
+    "vllm:request_success_total": ("ragwatch_requests_succeeded_total", ONE),
+    "vllm:num_preemptions_total": ("ragwatch_preemptions_total", ONE),
+    "vllm:prefix_cache_queries_total": ("ragwatch_prefix_cache_queries_total", ONE),
+    "vllm:prefix_cache_hits_total": ("ragwatch_prefix_cache_hits_total", ONE),
+    "vllm:time_to_first_token_seconds": ("ragwatch_ttft_seconds", ONE),
+    "vllm:inter_token_latency_seconds": ("ragwatch_itl_seconds", ONE),
+    "vllm:time_per_output_token_seconds": ("ragwatch_itl_seconds", ONE),  # deprecated name
+    "vllm:request_time_per_output_token_seconds": ("ragwatch_tpot_seconds", ONE),
+    "vllm:e2e_request_latency_seconds": ("ragwatch_e2e_seconds", ONE),
+    "vllm:request_queue_time_seconds": ("ragwatch_queue_seconds", ONE),
+    "vllm:request_prefill_time_seconds": ("ragwatch_prefill_seconds", ONE),
+    "vllm:request_decode_time_seconds": ("ragwatch_decode_seconds", ONE),
+    "vllm:request_inference_time_seconds": ("ragwatch_inference_seconds", ONE),
+    "vllm:request_prompt_tokens": ("ragwatch_request_prompt_tokens", ONE),
+    "vllm:request_generation_tokens": ("ragwatch_request_generation_tokens", ONE),
+    # TGI (docs/source/reference/metrics.md); counters are exposed without _total.
+    "tgi_queue_size": ("ragwatch_requests_waiting", ONE),
+    "tgi_batch_current_size": ("ragwatch_requests_running", ONE),
+    "tgi_request_count": ("ragwatch_requests_total", ONE),
+    "tgi_request_success": ("ragwatch_requests_succeeded_total", ONE),
+    "tgi_request_failure": ("ragwatch_requests_failed_total", ONE),  # label err=...
+    "tgi_request_duration": ("ragwatch_e2e_seconds", ONE),
+    "tgi_request_queue_duration": ("ragwatch_queue_seconds", ONE),
+    "tgi_request_inference_duration": ("ragwatch_inference_seconds", ONE),
+    "tgi_request_validation_duration": ("ragwatch_validation_seconds", ONE),
+    "tgi_request_mean_time_per_token_duration": ("ragwatch_tpot_seconds", ONE),  # per request
+    "tgi_request_input_length": ("ragwatch_request_prompt_tokens", ONE),
+    "tgi_request_generated_tokens": ("ragwatch_request_generation_tokens", ONE),
+    # Triton (docs/user_guide/metrics.md): latencies are cumulative microsecond counters
+    # by default; they are the _sum of a histogram whose _count is derived from the
+    # success counter (triton_counts). Listed before the opt-in summaries, which repeat
+    # their _sum and _count.
+    "nv_inference_request_success": ("ragwatch_requests_succeeded_total", ONE),
+    "nv_inference_request_failure": ("ragwatch_requests_failed_total", ONE),  # label reason
+    "nv_inference_count": ("ragwatch_inferences_total", ONE),
+    "nv_inference_exec_count": ("ragwatch_batch_executions_total", ONE),
+    "nv_inference_pending_request_count": ("ragwatch_requests_waiting", ONE),
+    "nv_inference_request_duration_us": ("ragwatch_e2e_seconds_sum", MICRO),
+    "nv_inference_queue_duration_us": ("ragwatch_queue_seconds_sum", MICRO),
+    "nv_inference_compute_input_duration_us": ("ragwatch_compute_input_seconds_total", MICRO),
+    "nv_inference_compute_infer_duration_us": ("ragwatch_compute_infer_seconds_total", MICRO),
+    "nv_inference_compute_output_duration_us": ("ragwatch_compute_output_seconds_total", MICRO),
+    "nv_inference_request_summary_us": ("ragwatch_e2e_seconds", MICRO),
+    "nv_inference_queue_summary_us": ("ragwatch_queue_seconds", MICRO),
+    "nv_inference_compute_input_summary_us": ("ragwatch_compute_input_seconds", MICRO),
+    "nv_inference_compute_infer_summary_us": ("ragwatch_compute_infer_seconds", MICRO),
+    "nv_inference_compute_output_summary_us": ("ragwatch_compute_output_seconds", MICRO),
+    "nv_inference_first_response_histogram_ms": ("ragwatch_ttft_seconds", MILLI),
+    "nv_gpu_utilization": ("ragwatch_gpu_utilization_ratio", ONE),  # 0-1
+    "nv_gpu_memory_used_bytes": ("ragwatch_gpu_memory_used_bytes", ONE),
+    "nv_gpu_memory_total_bytes": ("ragwatch_gpu_memory_total_bytes", ONE),
+    "nv_gpu_power_usage": ("ragwatch_gpu_power_watts", ONE),
+    "nv_gpu_power_limit": ("ragwatch_gpu_power_limit_watts", ONE),
+    "nv_energy_consumption": ("ragwatch_gpu_energy_joules_total", ONE),
+    # dcgm-exporter fields of a GPU that could not become a GpuSample (split_gpus).
+    "DCGM_FI_DEV_FB_USED": ("ragwatch_gpu_memory_used_bytes", MIB),
+    "DCGM_FI_DEV_FB_FREE": ("ragwatch_gpu_memory_free_bytes", MIB),
+    "DCGM_FI_DEV_FB_RESERVED": ("ragwatch_gpu_memory_reserved_bytes", MIB),
+    "DCGM_FI_DEV_GPU_UTIL": ("ragwatch_gpu_utilization_ratio", PERCENT),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("ragwatch_gpu_mem_copy_utilization_ratio", PERCENT),
+    "DCGM_FI_DEV_GPU_TEMP": ("ragwatch_gpu_temperature_celsius", ONE),
+    "DCGM_FI_DEV_POWER_USAGE": ("ragwatch_gpu_power_watts", ONE),
+}
+PRIORITY: Final[Mapping[str, int]] = {name: i for i, name in enumerate(METRICS)}
+
+# Triton adds to its latency counters on success only (core/src/infer_stats.cc,
+# UpdateSuccess), so a counter's _count is nv_inference_request_success of the same
+# model and version: ragwatch _count name -> (its _sum's source, the count's source).
+TRITON_COUNTS: Final[Mapping[str, tuple[str, str]]] = {
+    "ragwatch_e2e_seconds_count": (
+        "nv_inference_request_duration_us",
+        "nv_inference_request_success",
+    ),
+    "ragwatch_queue_seconds_count": (
+        "nv_inference_queue_duration_us",
+        "nv_inference_request_success",
+    ),
+}
+
+# dcgm-exporter field -> (GpuSample field, scale). FB fields are MiB; utilisation stays %.
+GPU_FIELDS: Final[Mapping[str, tuple[str, Fraction]]] = {
+    "DCGM_FI_DEV_FB_USED": ("fb_used", MIB),
+    "DCGM_FI_DEV_FB_FREE": ("fb_free", MIB),
+    "DCGM_FI_DEV_FB_RESERVED": ("fb_reserved", MIB),
+    "DCGM_FI_DEV_GPU_UTIL": ("gpu_util", ONE),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_copy_util", ONE),
+    "DCGM_FI_DEV_GPU_TEMP": ("temp_c", ONE),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", ONE),
+}
+NONNEGATIVE_GPU_FIELDS: Final = frozenset(f for f, _ in GPU_FIELDS.values()) - {"temp_c"}
+HOST_LABELS: Final = ("Hostname", "hostname")  # older and newer dcgm-exporter
+# host, gpu, UUID, modelName, GPU_I_PROFILE, GPU_I_ID
+GpuKey = tuple[str, str, str, str, str, str]
+SeriesKey = tuple[str, frozenset[tuple[str, str]]]
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _declared_counters(text: str) -> set[str]:
+    """Names on ``# TYPE <name> counter`` lines.
+
+    prometheus_client's text parser appends ``_total`` to a counter sample that lacks
+    it (Triton's ``nv_inference_request_success``, TGI's ``tgi_request_count``), so the
+    exposed name is recovered from the TYPE line. Only TYPE lines are read here; the
+    exposition itself is parsed by prometheus_client.
+    """
+    names = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[:2] == ["#", "TYPE"] and parts[3] == "counter":
+            names.add(parts[2])
+    return names
+
+
+def parse(text: str) -> list[MetricSample]:
+    """Samples of a text-format (0.0.4) exposition, named as exposed; ValueError if malformed.
+
+    Values may be NaN or infinite here (the source drops them); timestamps are ignored.
+
+    >>> [(s.name, s.value) for s in parse('# TYPE tgi_request_count counter\\n'
+    ...                                     'tgi_request_count 7\\n')]
+    [('tgi_request_count', 7.0)]
+    """
+    counters = _declared_counters(text)
+    out = []
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                name = s.name
+                bare = name.removesuffix("_total")
+                if family.type == "counter" and name not in counters and bare in counters:
+                    name = bare
+                out.append(MetricSample(name=name, labels=dict(s.labels), value=float(s.value)))
+    except (IndexError, KeyError, TypeError) as exc:  # the parser's own slips on bad input
+        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+    return out
+
+
+# ---------------------------------------------------------------- renaming
+
+
+def scale(value: float, factor: Fraction) -> float:
+    """``value * factor``, correctly rounded (57 % is 0.57, not 0.5700000000000001);
+    infinite where the product is beyond float range."""
+    if factor == 1 or not math.isfinite(value):
+        return value
+    try:
+        return float(Fraction(value) * factor)
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def engine_of(name: str) -> str:
+    """The engine a source metric comes from, by its prefix (``""`` if none)."""
+    return next((engine for prefix, engine in ENGINE_PREFIXES if name.startswith(prefix)), "")
+
+
+def _lookup(name: str) -> tuple[str, str, Fraction, str] | None:
+    """(table key, ragwatch name, scale, histogram suffix) for an exposed sample name."""
+    rule = METRICS.get(name)
+    if rule is not None:
+        return name, rule[0], rule[1], ""
+    for suffix in HISTOGRAM_SUFFIXES:
+        base = name.removesuffix(suffix)
+        if base != name and (rule := METRICS.get(base)) is not None:
+            return base, rule[0] + suffix, rule[1], suffix
+    return None
+
+
+def _labels(labels: Mapping[str, str], engine: str, source: str) -> dict[str, str]:
+    out = {(f"exported_{k}" if k in ADDED_LABELS else k): v for k, v in labels.items()}
+    out["engine"] = engine
+    out["source_metric"] = source
+    return out
+
+
+def _scale_le(le: str, factor: Fraction) -> str:
+    """A histogram bound in the new unit; ``+Inf`` (and anything unreadable) as it was."""
+    try:
+        bound = float(le)
+    except ValueError:
+        return le
+    return repr(scale(bound, factor)) if math.isfinite(bound) else le
+
+
+def map_sample(s: MetricSample) -> tuple[int, MetricSample] | None:
+    """(priority, renamed sample) for a known metric, None for one to pass through."""
+    hit = _lookup(s.name)
+    if hit is None:
+        return None
+    key, name, factor, suffix = hit
+    labels = _labels(s.labels, engine_of(key), s.name)
+    value = s.value if suffix in ("_bucket", "_count") else scale(s.value, factor)
+    if suffix == "_bucket" and factor != 1 and "le" in labels:
+        labels["le"] = _scale_le(labels["le"], factor)
+    return PRIORITY[key], MetricSample(name=name, labels=labels, value=value)
+
+
+def triton_counts(samples: Iterable[MetricSample]) -> list[tuple[int, MetricSample]]:
+    """The ``_count`` of each Triton latency counter present (see :data:`TRITON_COUNTS`)."""
+    present = {(s.name, frozenset(s.labels.items())): s for s in samples}
+    out = []
+    for name, (sum_source, count_source) in TRITON_COUNTS.items():
+        for (source, labels), s in present.items():
+            if source == count_source and (sum_source, labels) in present:
+                sample = MetricSample(name, _labels(s.labels, "triton", count_source), s.value)
+                out.append((PRIORITY[sum_source], sample))
+    return out
+
+
+def _series(s: MetricSample) -> SeriesKey:
+    """Identity of a series: its name and labels, less ``source_metric``."""
+    return s.name, frozenset((k, v) for k, v in s.labels.items() if k != "source_metric")
+
+
+def select(samples: Iterable[MetricSample]) -> tuple[list[MetricSample], int]:
+    """What to ship of a target's samples, and how many duplicate series were left out.
+
+    Renamed series come first, one per series: where two sources give the same one, the
+    source listed first in :data:`METRICS` wins. Passed-through series follow, unchanged,
+    in exposition order.
+    """
+    samples = list(samples)
+    known: list[tuple[int, MetricSample]] = []
+    unknown: list[MetricSample] = []
+    for s in samples:
+        mapped = map_sample(s)
+        if mapped is None:
+            unknown.append(s)
+        else:
+            known.append(mapped)
+    chosen: dict[SeriesKey, tuple[int, MetricSample]] = {}
+    duplicates = 0
+    for prio, s in known + triton_counts(samples) + [(len(PRIORITY), s) for s in unknown]:
+        key = _series(s)
+        if key in chosen:
+            duplicates += 1
+            if chosen[key][0] <= prio:
+                continue
+        chosen[key] = (prio, s)
+    return [s for _, s in chosen.values()], duplicates
+
+
+# ---------------------------------------------------------------- dcgm-exporter
+
+
+def _gpu_key(labels: Mapping[str, str], default_host: str) -> GpuKey:
+    host = next((labels[k] for k in HOST_LABELS if labels.get(k)), default_host)
+    return (
+        host,
+        labels.get("gpu", ""),
+        labels.get("UUID", ""),
+        labels.get("modelName", ""),
+        labels.get("GPU_I_PROFILE", ""),
+        labels.get("GPU_I_ID", ""),
+    )
+
+
+def _gpu_sample(key: GpuKey, fields: Mapping[str, float]) -> GpuSample | None:
+    """A GpuSample, or None where dcgm-exporter left out what the schema needs."""
+    _, index, uuid, model, profile, instance = key
+    if not (index.isdigit() and uuid and "fb_used" in fields and "fb_free" in fields):
+        return None  # e.g. MIG instances without FB fields (NVIDIA/dcgm-exporter#512)
+    if not all(math.isfinite(v) for v in fields.values()):
+        return None
+    if any(fields[f] < 0 for f in NONNEGATIVE_GPU_FIELDS & fields.keys()):
+        return None
+    used, free = round(fields["fb_used"]), round(fields["fb_free"])
+    reserved = round(fields["fb_reserved"]) if "fb_reserved" in fields else None
+    if used + free + (reserved or 0) > MAX_UINT:
+        return None
+    return GpuSample(
+        index=int(index),
+        uuid=uuid,
+        name=f"{model} MIG {profile}" if profile else model,  # as NVML names a MIG device
+        mig=f"GI{instance}" if instance else None,  # the nvml agent's fallback form
+        fb_used=used,
+        fb_total=used + free + (reserved or 0),
+        fb_reserved=reserved,
+        gpu_util=fields.get("gpu_util"),
+        mem_copy_util=fields.get("mem_copy_util"),
+        temp_c=fields.get("temp_c"),
+        power_w=fields.get("power_w"),
+    )
+
+
+def split_gpus(
+    samples: Iterable[MetricSample], default_host: str
+) -> tuple[dict[str, list[GpuSample]], list[MetricSample], int]:
+    """dcgm-exporter samples folded into GpuSamples by host; the rest; and the count of
+    GPUs that could not be folded (their fields are part of the rest).
+
+    The host is the exporter's ``Hostname``/``hostname`` label, else ``default_host``.
+    """
+    groups: dict[GpuKey, list[MetricSample]] = {}
+    rest: list[MetricSample] = []
+    for s in samples:
+        if s.name in GPU_FIELDS:
+            groups.setdefault(_gpu_key(s.labels, default_host), []).append(s)
+        else:
+            rest.append(s)
+    by_host: dict[str, list[GpuSample]] = {}
+    incomplete = 0
+    for key, members in groups.items():
+        fields = {GPU_FIELDS[m.name][0]: scale(m.value, GPU_FIELDS[m.name][1]) for m in members}
+        gpu = _gpu_sample(key, fields)
+        if gpu is None:
+            rest.extend(members)
+            incomplete += 1
+        else:
+            by_host.setdefault(key[0], []).append(gpu)
+    for gpus in by_host.values():
+        gpus.sort(key=lambda g: (g.index, g.mig or ""))
+    return by_host, rest, incomplete

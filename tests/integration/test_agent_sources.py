@@ -1,0 +1,140 @@
+"""Every agent source publishes through the same publisher to a real broker, and every
+source prints exactly what it would send with ``--once --json``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ragwatch import codec
+from ragwatch.cli import main
+from ragwatch.config import Settings
+from ragwatch.kafka_admin import ensure_topics
+from ragwatch.schema import EventEnvelope, GpuEnvelope, MetricsEnvelope
+from tests.integration.conftest import clean_environ, read_records
+from tests.unit.test_nvml import GIB, FakeGpu, FakeNvml, write_proc
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "prom"
+
+
+@pytest.fixture
+def exporter() -> Iterator[str]:
+    """A real HTTP server serving the recorded exposition texts."""
+    handler = partial(SimpleHTTPRequestHandler, directory=str(FIXTURES))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def read_topic(settings: Settings, role: str, expect: int) -> list[bytes]:
+    return [m.value() for m in read_records(settings, settings.topic(role), expect)]
+
+
+def ragwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ragwatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean_environ(), **(env or {})},
+    )
+
+
+def test_nvml_without_a_driver_is_one_clear_line_and_exit_2() -> None:
+    out = ragwatch("agent", "--source", "nvml", "--once", "--json")
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("ragwatch: error: NVML unavailable") and "--source sim" in line
+
+
+def test_sim_once_json_prints_one_envelope_per_host() -> None:
+    out = ragwatch("agent", "--source", "sim", "--hosts", "3", "--gpus", "2", "--once", "--json")
+    assert out.returncode == 0, out.stderr
+    envs = [codec.decode(line) for line in out.stdout.splitlines()]
+    assert [e.host for e in envs if isinstance(e, GpuEnvelope)] == [
+        "gpu-node-01",
+        "gpu-node-02",
+        "gpu-node-03",
+    ]
+
+
+def test_prom_once_json_prints_mapped_envelopes(exporter: str) -> None:
+    out = ragwatch(
+        "agent",
+        "--source",
+        "prom",
+        "--target",
+        f"{exporter}/dcgm.txt",
+        "--target",
+        f"{exporter}/vllm.txt",
+        "--host",
+        "node-a",
+        "--once",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    envs = [codec.decode(line) for line in out.stdout.splitlines()]
+    gpus = [e for e in envs if isinstance(e, GpuEnvelope)]
+    metrics = {e.target: e for e in envs if isinstance(e, MetricsEnvelope)}
+    assert gpus and all(g.fb_total > g.fb_used > 0 for e in gpus for g in e.gpus)
+    names = {s.name for s in metrics[f"{exporter}/vllm.txt"].samples}
+    assert {"ragwatch_generation_tokens_total", "ragwatch_requests_waiting"} <= names
+
+
+def test_prom_source_publishes_through_the_publisher(rw_env: dict[str, str], exporter: str) -> None:
+    settings = Settings.from_env(rw_env)
+    ensure_topics(settings)
+    code = main(
+        [
+            "agent",
+            "--source",
+            "prom",
+            "--target",
+            f"{exporter}/vllm.txt",
+            "--host",
+            "node-a",
+            "--once",
+        ],
+        environ=rw_env,
+    )
+    assert code == 0
+    (raw,) = read_topic(settings, "metrics", expect=1)
+    env = codec.decode(raw)
+    assert isinstance(env, MetricsEnvelope) and env.host == "node-a"
+
+
+def test_nvml_source_publishes_through_the_publisher(
+    rw_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The real pynvml module with its functions replaced (no GPU here), the real CLI,
+    the real publisher and broker."""
+    FakeNvml([FakeGpu("GPU-0000", procs=[(100, 6 * GIB)]), FakeGpu("GPU-1111")]).install(
+        monkeypatch
+    )
+    proc = tmp_path / "proc"
+    write_proc(proc, 100, "rag-worker", 500, "0::/\n")
+    settings = Settings.from_env(rw_env)
+    ensure_topics(settings)
+    code = main(
+        ["agent", "--source", "nvml", "--once", "--host", "gpu-host-1", "--proc-root", str(proc)],
+        environ=rw_env,
+    )
+    assert code == 0
+    (raw,) = read_topic(settings, "gpu", expect=1)
+    env = codec.decode_as(GpuEnvelope, raw)
+    assert env.host == "gpu-host-1" and [g.index for g in env.gpus] == [0, 1]
+    assert env.gpus[0].procs[0].name == "rag-worker" and env.gpus[0].procs[0].rss
+    (start,) = read_topic(settings, "events", expect=1)
+    event = codec.decode_as(EventEnvelope, start)
+    assert event.type == "agent_start" and event.attrs["gpu_count"] == 2
+    assert json.loads(start)["source"] == "nvml"
