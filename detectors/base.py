@@ -55,5 +55,12 @@ def score_then_learn(det: Detector, x: dict[str, Any]) -> float:
 
 
 def _load_builtin() -> None:
-    # Importing the modules runs their @register decorators.
-    from ragwatch.detectors import leak  # noqa: F401
+    """Import every module of this package once: their @register decorators fill REGISTRY."""
+    import importlib
+    import pkgutil
+
+    import ragwatch.detectors as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name != "base":
+            importlib.import_module(f"ragwatch.detectors.{info.name}")
