@@ -47,6 +47,7 @@ lint: setup typecheck ## ruff + mypy (strict)
 bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/pipeline.py
 	$(PY) bench/agents.py
+	$(PY) bench/quality.py
 
 clean: ## remove the venv, build and cache folders
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis .ragwatch

@@ -1,0 +1,425 @@
+"""Request outliers: bounded incremental DBSCAN-style density over recent requests.
+
+Each request is a point, by default ``(context_tokens, output_tokens)``. The detector keeps
+the last ``window`` points in a ring buffer plus a grid index of cells of side ``eps``, so
+the neighbours of a point are found in its own and the adjacent cells (9 cells in 2-D,
+``3**d`` in d dimensions), and a point leaving the window is dropped from both in O(1).
+Memory is bounded by ``window`` whatever the stream does. (river's ``cluster.DBSTREAM``
+keeps adding micro-clusters and slows down as they pile up, river#1086; this detector
+never holds more than ``window`` points.)
+
+Density follows DBSCAN with the incident analysis' ``eps=128``, ``min_samples=3``:
+
+* a window point is a *core* point when at least ``min_samples`` *other* window points lie
+  within ``eps`` of it (Euclidean, in feature units). Note that ``min_samples`` counts
+  neighbours, not the point itself as scikit-learn does;
+* ``score_one(x)`` is 0.0 when ``x`` has at least ``min_samples`` window points within
+  ``eps`` (a dense region, normal). Otherwise, with ``d`` the distance from ``x`` to the
+  nearest core point: a *border* point (``d <= eps``) scores ``0.4 * d / eps`` (below
+  0.5); a true outlier (``d > eps``) scores ``0.5 + 0.5 * (1 - exp(-(d - eps) / eps))``,
+  in (0.5, 1), growing with the distance; with no core point at all it scores 1.0. Rules
+  threshold at 0.5. While the window holds fewer than ``warmup`` points every score is 0;
+* ``label_one(x)`` names where an outlier sits relative to the window's medians: more
+  than 2x the median is "long", less than half is "short", e.g.
+  ``"long context, short output"``; None for a normal point;
+* ``clusters()`` returns the DBSCAN clusters of the window (connected core points) with
+  their centroid and size, largest first, so a stream can notice a new cluster of
+  outliers (a few similar outliers stop being outliers once ``min_samples`` of them have
+  arrived: they have become a cluster of their own).
+
+Features: ``features`` names the numeric keys to read. With the default ``None`` they are
+chosen by the first learned point: ``("context_tokens", "output_tokens")`` when it has
+both, else ``("value",)``, the shared univariate convention of the contract checks (a
+1-D density over the value in its own units: a constant series is one dense region and
+scores 0, a series whose noise is much wider than ``eps`` is all outliers). Every point
+needs the features and a finite ``"t"``; a missing feature, a non-numeric or non-finite
+value raises ValueError and changes nothing. Other keys are ignored.
+
+Parameters: ``eps`` (128.0), ``min_samples`` (3), ``window`` (2000), ``warmup`` (50),
+``features`` (None).
+
+Cost: ``learn_one`` is O(1) plus the ``3**d`` cell look-ups; ``score_one`` stops after
+``min_samples`` neighbours for normal points, and for outliers searches the cached core
+points (refreshed only in the cells touched since the last refresh).
+
+>>> import random
+>>> rng = random.Random(0)
+>>> det = RequestOutliers()
+>>> for i in range(500):
+...     det.learn_one({"context_tokens": round(rng.gauss(3000, 200)),
+...                    "output_tokens": round(rng.gauss(250, 40)), "t": float(i)})
+>>> det.score_one({"context_tokens": 3010, "output_tokens": 240, "t": 500.0})
+0.0
+>>> odd = {"context_tokens": 12000, "output_tokens": 20, "t": 501.0}
+>>> det.score_one(odd) > 0.5
+True
+>>> det.label_one(odd)
+'long context, short output'
+>>> [c.size for c in det.clusters()]
+[500]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ragwatch.detectors.base import register
+
+REQUEST_FEATURES = ("context_tokens", "output_tokens")
+VALUE_FEATURES = ("value",)
+LONG, SHORT = 2.0, 0.5  # x / median above LONG is "long", below SHORT is "short"
+
+Point = tuple[float, ...]
+Key = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """One DBSCAN cluster of the window: its core points' centroid (in ``features`` order)
+    and how many core points it has."""
+
+    centroid: Point
+    size: int
+
+
+@register("request_outliers")
+class RequestOutliers:
+    """Bounded incremental DBSCAN-style outlier detector (see the module docstring)."""
+
+    def __init__(
+        self,
+        eps: float = 128.0,
+        min_samples: int = 3,
+        window: int = 2000,
+        warmup: int = 50,
+        features: Sequence[str] | None = None,
+    ) -> None:
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps must be finite and > 0, got {eps!r}")
+        if min_samples < 1 or window < 1 or not 0 <= warmup <= window:
+            raise ValueError(
+                "need min_samples >= 1, window >= 1 and 0 <= warmup <= window, got "
+                f"min_samples={min_samples!r} window={window!r} warmup={warmup!r}"
+            )
+        if features is not None and (
+            isinstance(features, str) or not features or len(set(features)) != len(features)
+        ):
+            raise ValueError(f"features must be distinct names, got {features!r}")
+        self.eps = float(eps)
+        self.min_samples = int(min_samples)
+        self.window = int(window)
+        self.warmup = int(warmup)
+        self._features_param = None if features is None else tuple(features)
+        self._features: tuple[str, ...] | None = self._features_param
+        self._buf: deque[Point] = deque()
+        self._init_index()
+
+    # -- state ---------------------------------------------------------------------------
+
+    def _init_index(self) -> None:
+        """Build the grid index and the (derived, unpickled) core-point cache from _buf."""
+        self._cells: dict[Key, deque[Point]] = {}
+        for p in self._buf:
+            self._cells.setdefault(self._key(p), deque()).append(p)
+        self._core: dict[Key, list[Point]] = {}  # cell -> its core points, when clean
+        self._dirty: set[Key] = set(self._cells)  # occupied cells whose cache is stale
+        d = 1 if self._features is None else len(self._features)
+        self._offsets = self._make_offsets(d)
+
+    @staticmethod
+    def _make_offsets(d: int) -> list[Key]:
+        # Own cell first, so a dense point finds its neighbours early.
+        return sorted(itertools.product((-1, 0, 1), repeat=d), key=lambda o: any(o))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "eps": self.eps,
+            "min_samples": self.min_samples,
+            "window": self.window,
+            "warmup": self.warmup,
+            "features_param": self._features_param,
+            "features": self._features,
+            "buf": list(self._buf),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.eps = state["eps"]
+        self.min_samples = state["min_samples"]
+        self.window = state["window"]
+        self.warmup = state["warmup"]
+        self._features_param = state["features_param"]
+        self._features = state["features"]
+        self._buf = deque(state["buf"])
+        self._init_index()
+
+    def clone(self) -> RequestOutliers:
+        return RequestOutliers(
+            self.eps, self.min_samples, self.window, self.warmup, self._features_param
+        )
+
+    def __len__(self) -> int:
+        """How many requests the window holds (at most ``window``)."""
+        return len(self._buf)
+
+    @property
+    def features(self) -> tuple[str, ...] | None:
+        """The feature names in point order; None until the first point picks them."""
+        return self._features
+
+    # -- input ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _pick_features(x: dict[str, Any]) -> tuple[str, ...]:
+        if all(f in x for f in REQUEST_FEATURES):
+            return REQUEST_FEATURES
+        if "value" in x:
+            return VALUE_FEATURES
+        raise ValueError(
+            "request_outliers needs 'context_tokens' and 'output_tokens' (or 'value'), "
+            f"got keys {sorted(map(str, x))}"
+        )
+
+    def _point(self, x: dict[str, Any]) -> tuple[tuple[str, ...], Point]:
+        features = self._features or self._pick_features(x)
+        missing = [f for f in (*features, "t") if f not in x]
+        if missing:
+            raise ValueError(
+                f"request_outliers: missing feature(s) {missing}; needs {[*features, 't']}"
+            )
+        values = []
+        for f in (*features, "t"):
+            try:
+                v = float(x[f])
+            except (TypeError, ValueError):
+                raise ValueError(f"request_outliers: {f}={x[f]!r} is not a number") from None
+            if not math.isfinite(v):
+                raise ValueError(f"request_outliers: {f}={x[f]!r} is not finite")
+            values.append(v)
+        return features, tuple(values[:-1])
+
+    def _key(self, p: Point) -> Key:
+        eps = self.eps
+        return tuple(math.floor(v / eps) for v in p)
+
+    # -- learning ------------------------------------------------------------------------
+
+    def learn_one(self, x: dict[str, Any]) -> None:
+        features, p = self._point(x)
+        if self._features is None:
+            self._features = features
+            self._offsets = self._make_offsets(len(features))
+        if len(self._buf) >= self.window:
+            self._evict()
+        self._buf.append(p)
+        key = self._key(p)
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = deque()
+        cell.append(p)
+        self._touch(key)
+
+    def _evict(self) -> None:
+        old = self._buf.popleft()
+        key = self._key(old)
+        cell = self._cells[key]
+        cell.popleft()  # per-cell order is arrival order, so the oldest is first
+        if not cell:
+            del self._cells[key]
+            self._core.pop(key, None)
+            self._dirty.discard(key)
+        self._touch(key)
+
+    def _touch(self, key: Key) -> None:
+        """Core status may change in every occupied cell around ``key``."""
+        cells, dirty = self._cells, self._dirty
+        for off in self._offsets:
+            k = tuple(a + b for a, b in zip(key, off, strict=True))
+            if k in cells:
+                dirty.add(k)
+
+    # -- density queries -----------------------------------------------------------------
+
+    def _neighbours(self, q: Point, need: int) -> int:
+        """How many window points lie within eps of ``q``, counting up to ``need``."""
+        eps, cells, dist = self.eps, self._cells, math.dist
+        key = self._key(q)
+        n = 0
+        for off in self._offsets:
+            cell = cells.get(tuple(a + b for a, b in zip(key, off, strict=True)))
+            if cell is None:
+                continue
+            for p in cell:
+                if dist(p, q) <= eps:
+                    n += 1
+                    if n >= need:
+                        return n
+        return n
+
+    def _refresh_cell(self, key: Key) -> None:
+        """Recompute the cached core points of one occupied cell."""
+        cells, eps, dist = self._cells, self.eps, math.dist
+        need = self.min_samples + 1  # the point itself is in the window
+        blocks = [
+            cells[k]
+            for k in (tuple(a + b for a, b in zip(key, off, strict=True)) for off in self._offsets)
+            if k in cells
+        ]
+        cores = []
+        for q in cells[key]:
+            n = 0
+            for block in blocks:
+                for p in block:
+                    if dist(p, q) <= eps:
+                        n += 1
+                        if n >= need:
+                            break
+                if n >= need:
+                    cores.append(q)
+                    break
+        if cores:
+            self._core[key] = cores
+        else:
+            self._core.pop(key, None)
+
+    def _refresh(self) -> None:
+        """Recompute the core points of every cell touched since the last refresh."""
+        for key in sorted(self._dirty):
+            self._refresh_cell(key)
+        self._dirty.clear()
+
+    def _nearest_core(self, q: Point) -> float:
+        """Distance from ``q`` to the nearest core point of the window (inf if none).
+
+        Cells are visited by their lower-bound distance from ``q``; a stale cell is
+        refreshed only when visited, so far-away churn costs nothing here.
+        """
+        eps, dirty = self.eps, self._dirty
+        bounds = []
+        for key in self._core.keys() | dirty:
+            gap2 = 0.0
+            for v, k in zip(q, key, strict=True):
+                lo = k * eps
+                g = lo - v if v < lo else v - lo - eps if v > lo + eps else 0.0
+                gap2 += g * g
+            bounds.append((gap2, key))
+        bounds.sort()
+        best = math.inf
+        for gap2, key in bounds:
+            if gap2 > best * best * (1 + 1e-9):
+                break
+            if key in dirty:
+                self._refresh_cell(key)
+                dirty.discard(key)
+            for p in self._core.get(key, ()):
+                best = min(best, math.dist(p, q))
+        return best
+
+    def score_one(self, x: dict[str, Any]) -> float:
+        _, q = self._point(x)
+        if self._features is None or len(self._buf) < max(self.warmup, 1):
+            return 0.0
+        if self._neighbours(q, self.min_samples) >= self.min_samples:
+            return 0.0
+        d = self._nearest_core(q)
+        if math.isinf(d):
+            return 1.0
+        if d <= self.eps:
+            return 0.4 * d / self.eps
+        return min(1.0, 0.5 + 0.5 * (1.0 - math.exp(-(d - self.eps) / self.eps)))
+
+    # -- explanations --------------------------------------------------------------------
+
+    def medians(self) -> dict[str, float]:
+        """Median of each feature over the window (empty before the first point)."""
+        if self._features is None or not self._buf:
+            return {}
+        cols = zip(*self._buf, strict=True)
+        return {f: float(statistics.median(c)) for f, c in zip(self._features, cols, strict=True)}
+
+    def label_one(self, x: dict[str, Any]) -> str | None:
+        """A human label for an outlier (score >= 0.5); None for a normal point.
+
+        For requests, relative to the window medians ("long" above 2x the median, "short"
+        below half of it, else "typical"): "long context, short output",
+        "short context, long output", ... For other features, which may sit near zero,
+        "high"/"low" mean more than ``max(eps, 3 * 1.4826 * MAD)`` above/below the median:
+        "high a, typical b", ...
+        """
+        if self.score_one(x) < 0.5:
+            return None
+        _, q = self._point(x)
+        features = self._features
+        assert features is not None  # a score above 0 needs learned points
+        cols = [sorted(c) for c in zip(*self._buf, strict=True)]
+        meds = [statistics.median(c) for c in cols]
+        if features == REQUEST_FEATURES:
+            words = [_ratio_word(v, m) for v, m in zip(q, meds, strict=True)]
+            if words == ["typical", "typical"]:
+                return "unusual mix of context and output"
+            return f"{words[0]} context, {words[1]} output"
+        words = []
+        for v, m, c in zip(q, meds, cols, strict=True):
+            band = max(self.eps, 3 * 1.4826 * statistics.median(abs(u - m) for u in c))
+            words.append("high" if v > m + band else "low" if v < m - band else "typical")
+        if all(w == "typical" for w in words):
+            return "unusual combination of " + ", ".join(features)
+        return ", ".join(f"{w} {f}" for w, f in zip(words, features, strict=True))
+
+    def clusters(self) -> list[Cluster]:
+        """The window's DBSCAN clusters (connected core points), largest first."""
+        if self._features is None:
+            return []
+        self._refresh()
+        cores = [p for cell in self._core.values() for p in cell]
+        if not cores:
+            return []
+        # Sub-cells of side < eps / sqrt(d): any two points in one are within eps, so
+        # connectivity is only checked between sub-cells, stopping at the first link.
+        d = len(self._features)
+        side = self.eps / math.sqrt(d) * (1 - 1e-9)
+        reach = math.ceil(self.eps / side)
+        sub: dict[Key, list[Point]] = {}
+        for p in cores:
+            sub.setdefault(tuple(math.floor(v / side) for v in p), []).append(p)
+        parent = {k: k for k in sub}
+
+        def find(k: Key) -> Key:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        offsets = [o for o in itertools.product(range(-reach, reach + 1), repeat=d) if o > (0,) * d]
+        for key in sorted(sub):
+            for off in offsets:
+                other = tuple(a + b for a, b in zip(key, off, strict=True))
+                if other not in sub:
+                    continue
+                ra, rb = find(key), find(other)
+                if ra != rb and _linked(sub[key], sub[other], self.eps):
+                    parent[max(ra, rb)] = min(ra, rb)
+        groups: dict[Key, list[Point]] = {}
+        for key, pts in sub.items():
+            groups.setdefault(find(key), []).extend(pts)
+        out = [
+            Cluster(tuple(sum(c) / len(pts) for c in zip(*pts, strict=True)), len(pts))
+            for pts in groups.values()
+        ]
+        out.sort(key=lambda c: (-c.size, c.centroid))
+        return out
+
+
+def _linked(a: Iterable[Point], b: Sequence[Point], eps: float) -> bool:
+    return any(math.dist(p, q) <= eps for p in a for q in b)
+
+
+def _ratio_word(v: float, median: float) -> str:
+    if median > 0:
+        return "long" if v > LONG * median else "short" if v < SHORT * median else "typical"
+    return "long" if v > median else "short" if v < median else "typical"
