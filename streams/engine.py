@@ -4,10 +4,12 @@ One state per fingerprint (rule + labels). Each evaluation passes the series' si
 and the event timestamp; the engine never reads a clock, so a replay at any speed gives
 the same transitions. Semantics follow Prometheus: the condition starts a ``pending``
 alert (``starts_at`` = that time); it turns ``firing`` once the condition has held for
-the rule's ``for`` duration; a firing alert whose condition stops holding is
-``resolved`` (``ends_at`` = that time). A pending alert whose condition stops holding is
-dropped; the engine reports that as a ``resolved`` transition from ``pending`` so state
-stores can forget it, and notifiers only page on transitions that involve ``firing``.
+the rule's ``for`` duration; a firing alert is ``resolved`` (``ends_at`` = that time)
+once it is cleared (its ``resolve`` condition holds, or its ``expr`` stops holding) and
+has stayed cleared for the rule's ``keep_firing_for``. A pending alert whose condition
+stops holding is dropped; the engine reports that as a ``resolved`` transition from
+``pending`` so state stores can forget it, and notifiers only page on transitions that
+involve ``firing``.
 
 >>> from ragwatch.streams.rules import parse_rule
 >>> rule = parse_rule({"name": "Hot", "series": "gpu", "expr": "temp_c > 80", "for": "1m"})
@@ -62,6 +64,7 @@ class _State:
     starts_at: float
     last_ts: float
     alert: Alert
+    cleared_since: float | None = None  # firing, but its resolve condition holds since
 
 
 class AlertEngine:
@@ -99,11 +102,13 @@ class AlertEngine:
                 return self._fire(fp, rule, labels, signals, ts, previous="inactive")
             return Transition(alert, "inactive")
         state.last_ts = ts
+        if state.status == "firing":
+            return self._while_firing(state, fp, rule, labels, signals, ts)
         if not holds:
             del self._states[fp]
             alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts)
             return Transition(alert, state.status)
-        if state.status == "pending" and ts - state.starts_at >= rule.for_s:
+        if ts - state.starts_at >= rule.for_s:
             return self._fire(fp, rule, labels, signals, ts, previous="pending")
         # Still pending or firing: refresh value and annotations, no transition.
         state.alert = self._alert(rule, labels, signals, fp, state.status, state.starts_at, None)
@@ -131,6 +136,27 @@ class AlertEngine:
                 )
                 out.append(Transition(resolved, state.status))
         return out
+
+    def _while_firing(
+        self,
+        state: _State,
+        fp: str,
+        rule: Rule,
+        labels: dict[str, str],
+        signals: Mapping[str, float | None],
+        ts: float,
+    ) -> Transition | None:
+        if not rule.cleared(signals):
+            state.cleared_since = None
+        else:
+            if state.cleared_since is None:
+                state.cleared_since = ts
+            if ts - state.cleared_since >= rule.keep_firing_for_s:
+                del self._states[fp]
+                alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts)
+                return Transition(alert, "firing")
+        state.alert = self._alert(rule, labels, signals, fp, "firing", state.starts_at, None)
+        return None
 
     def _fire(
         self,

@@ -2,7 +2,10 @@
 
 A rule applies to every series of one ``series`` type (``process``: one compute process
 on one GPU; ``gpu``: one GPU or MIG instance) and fires when its ``expr`` holds for
-``for`` of event time::
+``for`` of event time. Once firing it resolves when ``resolve`` holds (a separate,
+usually looser condition: hysteresis against flapping) or, without ``resolve``, when
+``expr`` stops holding; ``keep_firing_for`` keeps it firing that much longer (Prometheus'
+field of the same name)::
 
     rules:
       - name: GpuMemoryLeak
@@ -122,9 +125,18 @@ class Rule:
     expected: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    keep_firing_for_s: float = 0.0
+    resolve: tuple[Condition, ...] = ()
 
     def holds(self, signals: Mapping[str, float | None]) -> bool:
         return all(c.holds(signals) for c in self.conditions)
+
+    def cleared(self, signals: Mapping[str, float | None]) -> bool:
+        """Whether a firing alert may resolve: its ``resolve`` condition holds (hysteresis),
+        or, without one, its ``expr`` no longer holds."""
+        if self.resolve:
+            return all(c.holds(signals) for c in self.resolve)
+        return not self.holds(signals)
 
     def value(self, signals: Mapping[str, float | None]) -> float:
         """The alert's value: the first condition's signal."""
@@ -174,10 +186,29 @@ def parse_expr(expr: str, series: str, where: str) -> tuple[Condition, ...]:
     return tuple(conds)
 
 
+def _resolve(v: Any, series: str, where: str) -> tuple[Condition, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, str):
+        raise ConfigError(f"{where}.resolve: must be an expression string")
+    return parse_expr(v, series, f"{where}.resolve")
+
+
 def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where}: expected a mapping")
-    known = {"name", "series", "expr", "for", "severity", "expected", "labels", "annotations"}
+    known = {
+        "name",
+        "series",
+        "expr",
+        "for",
+        "keep_firing_for",
+        "resolve",
+        "severity",
+        "expected",
+        "labels",
+        "annotations",
+    }
     extra = set(d) - known
     if extra:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
@@ -210,6 +241,8 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         series=series,
         conditions=parse_expr(d["expr"], series, where),
         for_s=_duration(d.get("for", 0), f"{where}.for"),
+        keep_firing_for_s=_duration(d.get("keep_firing_for", 0), f"{where}.keep_firing_for"),
+        resolve=_resolve(d.get("resolve"), series, where),
         severity=severity,
         expected=None if expected is None else float(expected),
         labels={str(k): v for k, v in labels.items()},
