@@ -1,4 +1,5 @@
-"""The Faust app: ``ragwatch.gpu`` -> GpuPipeline -> alerts topic, Redis, webhooks.
+"""The Faust app: ``ragwatch.gpu`` -> GpuPipeline and ``ragwatch.requests`` ->
+RequestPipeline, both -> alerts topic, Redis, webhooks.
 
 No app exists at import time: :func:`build_app` creates one from :class:`Settings` and
 registers the processors. Topics carry raw bytes; :mod:`ragwatch.codec` decodes them. A
@@ -13,6 +14,7 @@ import logging
 import os
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,9 +32,11 @@ from ragwatch.schema import (
     DLQ_HEADER_REASON,
     DLQ_HEADER_TOPIC,
     GpuEnvelope,
+    RequestsEnvelope,
 )
-from ragwatch.streams.engine import Transition
+from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.gpu import GpuPipeline
+from ragwatch.streams.requests import RequestPipeline
 from ragwatch.streams.rules import load_rules
 from ragwatch.streams.state import RedisState
 from ragwatch.streams.webhook import WebhookNotifier
@@ -111,16 +115,20 @@ class Delivery(mode.Service):
         except RedisError as exc:
             self._redis_failed("write alert", exc)
 
-    async def write_status(self, pipeline: GpuPipeline, hosts: set[str]) -> None:
+    async def write_status(
+        self, gpus: GpuPipeline, requests: RequestPipeline, hosts: set[str], services: set[str]
+    ) -> None:
         try:
-            await self.store.write_hosts({h: pipeline.host_snapshot(h) for h in hosts})
+            await self.store.write_hosts({h: gpus.host_snapshot(h) for h in hosts})
+            await self.store.write_services({s: requests.service_snapshot(s) for s in services})
             await self.store.write_worker(
                 self.worker_id,
                 {
                     **asdict(self.counters),
-                    **asdict(pipeline.stats),
+                    **asdict(gpus.stats),
+                    **{f"requests_{k}": v for k, v in asdict(requests.stats).items()},
                     **{f"webhook_{k}": v for k, v in asdict(self.notifier.stats).items()},
-                    "series": len(pipeline.series),
+                    "series": len(gpus.series) + len(requests.series),
                 },
             )
         except RedisError as exc:
@@ -156,10 +164,13 @@ def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
     )
     delivery = Delivery(settings, worker_id)
     app.service(delivery)  # type: ignore[arg-type]  # faust starts instances too
-    register_gpu_processor(
+    rules = load_rules(settings.rules_file)
+    engine = AlertEngine()  # one engine: fingerprints are unique across series types
+    register_processors(
         app,
         settings,
-        GpuPipeline(load_rules(settings.rules_file), max_series=settings.max_series),
+        GpuPipeline(rules, engine, max_series=settings.max_series),
+        RequestPipeline(rules, engine, max_series=settings.max_series),
         delivery,
     )
     return app
@@ -176,13 +187,17 @@ def _topic(app: faust.App, settings: Settings, name: str) -> Any:
     )
 
 
-def register_gpu_processor(
-    app: faust.App, settings: Settings, pipeline: GpuPipeline, delivery: Delivery
+def register_processors(
+    app: faust.App,
+    settings: Settings,
+    gpus: GpuPipeline,
+    requests: RequestPipeline,
+    delivery: Delivery,
 ) -> None:
-    gpu_topic = _topic(app, settings, "gpu")
+    """One agent per input topic, sharing the decode / dead-letter / deliver loop."""
     alerts_topic = _topic(app, settings, "alerts")
     dlq_topic = _topic(app, settings, "deadletter")
-    dirty_hosts: set[str] = set()
+    dirty: dict[str, set[str]] = {"gpu": set(), "requests": set()}
 
     async def dead_letter(msg: Any, reason: str) -> None:
         delivery.counters.deadletter += 1
@@ -200,28 +215,39 @@ def register_gpu_processor(
             },
         )
 
-    @app.agent(gpu_topic, name="ragwatch.gpu-processor")
-    async def gpu_processor(stream: Any) -> None:
-        async for event in stream.events():
-            msg = event.message
-            delivery.counters.messages += 1
-            try:
-                env = decode_as(GpuEnvelope, msg.value or b"")
-            except SchemaError as exc:
-                await dead_letter(msg, exc.reason)
-                continue
-            try:
-                transitions = pipeline.process(env)
-            except Exception as exc:  # a bug must not stall the partition
-                log.exception("processing failed host=%s", env.host)
-                await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}")
-                continue
-            dirty_hosts.add(env.host)
-            for t in transitions:
-                await delivery.send(t, alerts_topic)
+    def processor(kind: str, cls: Any, process: Callable[[Any], list[Transition]]) -> Any:
+        async def consume(stream: Any) -> None:
+            async for event in stream.events():
+                msg = event.message
+                delivery.counters.messages += 1
+                try:
+                    env = decode_as(cls, msg.value or b"")
+                except SchemaError as exc:
+                    await dead_letter(msg, exc.reason)
+                    continue
+                try:
+                    transitions = process(env)
+                except Exception as exc:  # a bug must not stall the partition
+                    log.exception("processing failed %s key=%s", kind, env.key)
+                    await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}")
+                    continue
+                dirty[kind].add(env.key)
+                for t in transitions:
+                    await delivery.send(t, alerts_topic)
+
+        consume.__name__ = f"{kind}_processor"
+        return consume
+
+    app.agent(_topic(app, settings, "gpu"), name="ragwatch.gpu-processor")(
+        processor("gpu", GpuEnvelope, gpus.process)
+    )
+    app.agent(_topic(app, settings, "requests"), name="ragwatch.requests-processor")(
+        processor("requests", RequestsEnvelope, requests.process)
+    )
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
-        hosts = set(dirty_hosts)
-        dirty_hosts.clear()
-        await delivery.write_status(pipeline, hosts)
+        hosts, services = set(dirty["gpu"]), set(dirty["requests"])
+        dirty["gpu"].clear()
+        dirty["requests"].clear()
+        await delivery.write_status(gpus, requests, hosts, services)

@@ -190,7 +190,7 @@ class AlertEngine:
             labels=labels,
             annotations=rule.render(labels, signals),
             value=0.0 if value != value else value,
-            expected=rule.expected,
+            expected=rule.expected_value(signals),
             starts_at=starts_at,
             ends_at=ends_at,
             fingerprint=fp,

@@ -73,9 +73,20 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
         "power_w",
     ),
 }
+SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; streams/requests.py
+    "rps", "errors_ratio", "output_tokens_per_s", "tokens_per_request",
+    "context_tokens_per_request", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms",
+    *(f"{stage}_{q}" for stage in ("retriever", "reranker", "llm")
+      for q in ("p50_ms", "p95_ms", "p99_ms", "share")),
+    "ttft_p95_ms", "queue_p95_ms", "tpr_forecast", "tpr_deviation", "tpr_score",
+    "tps_forecast", "tps_deviation", "tps_score", "retriever_p99_baseline_ms",
+    "retriever_p99_ratio", "e2e_p95_baseline_ms", "e2e_p95_ratio", "outliers",
+    "outlier_ratio", "new_outlier_cluster",
+)  # fmt: skip
 SERIES_LABELS: dict[str, tuple[str, ...]] = {
     "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
     "gpu": ("host", "gpu", "uuid", "mig", "gpu_name"),
+    "service": ("service", "instance"),
 }
 SEVERITIES = ("critical", "error", "warning", "info")
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -122,7 +133,7 @@ class Rule:
     conditions: tuple[Condition, ...]
     for_s: float = 0.0
     severity: str = "warning"
-    expected: float | None = None
+    expected: float | str | None = None  # a number, or the signal that holds the forecast
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     keep_firing_for_s: float = 0.0
@@ -137,6 +148,13 @@ class Rule:
         if self.resolve:
             return all(c.holds(signals) for c in self.resolve)
         return not self.holds(signals)
+
+    def expected_value(self, signals: Mapping[str, float | None]) -> float | None:
+        """What the value should have been: the rule's number, or its forecast signal."""
+        if isinstance(self.expected, str):
+            v = signals.get(self.expected)
+            return None if v is None or math.isnan(v) else float(v)
+        return self.expected
 
     def value(self, signals: Mapping[str, float | None]) -> float:
         """The alert's value: the first condition's signal."""
@@ -230,12 +248,15 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         if not isinstance(m, Mapping) or not all(isinstance(v, str) for v in m.values()):
             raise ConfigError(f"{where}.{fname}: must map names to strings")
     expected = d.get("expected")
-    if expected is not None and (
+    if isinstance(expected, str):
+        if expected not in SERIES_SIGNALS[series]:
+            raise ConfigError(f"{where}.expected: unknown signal {expected!r} for {series!r}")
+    elif expected is not None and (
         isinstance(expected, bool)
         or not isinstance(expected, int | float)
         or not math.isfinite(expected)
     ):
-        raise ConfigError(f"{where}.expected: must be a finite number")
+        raise ConfigError(f"{where}.expected: must be a finite number or a signal name")
     rule = Rule(
         name=name,
         series=series,
@@ -244,7 +265,7 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         keep_firing_for_s=_duration(d.get("keep_firing_for", 0), f"{where}.keep_firing_for"),
         resolve=_resolve(d.get("resolve"), series, where),
         severity=severity,
-        expected=None if expected is None else float(expected),
+        expected=expected if expected is None or isinstance(expected, str) else float(expected),
         labels={str(k): v for k, v in labels.items()},
         annotations={str(k): v for k, v in annotations.items()},
     )

@@ -8,6 +8,8 @@ key                       type    content
 ``P:alerts:active``       hash    fingerprint -> alert JSON (wire format), pending + firing
 ``P:alerts:history``      list    every transition, newest first, capped at 10,000
 ``P:hosts``               hash    host -> JSON snapshot: GPUs, processes, memory, slopes
+``P:services``            hash    service -> JSON snapshot: per instance, the last bucket's
+                                  rates, quantiles, forecasts and outlier counts
 ``P:workers``             hash    worker id -> JSON counters and last-seen wall time
 ========================  ======  ==========================================================
 
@@ -36,6 +38,7 @@ class Keys:
         self.active = f"{prefix}:alerts:active"
         self.history = f"{prefix}:alerts:history"
         self.hosts = f"{prefix}:hosts"
+        self.services = f"{prefix}:services"
         self.workers = f"{prefix}:workers"
 
 
@@ -63,6 +66,12 @@ class RedisState:
                 self.keys.hosts, mapping={h: orjson.dumps(s) for h, s in snapshots.items()}
             )
 
+    async def write_services(self, snapshots: dict[str, dict[str, Any]]) -> None:
+        if snapshots:
+            await self.client.hset(
+                self.keys.services, mapping={s: orjson.dumps(v) for s, v in snapshots.items()}
+            )
+
     async def write_worker(self, worker_id: str, counters: dict[str, Any]) -> None:
         await self.client.hset(
             self.keys.workers, worker_id, orjson.dumps({**counters, "seen": time.time()})
@@ -80,8 +89,10 @@ def read_status(client: Any, prefix: str, history: int = 20) -> dict[str, Any]:
     active = [orjson.loads(v) for v in client.hvals(keys.active)]
     recent = [orjson.loads(v) for v in client.lrange(keys.history, 0, history - 1)]
     workers = {k.decode(): orjson.loads(v) for k, v in client.hgetall(keys.workers).items()}
+    services = {k.decode(): orjson.loads(v) for k, v in client.hgetall(keys.services).items()}
     return {
         "hosts": [hosts[h] for h in sorted(hosts)],
+        "services": [services[s] for s in sorted(services)],
         "alerts": sorted(active, key=lambda a: (a["status"] != "firing", a["starts_at"])),
         "history": recent,
         "workers": workers,

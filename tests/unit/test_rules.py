@@ -235,7 +235,7 @@ def test_for_durations(value: Any, seconds: float) -> None:
         ({"labels": ["team"]}, r"^rule R\.labels: must map names to strings"),
         ({"annotations": {"summary": None}}, r"^rule R\.annotations: must map names"),
         ({"annotations": "summary"}, r"^rule R\.annotations: must map names"),
-        ({"expected": "zero"}, r"^rule R\.expected: must be a finite number"),
+        ({"expected": "zero"}, r"^rule R\.expected: unknown signal .zero. for .process."),
         ({"expected": True}, r"^rule R\.expected: must be a finite number"),
         (
             {"annotations": {"s": "{nope}"}},
@@ -272,7 +272,7 @@ def test_templates_may_use_every_label_and_signal_of_their_series() -> None:
             {
                 "name": "All",
                 "series": series,
-                "expr": "gb_per_hour > 1",
+                "expr": f"{SERIES_SIGNALS[series][0]} > 1",
                 "annotations": {"all": template},
             }
         )
@@ -457,3 +457,9 @@ def test_bug_unhashable_series_is_a_config_error() -> None:
 def test_bug_non_finite_numbers_are_config_errors(fields: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         rule(**fields)
+
+
+def test_expected_may_name_the_forecast_signal() -> None:
+    r = rule(series="service", expr="tpr_deviation < -0.25", expected="tpr_forecast")
+    assert r.expected_value({"tpr_forecast": 250.0}) == 250.0
+    assert r.expected_value({"tpr_forecast": None}) is None

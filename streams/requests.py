@@ -1,0 +1,421 @@
+"""From ``ragwatch.requests`` envelopes to per-service signals and alert transitions.
+
+Plain Python (no Faust): a Faust agent feeds decoded envelopes into
+:meth:`RequestPipeline.process`, and so can a test or a replay.
+
+Series ``service``: one per (service, instance), labels ``service`` and ``instance``,
+kept in event time. Each record goes to the fixed ``bucket_s`` bucket of its own ``ts``.
+A bucket closes once the series' watermark (the largest record ``ts`` seen) reaches the
+bucket's end + ``grace_s``; until then out-of-order records still land in their bucket,
+after that they are counted in ``stats.late_dropped`` and dropped. Buckets without
+records are never closed (no data, no evaluation). On close the bucket's signals are
+computed and the service rules are evaluated once, at ``ts`` = the bucket's end:
+
+- traffic: ``rps``, ``errors_ratio``, ``output_tokens_per_s``, ``tokens_per_request``
+  (output tokens / requests, errors included), ``context_tokens_per_request``;
+- latency (ms; exact quantiles, linear between ranks, over at most ``reservoir``
+  values per bucket kept by reservoir sampling): ``e2e_p50_ms``, ``e2e_p95_ms``,
+  ``e2e_p99_ms``, ``<stage>_p50_ms``, ``<stage>_p95_ms``, ``<stage>_p99_ms`` and
+  ``<stage>_share`` (stage time / end-to-end time) for the stages retriever, reranker
+  and llm, ``ttft_p95_ms``, ``queue_p95_ms``;
+- Holt-Winters baselines (``direction="down"``) on tokens/request and output tokens/s:
+  ``tpr_forecast``, ``tpr_deviation`` (relative: -0.36 is 36 % below), ``tpr_score``,
+  ``tps_forecast``, ``tps_deviation``, ``tps_score``;
+- robust baselines, the median of the last ``baseline_buckets`` closed buckets (not
+  the current one; None before ``min_baseline`` of them): ``retriever_p99_baseline_ms``,
+  ``retriever_p99_ratio``, ``e2e_p95_baseline_ms``, ``e2e_p95_ratio``;
+- request outliers, one :class:`RequestOutliers` per service over the
+  ``(context_tokens, output_tokens)`` of its ``ok`` records (errors are counted by
+  ``errors_ratio`` and would otherwise form a cluster of their own), each record scored
+  before it is learned: ``outliers`` (records scoring >= 0.5), ``outlier_ratio`` and
+  ``new_outlier_cluster`` (1.0 when a cluster of at least ``new_cluster_size`` core
+  points appears more than 4 eps from the previous dominant cluster and from every
+  cluster of the previous check, else 0.0; checked once per service and bucket, it is
+  raised at the first bucket close after the cluster forms, which can be a bucket up to
+  ``grace_s`` before the burst's own since the detector learns records on arrival).
+  The most common outlier label (at most 20 outliers a bucket are labelled) is a string,
+  :attr:`ServiceSeries.outlier_label`, not a signal.
+
+Signals are floats or None (no data, warming up). A series without records for
+``stale_s`` of event time (measured against the pipeline's watermark) is forgotten and
+its alerts resolve; new series beyond ``max_series`` are dropped and counted. Memory is
+bounded: open buckets per series by ``grace_s / bucket_s + 2``, values per bucket by
+``reservoir``, baselines by ``baseline_buckets``, outlier windows by their ``window``.
+
+>>> from ragwatch.schema import RequestRecord, RequestsEnvelope
+>>> pipe = RequestPipeline([])
+>>> recs = tuple(RequestRecord(ts=t, status="ok", e2e_ms=100.0 + t, context_tokens=3000,
+...                            output_tokens=250) for t in (1.0, 2.0, 3.0, 200.0))
+>>> pipe.process(RequestsEnvelope("rag", "a", 200.0, recs))
+[]
+>>> snap = pipe.service_snapshot("rag")["instances"][0]
+>>> snap["signals"]["rps"], snap["signals"]["e2e_p50_ms"], snap["bucket_end"]
+(0.05, 102.0, 60.0)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import statistics
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragwatch.detectors.holt_winters import HoltWinters
+from ragwatch.detectors.request_outliers import RequestOutliers
+from ragwatch.schema import RequestRecord, RequestsEnvelope
+from ragwatch.streams.engine import AlertEngine, Transition
+from ragwatch.streams.rules import Rule
+
+log = logging.getLogger(__name__)
+
+SERIES = "service"
+LABELS = ("service", "instance")
+STAGES = ("retriever", "reranker", "llm")
+QUANTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
+MAX_LABELS_PER_BUCKET = 20  # label_one sorts the window: label the first few outliers only
+SeriesKey = tuple[str, str]  # service, instance
+
+
+def quantile(sorted_values: list[float], q: float) -> float | None:
+    """The ``q`` quantile, linear between closest ranks (numpy's default); None if empty."""
+    if not sorted_values:
+        return None
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+@dataclass
+class Reservoir:
+    """At most ``cap`` values, a uniform sample of all added (Algorithm R)."""
+
+    cap: int
+    rng: random.Random
+    values: list[float] = field(default_factory=list)
+    seen: int = 0
+
+    def add(self, v: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.cap:
+            self.values.append(v)
+        else:
+            j = self.rng.randrange(self.seen)
+            if j < self.cap:
+                self.values[j] = v
+
+    def quantiles(self, prefix: str, out: dict[str, float | None]) -> None:
+        xs = sorted(self.values)
+        for name, q in QUANTILES:
+            out[f"{prefix}_{name}_ms"] = quantile(xs, q)
+
+
+@dataclass
+class Bucket:
+    """What one bucket of one series accumulates until it closes."""
+
+    reservoir: int
+    rng: random.Random
+    n: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    context_tokens: int = 0
+    e2e_sum: float = 0.0
+    stage_sums: dict[str, float] = field(default_factory=dict)
+    latencies: dict[str, Reservoir] = field(default_factory=dict)
+    outliers: int = 0
+    labels: Counter[str] = field(default_factory=Counter)
+
+    def add(self, rec: RequestRecord) -> None:
+        self.n += 1
+        self.errors += rec.status != "ok"
+        self.output_tokens += rec.output_tokens
+        self.context_tokens += rec.context_tokens
+        self.e2e_sum += rec.e2e_ms
+        self._sample("e2e", rec.e2e_ms)
+        for stage, ms in rec.stages.items():
+            if stage in STAGES:
+                self.stage_sums[stage] = self.stage_sums.get(stage, 0.0) + ms
+                self._sample(stage, ms)
+        if rec.ttft_ms is not None:
+            self._sample("ttft", rec.ttft_ms)
+        if rec.queue_ms is not None:
+            self._sample("queue", rec.queue_ms)
+
+    def _sample(self, name: str, v: float) -> None:
+        r = self.latencies.get(name)
+        if r is None:
+            r = self.latencies[name] = Reservoir(self.reservoir, self.rng)
+        r.add(v)
+
+    def signals(self, bucket_s: float) -> dict[str, float | None]:
+        n = self.n
+        out: dict[str, float | None] = {
+            "rps": n / bucket_s,
+            "errors_ratio": self.errors / n,
+            "output_tokens_per_s": self.output_tokens / bucket_s,
+            "tokens_per_request": self.output_tokens / n,
+            "context_tokens_per_request": self.context_tokens / n,
+        }
+        empty = Reservoir(0, self.rng)
+        for name in ("e2e", *STAGES):
+            self.latencies.get(name, empty).quantiles(name, out)
+        for stage in STAGES:
+            total = self.stage_sums.get(stage)
+            out[f"{stage}_share"] = (
+                None if total is None or not self.e2e_sum else total / self.e2e_sum
+            )
+        for name in ("ttft", "queue"):
+            out[f"{name}_p95_ms"] = quantile(sorted(self.latencies.get(name, empty).values), 0.95)
+        return out
+
+
+@dataclass
+class ServiceSeries:
+    """One (service, instance): open buckets, baselines, latest signals."""
+
+    labels: dict[str, str]
+    tpr: HoltWinters
+    tps: HoltWinters
+    retriever_p99: deque[float]
+    e2e_p95: deque[float]
+    buckets: dict[int, Bucket] = field(default_factory=dict)
+    watermark: float = -math.inf
+    bucket_end: float | None = None  # end of the last closed bucket
+    signals: dict[str, float | None] = field(default_factory=dict)
+    outlier_label: str | None = None  # most common outlier label of the last closed bucket
+
+
+@dataclass
+class _Service:
+    """Per-service state shared by its instances: the outlier detector and its clusters."""
+
+    detector: RequestOutliers
+    instances: set[str] = field(default_factory=set)
+    known: list[tuple[float, ...]] = field(default_factory=list)  # previous check's centroids
+    checked: int | None = None  # bucket of the previous cluster check
+    flag: float = 0.0
+
+
+@dataclass
+class PipelineStats:
+    envelopes: int = 0
+    records: int = 0
+    late_dropped: int = 0  # records whose bucket had already closed
+    dropped_records: int = 0  # records of series that did not fit under max_series
+    buckets_closed: int = 0
+    evicted_series: int = 0
+
+
+class RequestPipeline:
+    """Tracks every (service, instance) series and evaluates the service rules on them."""
+
+    def __init__(
+        self,
+        rules: list[Rule],
+        engine: AlertEngine | None = None,
+        *,
+        bucket_s: float = 60.0,
+        grace_s: float = 120.0,
+        max_series: int = 10_000,
+        stale_s: float = 600.0,
+        reservoir: int = 5000,
+        baseline_buckets: int = 60,
+        min_baseline: int = 5,
+        new_cluster_size: int = 10,
+        outliers: RequestOutliers | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not (bucket_s > 0 and grace_s >= 0 and stale_s > 0):
+            raise ValueError(f"need bucket_s > 0, grace_s >= 0, stale_s > 0: {bucket_s, grace_s}")
+        if reservoir < 1 or baseline_buckets < 1 or not 1 <= min_baseline <= baseline_buckets:
+            raise ValueError("need reservoir >= 1 and 1 <= min_baseline <= baseline_buckets")
+        self.rules = [r for r in rules if r.series == SERIES]
+        self.engine = engine or AlertEngine()
+        self.bucket_s, self.grace_s, self.stale_s = float(bucket_s), float(grace_s), stale_s
+        self.max_series = max_series
+        self.reservoir = reservoir
+        self.baseline_buckets, self.min_baseline = baseline_buckets, min_baseline
+        self.new_cluster_size = new_cluster_size
+        self._outliers = outliers or RequestOutliers()
+        self._rng = random.Random(seed)
+        self.series: dict[SeriesKey, ServiceSeries] = {}
+        self._services: dict[str, _Service] = {}
+        self._watermark = -math.inf
+        self._last_sweep = -math.inf
+        self.stats = PipelineStats()
+
+    def process(self, env: RequestsEnvelope) -> list[Transition]:
+        """Add one envelope's records; return the transitions of the buckets it closed."""
+        self.stats.envelopes += 1
+        self.stats.records += len(env.records)
+        out: list[Transition] = []
+        s = self._series(env.service, env.instance) if env.records else None
+        if s is not None:
+            svc = self._services[env.service]
+            for rec in env.records:
+                self._add(s, svc, rec)
+            out += self._close_ready(s, svc)
+        elif env.records:
+            self.stats.dropped_records += len(env.records)
+        return out + self._sweep()
+
+    def service_snapshot(self, service: str) -> dict[str, Any]:
+        """What ``ragwatch status`` shows about one service: each instance's last bucket."""
+        svc = self._services.get(service)
+        instances = []
+        for inst in sorted(svc.instances if svc else ()):
+            s = self.series[(service, inst)]
+            instances.append(
+                {
+                    "instance": inst,
+                    "bucket_end": s.bucket_end,
+                    "signals": dict(s.signals),
+                    "outlier_label": s.outlier_label,
+                    "open_buckets": len(s.buckets),
+                }
+            )
+        return {"service": service, "instances": instances}
+
+    # ------------------------------------------------------------------ internals
+
+    def _series(self, service: str, instance: str) -> ServiceSeries | None:
+        s = self.series.get((service, instance))
+        if s is not None:
+            return s
+        if len(self.series) >= self.max_series:
+            if self.stats.dropped_records == 0 or self.stats.dropped_records % 10_000 == 0:
+                log.warning(
+                    "series cap %d reached: dropped records of service=%s instance=%s",
+                    self.max_series,
+                    service,
+                    instance,
+                )
+            return None
+        hw = HoltWinters(bucket_s=self.bucket_s, direction="down")
+        s = ServiceSeries(
+            labels={"service": service, "instance": instance},
+            tpr=hw,
+            tps=hw.clone(),
+            retriever_p99=deque(maxlen=self.baseline_buckets),
+            e2e_p95=deque(maxlen=self.baseline_buckets),
+        )
+        self.series[(service, instance)] = s
+        svc = self._services.get(service)
+        if svc is None:
+            svc = self._services[service] = _Service(self._outliers.clone())
+        svc.instances.add(instance)
+        return s
+
+    def _add(self, s: ServiceSeries, svc: _Service, rec: RequestRecord) -> None:
+        b = math.floor(rec.ts / self.bucket_s)
+        if (b + 1) * self.bucket_s + self.grace_s <= s.watermark:
+            self.stats.late_dropped += 1
+            return
+        s.watermark = max(s.watermark, rec.ts)
+        self._watermark = max(self._watermark, rec.ts)
+        bucket = s.buckets.get(b)
+        if bucket is None:
+            bucket = s.buckets[b] = Bucket(self.reservoir, self._rng)
+        bucket.add(rec)
+        if rec.status == "ok":
+            x: dict[str, Any] = {
+                "context_tokens": rec.context_tokens,
+                "output_tokens": rec.output_tokens,
+                "t": rec.ts,
+            }
+            self._score_outlier(svc.detector, x, bucket)
+
+    @staticmethod
+    def _score_outlier(det: RequestOutliers, x: dict[str, Any], bucket: Bucket) -> None:
+        if det.score_one(x) >= 0.5:
+            bucket.outliers += 1
+            if bucket.outliers <= MAX_LABELS_PER_BUCKET:
+                label = det.label_one(x)
+                if label is not None:
+                    bucket.labels[label] += 1
+        det.learn_one(x)
+
+    def _close_ready(self, s: ServiceSeries, svc: _Service) -> list[Transition]:
+        out: list[Transition] = []
+        limit = s.watermark - self.grace_s
+        for b in sorted(k for k in s.buckets if (k + 1) * self.bucket_s <= limit):
+            bucket = s.buckets.pop(b)
+            self._close(s, svc, b, bucket)
+            end = (b + 1) * self.bucket_s
+            for rule in self.rules:
+                t = self.engine.evaluate(rule, s.labels, s.signals, end)
+                if t is not None:
+                    out.append(t)
+        return out
+
+    def _close(self, s: ServiceSeries, svc: _Service, b: int, bucket: Bucket) -> None:
+        self.stats.buckets_closed += 1
+        sig = bucket.signals(self.bucket_s)
+        t = (b + 0.5) * self.bucket_s
+        _holt_winters(s.tpr, "tpr", sig["tokens_per_request"], t, sig)
+        _holt_winters(s.tps, "tps", sig["output_tokens_per_s"], t, sig)
+        self._baseline(s.retriever_p99, "retriever_p99", sig["retriever_p99_ms"], sig)
+        self._baseline(s.e2e_p95, "e2e_p95", sig["e2e_p95_ms"], sig)
+        sig["outliers"] = float(bucket.outliers)
+        sig["outlier_ratio"] = bucket.outliers / bucket.n
+        sig["new_outlier_cluster"] = self._new_cluster(svc, b)
+        s.outlier_label = bucket.labels.most_common(1)[0][0] if bucket.labels else None
+        s.signals = sig
+        s.bucket_end = (b + 1) * self.bucket_s
+
+    def _baseline(
+        self, hist: deque[float], name: str, v: float | None, sig: dict[str, float | None]
+    ) -> None:
+        base = statistics.median(hist) if len(hist) >= self.min_baseline else None
+        sig[f"{name}_baseline_ms"] = base
+        sig[f"{name}_ratio"] = None if v is None or not base else v / base
+        if v is not None:
+            hist.append(v)
+
+    def _new_cluster(self, svc: _Service, b: int) -> float:
+        """Whether a sizeable cluster appeared far from the known ones (once per bucket)."""
+        if svc.checked == b:
+            return svc.flag
+        far = 4 * svc.detector.eps
+        clusters = [c for c in svc.detector.clusters() if c.size >= self.new_cluster_size]
+        new = bool(svc.known) and any(
+            all(math.dist(c.centroid, k) > far for k in svc.known) for c in clusters
+        )
+        svc.checked, svc.flag = b, 1.0 if new else 0.0
+        svc.known = [c.centroid for c in clusters]
+        return svc.flag
+
+    def _sweep(self) -> list[Transition]:
+        """Forget series without records for ``stale_s``; resolve their alerts."""
+        if self._watermark - self._last_sweep < self.bucket_s:
+            return []
+        self._last_sweep = now = self._watermark
+        out: list[Transition] = []
+        for key in [k for k, s in self.series.items() if now - s.watermark > self.stale_s]:
+            s = self.series.pop(key)
+            self.stats.evicted_series += 1
+            svc = self._services[key[0]]
+            svc.instances.discard(key[1])
+            if not svc.instances:
+                del self._services[key[0]]
+            out += self.engine.clear(s.labels, now)
+        return out
+
+
+def _holt_winters(
+    det: HoltWinters, prefix: str, v: float | None, t: float, sig: dict[str, float | None]
+) -> None:
+    """Score the bucket's value against the forecast, then learn it."""
+    score = rep = None
+    if v is not None:
+        x = {"value": v, "t": t}
+        score = det.score_one(x)
+        det.learn_one(x)
+        rep = det.report()
+    sig[f"{prefix}_forecast"] = None if rep is None else rep.forecast
+    sig[f"{prefix}_deviation"] = None if rep is None else rep.relative
+    sig[f"{prefix}_score"] = None if rep is None else score

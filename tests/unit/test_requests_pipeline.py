@@ -1,0 +1,305 @@
+"""The request pipeline: envelopes of request records in, per-service signals and alerts out.
+
+Envelopes are built here by a small seeded generator (one record per request, batched
+every few seconds per instance), and fed through :meth:`RequestPipeline.process` only.
+Rules are built as :class:`Rule` objects because the ``service`` series is registered in
+``streams/rules.py`` separately.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from ragwatch.schema import RequestRecord, RequestsEnvelope
+from ragwatch.streams.engine import Transition
+from ragwatch.streams.requests import RequestPipeline
+from ragwatch.streams.rules import Condition, Rule
+
+T0 = 1_699_999_980.0  # a multiple of 60: bucket boundaries at T0 + k * 60
+MIN = 60.0
+
+
+def rule(name: str, signal: str, op: str, threshold: float, for_s: float = 0.0) -> Rule:
+    return Rule(name, "service", (Condition(signal, op, threshold),), for_s=for_s)
+
+
+def rec(
+    ts: float, e2e: float = 100.0, ctx: int = 3000, out: int = 250, **kw: object
+) -> RequestRecord:
+    return RequestRecord(
+        ts=ts,
+        status=kw.get("status", "ok"),  # type: ignore[arg-type]
+        e2e_ms=e2e,
+        context_tokens=ctx,
+        output_tokens=out,
+        stages=kw.get("stages", {}),  # type: ignore[arg-type]
+        queue_ms=kw.get("queue_ms"),  # type: ignore[arg-type]
+        ttft_ms=kw.get("ttft_ms"),  # type: ignore[arg-type]
+    )
+
+
+def env(
+    records: list[RequestRecord], service: str = "rag", instance: str = "a"
+) -> RequestsEnvelope:
+    return RequestsEnvelope(service, instance, max(r.ts for r in records), tuple(records))
+
+
+@dataclass
+class Traffic:
+    """Healthy RAG traffic; the fields are the knobs an incident turns."""
+
+    rng: random.Random
+    output_scale: float = 1.0
+    retriever_ms: float = 100.0
+
+    def record(self, ts: float) -> RequestRecord:
+        g = self.rng.gauss
+        retriever = max(1.0, g(self.retriever_ms, 4.0))
+        reranker, llm = max(1.0, g(30.0, 3.0)), max(1.0, g(600.0, 60.0))
+        return RequestRecord(
+            ts=ts,
+            status="error" if self.rng.random() < 0.002 else "ok",
+            e2e_ms=retriever + reranker + llm + 20.0,
+            context_tokens=max(1, round(g(3000, 200))),
+            output_tokens=max(1, round(g(250, 40) * self.output_scale)),
+            stages={"retriever": retriever, "reranker": reranker, "llm": llm},
+            queue_ms=max(0.0, g(10.0, 2.0)),
+            ttft_ms=max(1.0, g(200.0, 20.0)),
+        )
+
+
+def play(
+    pipe: RequestPipeline,
+    start: float,
+    seconds: float,
+    traffic: Traffic | Callable[[float], Traffic],
+    *,
+    rps: int = 3,
+    instances: tuple[tuple[str, str], ...] = (("rag", "a"),),
+    batch_s: float = 5.0,
+) -> list[Transition]:
+    """``seconds`` of traffic from ``start``, ``rps`` requests a second per instance."""
+    out: list[Transition] = []
+    t = start
+    while t < start + seconds:
+        tr = traffic(t) if callable(traffic) else traffic
+        for service, instance in instances:
+            ts = [t + tr.rng.random() * batch_s for _ in range(int(rps * batch_s))]
+            out += pipe.process(env([tr.record(x) for x in sorted(ts)], service, instance))
+        t += batch_s
+    return out
+
+
+def signals(pipe: RequestPipeline, service: str = "rag", instance: str = "a") -> dict[str, object]:
+    snap = pipe.service_snapshot(service)
+    (inst,) = [i for i in snap["instances"] if i["instance"] == instance]
+    return dict(inst)
+
+
+# ---------------------------------------------------------------- one bucket, exactly
+
+
+def test_quantiles_and_rates_are_exact_on_a_hand_made_bucket() -> None:
+    pipe = RequestPipeline([])
+    records = [
+        rec(
+            T0 + i * 0.5,
+            e2e=float(i),
+            ctx=1000 + i,
+            out=200,
+            status="error" if i % 10 == 0 else "ok",
+            stages={"retriever": 0.2 * i, "llm": 0.5 * i},
+            queue_ms=float(i) if i <= 50 else None,
+            ttft_ms=float(i),
+        )
+        for i in range(1, 101)
+    ]
+    assert pipe.process(env(records)) == []
+    assert signals(pipe)["bucket_end"] is None  # not closed: within grace
+    pipe.process(env([rec(T0 + MIN + 120.0)]))  # watermark reaches end + grace
+    got = signals(pipe)
+    assert got["bucket_end"] == T0 + MIN
+    sig = got["signals"]
+    assert isinstance(sig, dict)
+    assert sig["rps"] == pytest.approx(100 / 60)
+    assert sig["errors_ratio"] == pytest.approx(0.1)
+    assert sig["output_tokens_per_s"] == pytest.approx(20_000 / 60)
+    assert sig["tokens_per_request"] == pytest.approx(200.0)
+    assert sig["context_tokens_per_request"] == pytest.approx(1050.5)
+    # linear between closest ranks over 1..100
+    assert sig["e2e_p50_ms"] == pytest.approx(50.5)
+    assert sig["e2e_p95_ms"] == pytest.approx(95.05)
+    assert sig["e2e_p99_ms"] == pytest.approx(99.01)
+    assert sig["retriever_p99_ms"] == pytest.approx(0.2 * 99.01)
+    assert sig["llm_p50_ms"] == pytest.approx(0.5 * 50.5)
+    assert sig["retriever_share"] == pytest.approx(0.2)
+    assert sig["llm_share"] == pytest.approx(0.5)
+    assert sig["reranker_share"] is None and sig["reranker_p95_ms"] is None
+    assert sig["ttft_p95_ms"] == pytest.approx(95.05)
+    assert sig["queue_p95_ms"] == pytest.approx(1 + 0.95 * 49)
+    # detectors are warming up: no baselines yet, but every signal is a float or None
+    assert sig["tpr_deviation"] is None and sig["retriever_p99_ratio"] is None
+    assert all(v is None or isinstance(v, float) for v in sig.values())
+    assert got["outlier_label"] is None
+
+
+# ---------------------------------------------------------------- event time
+
+
+def test_out_of_order_within_grace_counts_in_its_bucket_and_beyond_grace_is_dropped() -> None:
+    pipe = RequestPipeline([])
+    pipe.process(env([rec(T0 + 1.0), rec(T0 + 2.0)]))  # bucket 0
+    pipe.process(env([rec(T0 + 100.0)]))  # bucket 1, watermark 100
+    pipe.process(env([rec(T0 + 30.0), rec(T0 + 70.0)]))  # late, but within grace
+    assert pipe.stats.late_dropped == 0
+    pipe.process(env([rec(T0 + 200.0)]))  # closes bucket 0 (60 + 120 <= 200)
+    assert signals(pipe)["bucket_end"] == T0 + MIN
+    assert signals(pipe)["signals"]["rps"] == pytest.approx(3 / 60)  # type: ignore[index]
+    pipe.process(env([rec(T0 + 10.0), rec(T0 + 59.9)]))  # its bucket has closed
+    assert pipe.stats.late_dropped == 2
+    pipe.process(env([rec(T0 + 300.0)]))  # closes bucket 1 (bucket 3 is within grace)
+    assert signals(pipe)["bucket_end"] == T0 + 2 * MIN
+    assert signals(pipe)["signals"]["rps"] == pytest.approx(2 / 60)  # type: ignore[index]
+    assert pipe.stats.buckets_closed == 2
+    assert pipe.stats.records == 9
+
+
+def test_a_silent_instance_is_forgotten_and_its_alerts_resolve() -> None:
+    pipe = RequestPipeline([rule("Busy", "rps", ">", 0.0)])
+    rng = random.Random(1)
+    both = (("rag", "a"), ("rag", "b"))
+    fired = play(pipe, T0, 5 * MIN, Traffic(rng), rps=1, instances=both)
+    assert {t.alert.labels["instance"] for t in fired if t.alert.status == "firing"} == {"a", "b"}
+    later = play(pipe, T0 + 5 * MIN, 12 * MIN, Traffic(rng), rps=1, instances=(("rag", "b"),))
+    resolved = [t for t in later if t.alert.status == "resolved"]
+    assert [t.alert.labels["instance"] for t in resolved] == ["a"]
+    assert resolved[0].notify and pipe.stats.evicted_series == 1
+    assert [i["instance"] for i in pipe.service_snapshot("rag")["instances"]] == ["b"]
+
+
+# ---------------------------------------------------------------- detectors
+
+
+def test_a_36_percent_tokens_per_request_drop_fires_after_five_minutes() -> None:
+    pipe = RequestPipeline([rule("TokensPerRequestDrop", "tpr_deviation", "<", -0.25, 300.0)])
+    traffic = Traffic(random.Random(2))
+    warm = 30 * MIN
+    assert play(pipe, T0, warm, traffic, rps=5) == []
+    assert signals(pipe)["signals"]["tpr_deviation"] == pytest.approx(0.0, abs=0.05)  # type: ignore[index]
+    traffic.output_scale = 0.64
+    out = play(pipe, T0 + warm, 10 * MIN, traffic, rps=5)
+    firing = [t for t in out if t.alert.status == "firing"]
+    assert len(firing) == 1 and firing[0].previous == "pending"
+    alert = firing[0].alert
+    assert alert.starts_at == T0 + warm + MIN  # the first bucket of the drop
+    assert alert.ends_at is None and alert.labels["service"] == "rag"
+    assert -0.40 < alert.value < -0.25
+    sig = signals(pipe)["signals"]
+    assert isinstance(sig, dict)
+    assert sig["tps_deviation"] is not None and sig["tps_deviation"] < -0.25
+    assert sig["tpr_score"] is not None and sig["tpr_score"] > 0.5
+
+
+def test_first_drop_bucket_deviates_by_36_percent() -> None:
+    pipe = RequestPipeline([])
+    traffic = Traffic(random.Random(3))
+    play(pipe, T0, 30 * MIN, traffic, rps=5)
+    traffic.output_scale = 0.64
+    play(pipe, T0 + 30 * MIN, 3 * MIN + 5.0, traffic, rps=5)  # closes the first drop bucket
+    got = signals(pipe)
+    assert got["bucket_end"] == T0 + 31 * MIN
+    assert got["signals"]["tpr_deviation"] == pytest.approx(-0.36, abs=0.03)  # type: ignore[index]
+    assert got["signals"]["tpr_forecast"] == pytest.approx(250.0, rel=0.03)  # type: ignore[index]
+
+
+def test_retriever_p99_from_112_to_489_ms_is_seen_within_two_buckets() -> None:
+    change = T0 + 20 * MIN
+    pipe = RequestPipeline([rule("RetrieverSlow", "retriever_p99_ratio", ">", 3.0)])
+    traffic = Traffic(random.Random(4))
+    assert play(pipe, T0, 20 * MIN, traffic) == []
+    assert signals(pipe)["signals"]["retriever_p99_ms"] == pytest.approx(110.0, abs=6.0)  # type: ignore[index]
+    traffic.retriever_ms = 478.0
+    out = play(pipe, change, 5 * MIN, traffic)
+    firing = [t for t in out if t.alert.status == "firing"]
+    assert len(firing) == 1
+    assert firing[0].alert.starts_at <= change + 2 * MIN
+    assert firing[0].alert.value > 3.0
+
+
+def test_long_context_short_output_requests_are_outliers_and_a_new_cluster() -> None:
+    pipe = RequestPipeline([rule("NewCluster", "new_outlier_cluster", ">=", 1.0)])
+    traffic = Traffic(random.Random(5))
+    assert play(pipe, T0, 10 * MIN, traffic) == []
+    odd = [rec(T0 + 10 * MIN + 1 + 0.1 * i, ctx=12000 + i, out=20) for i in range(3)]
+    out = pipe.process(env(odd))
+    out += play(pipe, T0 + 10 * MIN + 5, 3 * MIN, traffic)
+    got = signals(pipe)
+    sig = got["signals"]
+    assert isinstance(sig, dict)
+    assert got["bucket_end"] == T0 + 11 * MIN
+    assert sig["outliers"] == 3.0
+    assert sig["outlier_ratio"] == pytest.approx(3 / 168)  # 11 batches of 15, and 3
+    assert got["outlier_label"] == "long context, short output"
+    assert out == []  # three points are not a cluster yet
+    rng = random.Random(6)
+    burst = [
+        rec(T0 + 14 * MIN + 1 + i, ctx=12000 + rng.randrange(40), out=20 + rng.randrange(5))
+        for i in range(30)
+    ]
+    out = pipe.process(env(burst))
+    out += play(pipe, T0 + 14 * MIN + 30, 5 * MIN, traffic)
+    # Raised at the first bucket close after the cluster formed (up to grace_s earlier
+    # than the burst's own bucket: the detector learns records on arrival), then cleared.
+    assert [t.alert.status for t in out] == ["firing", "resolved"]
+    assert T0 + 12 * MIN <= out[0].alert.starts_at <= T0 + 15 * MIN
+    assert out[1].alert.ends_at == out[0].alert.starts_at + MIN
+
+
+# ---------------------------------------------------------------- quiet and bounded
+
+
+HEALTHY_RULES = [
+    rule("TokensPerRequestDrop", "tpr_deviation", "<", -0.25, 300.0),
+    rule("ThroughputDrop", "tps_deviation", "<", -0.25, 300.0),
+    rule("RetrieverSlow", "retriever_p99_ratio", ">", 3.0, 120.0),
+    rule("LatencyHigh", "e2e_p95_ratio", ">", 2.0, 300.0),
+    rule("Errors", "errors_ratio", ">", 0.05, 300.0),
+    rule("Outliers", "outlier_ratio", ">", 0.05, 300.0),
+    rule("NewCluster", "new_outlier_cluster", ">=", 1.0),
+]
+
+
+def test_a_healthy_stream_produces_no_transitions() -> None:
+    pipe = RequestPipeline(HEALTHY_RULES)
+    instances = (("rag", "a"), ("rag", "b"), ("search", "a"))
+    out = play(pipe, T0, 60 * MIN, Traffic(random.Random(7)), rps=2, instances=instances)
+    assert out == []
+    assert pipe.engine.active == {}
+    for service, inst in instances:
+        sig = signals(pipe, service, inst)["signals"]
+        assert isinstance(sig, dict)
+        assert sig["tpr_deviation"] is not None and sig["retriever_p99_ratio"] is not None
+    assert pipe.stats.late_dropped == 0 and pipe.stats.dropped_records == 0
+
+
+def test_memory_is_bounded() -> None:
+    pipe = RequestPipeline(
+        [], max_series=3, reservoir=50, baseline_buckets=5, min_baseline=2, stale_s=1e9
+    )
+    instances = tuple(("rag", f"i{k}") for k in range(5))
+    play(pipe, T0, 30 * MIN, Traffic(random.Random(8)), rps=4, instances=instances, batch_s=10)
+    assert len(pipe.series) == 3
+    assert pipe.stats.dropped_records == 2 * 30 * 60 * 4
+    for s in pipe.series.values():
+        assert len(s.buckets) <= 120 / 60 + 2
+        assert len(s.retriever_p99) == 5 and len(s.e2e_p95) == 5
+        assert all(len(r.values) <= 50 for b in s.buckets.values() for r in b.latencies.values())
+        assert s.tpr.late == 0
+    sig = signals(pipe, "rag", "i0")["signals"]
+    assert isinstance(sig, dict)
+    assert sig["e2e_p50_ms"] == pytest.approx(750.0, rel=0.05)  # from 50 of 240 values
+    assert sig["retriever_p99_ratio"] == pytest.approx(1.0, rel=0.1)
