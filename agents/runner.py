@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ragwatch.agents.publisher import Sink
 from ragwatch.agents.sim import FleetSimulator
+from ragwatch.agents.sim_requests import RequestSimulator
 from ragwatch.codec import encode
 from ragwatch.schema import Envelope, EventEnvelope
 
@@ -72,11 +73,19 @@ def run_simulation(
     duration_s: float | None = None,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
+    requests: RequestSimulator | None = None,
 ) -> RunStats:
-    """Publish the simulator's ticks until ``duration_s`` of event time or ``stop``."""
+    """Publish the simulator's ticks until ``duration_s`` of event time or ``stop``.
+
+    With ``requests``, each tick also publishes that simulator's request envelopes (its
+    ``batch_s`` must equal the fleet's ``interval_s``, so both share one clock).
+    """
     stop = stop or threading.Event()
     stats = RunStats()
     wall0 = clock()
+    if requests is not None and requests.config.batch_s != sim.config.interval_s:
+        raise ValueError("the request simulator's batch_s must equal the fleet's interval_s")
+    request_ticks = requests.ticks() if requests is not None else None
     try:
         for ts, envelopes, events in sim.ticks():
             if stats.first_ts is None:
@@ -89,7 +98,10 @@ def run_simulation(
                     break
             elif stop.is_set():
                 break
-            publish([*envelopes, *events], sink, topics, stats)
+            batch: list[Envelope] = [*envelopes, *events]
+            if request_ticks is not None:
+                batch += next(request_ticks)[1]
+            publish(batch, sink, topics, stats)
             stats.ticks += 1
             stats.last_ts = ts
     finally:

@@ -27,6 +27,7 @@ from ragwatch.schema import Envelope
 
 log = logging.getLogger("ragwatch.agent")
 DEFAULT_INTERVAL = {"sim": 10.0, "nvml": 1.0, "prom": 15.0}
+GPU_LEAK_SCENARIOS = ("leak", "oom", "all")  # sim scenarios in which a GPU process leaks
 
 
 def _duration(v: str) -> float:
@@ -66,7 +67,18 @@ def add_parser(sub: Any) -> None:
     a.add_argument("--spool-max", type=int, default=256 << 20, help="spool size cap, bytes")
     a.add_argument("--queue-max", type=int, default=100_000, help="records kept in memory")
     sim = a.add_argument_group("sim")
-    sim.add_argument("--scenario", default="leak", help="healthy or leak")
+    sim.add_argument(
+        "--scenario",
+        default="leak",
+        help="healthy, leak, throughput, retrieval, outliers, oom or all",
+    )
+    sim.add_argument(
+        "--services",
+        type=int,
+        default=2,
+        help="simulated RAG services (2 instances each) sending request "
+        "telemetry; 0 = GPU telemetry only",
+    )
     sim.add_argument("--hosts", type=int, default=4, help="simulated hosts (default 4)")
     sim.add_argument("--gpus", type=int, default=2, help="GPUs per simulated host (default 2)")
     sim.add_argument(
@@ -185,33 +197,53 @@ def _run_sim(
     from ragwatch.agents.publisher import ListSink
     from ragwatch.agents.runner import run_simulation
     from ragwatch.agents.sim import FleetSimulator, SimConfig
+    from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
 
     start = args.start
     if start is None:
         start = float(int(time.time() - (args.duration or 0.0)))
+    gpu_scenario = "leak" if args.scenario in GPU_LEAK_SCENARIOS else "healthy"
     try:
         cfg = SimConfig(
             hosts=args.hosts,
             gpus=args.gpus,
             seed=args.seed,
-            scenario=args.scenario,
+            scenario=gpu_scenario,
             interval_s=interval,
             start_ts=start,
         )
+        requests = None
+        if args.services > 0:
+            requests = RequestSimulator(
+                RequestSimConfig(
+                    services=args.services,
+                    instances=2,
+                    seed=args.seed,
+                    scenario=args.scenario,
+                    start_ts=start,
+                    batch_s=interval,
+                    fault_start_s=cfg.leak_start_s,
+                )
+            )
+        elif args.scenario not in ("healthy", "leak"):
+            raise ValueError(f"scenario {args.scenario!r} needs request telemetry (--services)")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     duration = interval if args.once else args.duration
     if args.json:
         sink = ListSink()
-        run_simulation(FleetSimulator(cfg), sink, topics=topics, duration_s=duration)
+        run_simulation(
+            FleetSimulator(cfg), sink, topics=topics, duration_s=duration, requests=requests
+        )
         sys.stdout.write("".join(v.decode() + "\n" for _, _, v in sink.records))
         return 0
     publisher = _publisher(args, settings)
     log.info(
-        "agent: sim scenario=%s hosts=%d gpus=%d speed=%g -> %s",
-        cfg.scenario,
+        "agent: sim scenario=%s hosts=%d gpus=%d services=%d speed=%g -> %s",
+        args.scenario,
         cfg.hosts,
         cfg.gpus,
+        args.services,
         args.speed,
         settings.kafka_bootstrap,
     )
@@ -222,6 +254,7 @@ def _run_sim(
         speed=args.speed,
         duration_s=duration,
         stop=stop,
+        requests=requests,
     )
     return _report(stats.ticks, stats.envelopes, stats.events, publisher)
 

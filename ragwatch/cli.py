@@ -45,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     d = sub.add_parser("demo", help="replay the GPU memory-leak incident end to end")
-    d.add_argument("--scenario", default="leak", choices=("leak",))
+    d.add_argument(
+        "--scenario",
+        default="leak",
+        choices=("leak", "throughput", "retrieval", "outliers", "oom", "all", "healthy"),
+    )
     d.add_argument(
         "--json", action="store_true", help="print each delivered alert as one JSON object per line"
     )

@@ -19,6 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,7 +29,18 @@ from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack, stop_process
 from ragwatch.receiver import WebhookReceiver
 
-HOSTS, GPUS, SPEED, INTERVAL = 4, 2, 720.0, 10.0
+HOSTS, GPUS, SERVICES = 4, 2, 2
+GPU_LEAK_SCENARIOS = ("leak", "oom", "all")
+REQUEST_RULES = {
+    "throughput": ("TokensPerRequestDrop",),
+    "retrieval": ("RetrievalSlowdown",),
+    "outliers": ("RequestOutlierCluster",),
+    "all": ("TokensPerRequestDrop", "RetrievalSlowdown", "RequestOutlierCluster"),
+}
+# speed, sample interval, simulated duration: faults play 12 h at 720x (an hour in five
+# seconds); healthy plays three days at 4320x with 1-minute samples, and must stay quiet.
+PACE = {"healthy": ("4320", "60", "3d")}
+DEFAULT_PACE = ("720", "10", "12h")
 
 
 def _say(msg: str) -> None:
@@ -76,16 +88,51 @@ class _Children:
             stop_process(proc.pid, 0.1)
 
 
-def _expected_alert(body: dict[str, Any], target: tuple[str, int, int, str]) -> bool:
-    host, gpu, pid, _ = target
-    return any(
-        a.get("status") == "firing"
-        and a["labels"].get("alertname") == "GpuMemoryLeak"
-        and a["labels"].get("host") == host
-        and a["labels"].get("gpu") == str(gpu)
-        and a["labels"].get("pid") == str(pid)
-        for a in body.get("alerts", [])
-    )
+@dataclass(frozen=True)
+class Expectation:
+    """An alert the scenario must produce: its rule and the labels naming the culprit."""
+
+    rule: str
+    labels: tuple[tuple[str, str], ...]
+    what: str
+
+    def met_by(self, alert: dict[str, Any]) -> bool:
+        lab = alert["labels"]
+        return (
+            alert.get("status") == "firing"
+            and lab.get("alertname") == self.rule
+            and all(lab.get(k) == v for k, v in self.labels)
+        )
+
+
+def expectations(scenario: str) -> list[Expectation]:
+    """What ``ragwatch demo --scenario`` waits for (nothing, for ``healthy``)."""
+    from ragwatch.agents.sim import FleetSimulator, SimConfig
+    from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
+
+    out = []
+    if scenario in GPU_LEAK_SCENARIOS:
+        leak = FleetSimulator(SimConfig(hosts=HOSTS, gpus=GPUS, scenario="leak")).leak_target
+        assert leak is not None
+        host, gpu, pid, _ = leak
+        out.append(
+            Expectation(
+                "GpuMemoryLeak",
+                (("host", host), ("gpu", str(gpu)), ("pid", str(pid))),
+                f"GpuMemoryLeak alert for {host} GPU {gpu} pid {pid}",
+            )
+        )
+    fault = RequestSimulator(RequestSimConfig(services=SERVICES, scenario=scenario)).fault_target
+    for rule in REQUEST_RULES.get(scenario, ()):
+        assert fault is not None
+        out.append(
+            Expectation(
+                rule,
+                (("service", fault.service), ("instance", fault.instance)),
+                f"{rule} alert for {fault.service} ({fault.instance})",
+            )
+        )
+    return out
 
 
 def _print_alert(a: dict[str, Any], as_json: bool, out: TextIO) -> None:
@@ -93,26 +140,42 @@ def _print_alert(a: dict[str, Any], as_json: bool, out: TextIO) -> None:
         out.write(orjson.dumps(a).decode() + "\n")
     else:
         lab = a["labels"]
-        out.write(
-            f"{a['status'].upper()} {lab.get('alertname')} host={lab.get('host')} "
-            f"gpu={lab.get('gpu')} pid={lab.get('pid')} process={lab.get('process')} "
-            f"container={lab.get('container')}\n"
+        who = " ".join(
+            f"{k}={lab[k]}"
+            for k in ("host", "gpu", "pid", "process", "container", "service", "instance")
+            if k in lab
         )
+        out.write(f"{a['status'].upper()} {lab.get('alertname')} {who}\n")
         for key in ("summary", "description", "runbook"):
             if key in a["annotations"]:
                 out.write(f"  {key}: {a['annotations'][key]}\n")
     out.flush()
 
 
-def _redis_has(settings: Settings, fingerprint: str) -> bool:
+def _redis_fired(settings: Settings) -> set[str]:
+    """Fingerprints of every alert that has been firing, from the Redis alert history."""
     import redis
 
     from ragwatch.streams.state import Keys
 
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
     try:
-        raw = client.hget(Keys(settings.redis_prefix).active, fingerprint)
-        return raw is not None and orjson.loads(raw).get("status") == "firing"
+        history = client.lrange(Keys(settings.redis_prefix).history, 0, -1)
+        return {a["fingerprint"] for a in map(orjson.loads, history) if a["status"] == "firing"}
+    finally:
+        client.close()
+
+
+def _worker_messages(settings: Settings) -> int:
+    import redis
+
+    from ragwatch.streams.state import Keys
+
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+    try:
+        return sum(
+            orjson.loads(v)["messages"] for v in client.hvals(Keys(settings.redis_prefix).workers)
+        )
     finally:
         client.close()
 
@@ -126,7 +189,6 @@ def run_demo(
     timeout_s: float = 150.0,
     out: TextIO = sys.stdout,
 ) -> int:
-    from ragwatch.agents.sim import FleetSimulator, SimConfig
     from ragwatch.kafka_admin import ensure_topics
 
     run_id = uuid.uuid4().hex[:8]
@@ -137,8 +199,7 @@ def run_demo(
         for n, f in (("kafka", "kafka_bootstrap"), ("redis", "redis_url"))
         if f not in settings.explicit
     )
-    target = FleetSimulator(SimConfig(hosts=HOSTS, gpus=GPUS, scenario=scenario)).leak_target
-    assert target is not None
+    wanted = expectations(scenario)
     receiver = WebhookReceiver().start()
     children: _Children | None = None
     deadline = time.monotonic() + timeout_s
@@ -164,6 +225,7 @@ def run_demo(
         _say(f"kafka {demo_settings.kafka_bootstrap}, webhook receiver {receiver.url}")
         children = _Children(run_dir, env)
         children.start("worker", "worker")
+        speed, interval, duration = PACE.get(scenario, DEFAULT_PACE)
         children.start(
             "agent",
             "agent",
@@ -175,49 +237,22 @@ def run_demo(
             str(HOSTS),
             "--gpus",
             str(GPUS),
+            "--services",
+            str(SERVICES),
             "--speed",
-            str(SPEED),
+            speed,
             "--interval",
-            str(INTERVAL),
+            interval,
             "--duration",
-            "12h",
+            duration,
         )
-        host, gpu, pid, proc = target
         _say(
-            f"fleet: {HOSTS} hosts x {GPUS} GPUs at {SPEED:g}x; {proc} pid {pid} on {host} "
-            f"GPU {gpu} leaks 1.2 GB/h from minute 20; waiting for the page..."
+            f"scenario {scenario}: {HOSTS} hosts x {GPUS} GPUs and {SERVICES} RAG services "
+            f"x 2 instances, {duration} of telemetry at {speed}x; the fault starts at minute "
+            f"20; waiting for: {'; '.join(e.what for e in wanted) or 'silence'}"
         )
-        seen = 0
-        body = None
-        while body is None and time.monotonic() < deadline:
-            if children.dead():
-                name = children.dead()[0]
-                _say(f"{name} exited early; last log lines:\n{children.log_tail(name)}")
-                return 1
-            body = receiver.wait_for(lambda b: _expected_alert(b, target), 0.5)
-            for b in receiver.bodies[seen:]:
-                for a in b["alerts"]:
-                    _print_alert(a, as_json, out)
-            seen = len(receiver.bodies)
-        if body is None:
-            _say(
-                f"timeout after {timeout_s:.0f}s: no firing GpuMemoryLeak alert for {host} "
-                f"GPU {gpu} pid {pid} reached the webhook ({len(receiver.bodies)} bodies "
-                f"received). Worker log tail:\n{children.log_tail('worker')}"
-            )
-            return 1
-        fp = next(a["fingerprint"] for a in body["alerts"] if a["status"] == "firing")
-        while not _redis_has(demo_settings, fp):
-            if time.monotonic() > deadline:
-                _say(f"the webhook got the alert but Redis has no firing alert {fp}")
-                return 1
-            time.sleep(0.2)
-        _say(
-            f"alert {fp} delivered to the webhook and stored in Redis "
-            f"({timeout_s - (deadline - time.monotonic()):.1f}s)"
-        )
-        ok = True
-        return 0
+        ok = _watch(children, receiver, demo_settings, wanted, deadline, timeout_s, as_json, out)
+        return 0 if ok else 1
     finally:
         if children is not None:
             children.stop_all()
@@ -227,3 +262,56 @@ def run_demo(
             shutil.rmtree(run_dir, ignore_errors=True)
         else:
             _say(f"logs kept in {run_dir}")
+
+
+def _watch(
+    children: _Children,
+    receiver: WebhookReceiver,
+    settings: Settings,
+    wanted: list[Expectation],
+    deadline: float,
+    timeout_s: float,
+    as_json: bool,
+    out: TextIO,
+) -> bool:
+    """Print alerts as they arrive until every expectation is met at the webhook and in
+    Redis (or, with none, until the agent is done and the worker drained with no page)."""
+    seen, met = 0, {}
+    quiet_since, last_count = None, -1
+    while time.monotonic() < deadline:
+        if children.dead():
+            name = children.dead()[0]
+            _say(f"{name} exited early; last log lines:\n{children.log_tail(name)}")
+            return False
+        receiver.wait_for(lambda b: False, 0.5)
+        for b in receiver.bodies[seen:]:
+            for a in b["alerts"]:
+                _print_alert(a, as_json, out)
+                met.update({e.what: a["fingerprint"] for e in wanted if e.met_by(a)})
+        seen = len(receiver.bodies)
+        if wanted and len(met) == len(wanted):
+            while not set(met.values()) <= _redis_fired(settings):
+                if time.monotonic() > deadline:
+                    _say("the webhook got the alerts but Redis did not record them firing")
+                    return False
+                time.sleep(0.2)
+            _say(
+                f"{len(met)} expected alert(s) delivered to the webhook and stored in Redis "
+                f"({timeout_s - (deadline - time.monotonic()):.1f}s)"
+            )
+            return True
+        if not wanted and children.procs["agent"].poll() is not None:
+            count = _worker_messages(settings)  # drained = the count stopped moving
+            quiet_since = time.monotonic() if count != last_count else quiet_since
+            last_count = count
+            if quiet_since is not None and time.monotonic() - quiet_since > 3:
+                paged = [a for b in receiver.bodies for a in b["alerts"] if a["status"] == "firing"]
+                _say(f"healthy fleet: {count} messages processed, {len(paged)} page(s)")
+                return not paged
+    missing = [e.what for e in wanted if e.what not in met]
+    _say(
+        f"timeout after {timeout_s:.0f}s: no firing {'; no firing '.join(missing)} reached "
+        f"the webhook ({len(receiver.bodies)} bodies received). Worker log tail:\n"
+        f"{children.log_tail('worker')}"
+    )
+    return False

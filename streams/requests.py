@@ -187,6 +187,7 @@ class ServiceSeries:
     bucket_end: float | None = None  # end of the last closed bucket
     signals: dict[str, float | None] = field(default_factory=dict)
     outlier_label: str | None = None  # most common outlier label of the last closed bucket
+    recent_outliers: deque[int] = field(default_factory=lambda: deque(maxlen=5))
 
 
 @dataclass
@@ -362,7 +363,11 @@ class RequestPipeline:
         self._baseline(s.e2e_p95, "e2e_p95", sig["e2e_p95_ms"], sig)
         sig["outliers"] = float(bucket.outliers)
         sig["outlier_ratio"] = bucket.outliers / bucket.n
-        sig["new_outlier_cluster"] = self._new_cluster(svc, b)
+        s.recent_outliers.append(bucket.outliers)
+        new = self._new_cluster(svc, b)
+        # The cluster detector is per service: the news belongs to the instances that served
+        # outliers lately, not to every instance of the service.
+        sig["new_outlier_cluster"] = new if sum(s.recent_outliers) else 0.0
         s.outlier_label = bucket.labels.most_common(1)[0][0] if bucket.labels else None
         s.signals = sig
         s.bucket_end = (b + 1) * self.bucket_s

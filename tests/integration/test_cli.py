@@ -197,4 +197,25 @@ def test_agent_sigterm_flushes_everything_it_produced(
     )
     assert done, log
     ticks, envelopes, produced, delivered = map(int, done.groups())
-    assert ticks > 5 and envelopes == 2 * ticks and produced == delivered == envelopes
+    # 2 host envelopes and 4 request envelopes (2 services x 2 instances) per tick
+    assert ticks > 5 and envelopes == 6 * ticks and produced == delivered == envelopes
+
+
+def test_demo_all_pages_every_fault_with_its_culprit(stack: EmbeddedStack) -> None:
+    before = our_processes()
+    out = ragwatch("demo", "--scenario", "all", "--json", env={}, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    firing = [a for a in map(json.loads, out.stdout.splitlines()) if a["status"] == "firing"]
+    got = {
+        (a["labels"]["alertname"], a["labels"].get("pid") or a["labels"].get("instance"))
+        for a in firing
+    }
+    assert {
+        ("GpuMemoryLeak", "4011"),
+        ("TokensPerRequestDrop", "rag-api-1"),
+        ("RetrievalSlowdown", "rag-api-1"),
+        ("RequestOutlierCluster", "rag-api-1"),
+    } <= got
+    # every page explains itself
+    assert all(a["annotations"].get("summary") for a in firing)
+    assert our_processes() == before
