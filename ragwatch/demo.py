@@ -39,7 +39,9 @@ REQUEST_RULES = {
 }
 # speed, sample interval, simulated duration: faults play 12 h at 720x (an hour in five
 # seconds); healthy plays three days at 4320x with 1-minute samples, and must stay quiet.
-PACE = {"healthy": ("4320", "60", "3d")}
+# oom and all run until the leaking worker has been OOM-killed (~12.4 h in).
+PACE = {"healthy": ("4320", "60", "3d"), "oom": ("720", "10", "13h"), "all": ("720", "10", "13h")}
+OOM_SCENARIOS = ("oom", "all")
 DEFAULT_PACE = ("720", "10", "12h")
 
 
@@ -115,6 +117,14 @@ def expectations(scenario: str) -> list[Expectation]:
         leak = FleetSimulator(SimConfig(hosts=HOSTS, gpus=GPUS, scenario="leak")).leak_target
         assert leak is not None
         host, gpu, pid, _ = leak
+        if scenario in OOM_SCENARIOS:
+            out.append(
+                Expectation(
+                    "GpuOomKill",
+                    (("host", host), ("gpu", str(gpu)), ("pid", str(pid))),
+                    f"GpuOomKill alert for {host} GPU {gpu} pid {pid}",
+                )
+            )
         out.append(
             Expectation(
                 "GpuMemoryLeak",

@@ -31,10 +31,12 @@ from ragwatch.schema import (
     DLQ_HEADER_PARTITION,
     DLQ_HEADER_REASON,
     DLQ_HEADER_TOPIC,
+    EventEnvelope,
     GpuEnvelope,
     RequestsEnvelope,
 )
 from ragwatch.streams.engine import AlertEngine, Transition
+from ragwatch.streams.events import EventPipeline
 from ragwatch.streams.gpu import GpuPipeline
 from ragwatch.streams.requests import RequestPipeline
 from ragwatch.streams.rules import load_rules
@@ -171,6 +173,7 @@ def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
         settings,
         GpuPipeline(rules, engine, max_series=settings.max_series),
         RequestPipeline(rules, engine, max_series=settings.max_series),
+        EventPipeline(rules, engine),
         delivery,
     )
     return app
@@ -192,12 +195,13 @@ def register_processors(
     settings: Settings,
     gpus: GpuPipeline,
     requests: RequestPipeline,
+    events: EventPipeline,
     delivery: Delivery,
 ) -> None:
     """One agent per input topic, sharing the decode / dead-letter / deliver loop."""
     alerts_topic = _topic(app, settings, "alerts")
     dlq_topic = _topic(app, settings, "deadletter")
-    dirty: dict[str, set[str]] = {"gpu": set(), "requests": set()}
+    dirty: dict[str, set[str]] = {"gpu": set(), "requests": set(), "events": set()}
 
     async def dead_letter(msg: Any, reason: str) -> None:
         delivery.counters.deadletter += 1
@@ -238,8 +242,15 @@ def register_processors(
         consume.__name__ = f"{kind}_processor"
         return consume
 
+    def process_gpu(env: GpuEnvelope) -> list[Transition]:
+        # GPU telemetry moves the host's event time forward: event alerts age with it.
+        return gpus.process(env) + events.advance(env.host, env.ts)
+
     app.agent(_topic(app, settings, "gpu"), name="ragwatch.gpu-processor")(
-        processor("gpu", GpuEnvelope, gpus.process)
+        processor("gpu", GpuEnvelope, process_gpu)
+    )
+    app.agent(_topic(app, settings, "events"), name="ragwatch.events-processor")(
+        processor("events", EventEnvelope, events.process)
     )
     app.agent(_topic(app, settings, "requests"), name="ragwatch.requests-processor")(
         processor("requests", RequestsEnvelope, requests.process)

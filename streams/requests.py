@@ -365,9 +365,13 @@ class RequestPipeline:
         sig["outlier_ratio"] = bucket.outliers / bucket.n
         s.recent_outliers.append(bucket.outliers)
         new = self._new_cluster(svc, b)
-        # The cluster detector is per service: the news belongs to the instances that served
-        # outliers lately, not to every instance of the service.
-        sig["new_outlier_cluster"] = new if sum(s.recent_outliers) else 0.0
+        # The cluster detector is per service: the news goes to the instance that served the
+        # most outliers over the last few buckets.
+        mine = sum(s.recent_outliers)
+        service = s.labels["service"]
+        peers = (self.series.get((service, i)) for i in svc.instances)
+        most = max((sum(o.recent_outliers) for o in peers if o is not None), default=0)
+        sig["new_outlier_cluster"] = new if mine and mine == most else 0.0
         s.outlier_label = bucket.labels.most_common(1)[0][0] if bucket.labels else None
         s.signals = sig
         s.bucket_end = (b + 1) * self.bucket_s

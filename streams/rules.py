@@ -83,10 +83,13 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; stream
     "retriever_p99_ratio", "e2e_p95_baseline_ms", "e2e_p95_ratio", "outliers",
     "outlier_ratio", "new_outlier_cluster",
 )  # fmt: skip
+# one device event (streams/events.py): 1.0 for what happened (the XID code for xid)
+SERIES_SIGNALS["event"] = ("oom_kill", "xid", "xid_critical", "device_event", "process_exit")
 SERIES_LABELS: dict[str, tuple[str, ...]] = {
     "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
     "gpu": ("host", "gpu", "uuid", "mig", "gpu_name"),
     "service": ("service", "instance"),
+    "event": ("host", "gpu", "mig", "pid", "process", "container", "type", "xid", "event"),
 }
 SEVERITIES = ("critical", "error", "warning", "info")
 OPS: dict[str, Callable[[float, float], bool]] = {

@@ -212,10 +212,12 @@ def test_demo_all_pages_every_fault_with_its_culprit(stack: EmbeddedStack) -> No
     }
     assert {
         ("GpuMemoryLeak", "4011"),
+        ("GpuOomKill", "4011"),
         ("TokensPerRequestDrop", "rag-api-1"),
         ("RetrievalSlowdown", "rag-api-1"),
         ("RequestOutlierCluster", "rag-api-1"),
     } <= got
-    # every page explains itself
+    # every page explains itself, and only the faulty instance pages
     assert all(a["annotations"].get("summary") for a in firing)
+    assert {a["labels"]["instance"] for a in firing if "instance" in a["labels"]} == {"rag-api-1"}
     assert our_processes() == before

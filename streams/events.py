@@ -1,0 +1,116 @@
+"""From ``ragwatch.events`` (OOM kills, XIDs, device events) to alerts that fire at once.
+
+Each event is one evaluation of the ``event`` rules with signals that say what happened
+(``oom_kill``, ``xid``, ``xid_critical``, ``device_event``, ``process_exit`` = 1 or the XID
+code) and labels naming the culprit (host, gpu, pid, process, container, xid). Events are
+instants: nothing later says "it is over". So the worker moves each host's event alerts
+forward in event time with :meth:`EventPipeline.advance` on every GPU envelope of that
+host, evaluating them with all signals at 0; a rule's ``keep_firing_for`` then decides when
+the alert resolves.
+
+>>> from ragwatch.schema import EventEnvelope
+>>> from ragwatch.streams.rules import load_rules
+>>> pipe = EventPipeline(load_rules())
+>>> oom = EventEnvelope(host="h1", ts=100.0, type="oom_kill",
+...                    attrs={"gpu": 1, "pid": 4711, "process": "rag-worker"})
+>>> [(t.alert.rule, t.alert.status) for t in pipe.process(oom)]
+[('GpuOomKill', 'firing')]
+>>> [t.alert.status for t in pipe.advance("h1", 100.0 + 16 * 60)]
+['resolved']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ragwatch.schema import EventEnvelope
+from ragwatch.streams.engine import AlertEngine, Transition
+from ragwatch.streams.rules import SERIES_LABELS, SERIES_SIGNALS, Rule
+
+SERIES = "event"
+SIGNALS = SERIES_SIGNALS[SERIES]
+LABELS = SERIES_LABELS[SERIES]
+QUIET: Mapping[str, float | None] = dict.fromkeys(SIGNALS, 0.0)
+CRITICAL_XIDS = frozenset({31, 43, 48, 79})  # page faults, stopped channel, DBE, off the bus
+
+
+@dataclass
+class EventStats:
+    events: int = 0
+    active: int = 0
+
+
+def signals_of(event: EventEnvelope) -> dict[str, float | None]:
+    """What the event says, as rule signals (everything else 0)."""
+    sig: dict[str, float | None] = dict.fromkeys(SIGNALS, 0.0)
+    if event.type == "xid":
+        code = event.attrs.get("xid")
+        xid = float(code) if isinstance(code, int | float) and not isinstance(code, bool) else 0
+        sig["xid"] = xid
+        sig["xid_critical"] = 1.0 if int(xid) in CRITICAL_XIDS else 0.0
+    elif event.type in sig:
+        sig[event.type] = 1.0
+    return sig
+
+
+def labels_of(event: EventEnvelope) -> dict[str, str]:
+    """The culprit: the event's host and the attributes that identify what was hit."""
+    labels = {"host": event.host, "type": event.type}
+    for key in LABELS[1:]:
+        value = event.attrs.get(key)
+        if value is not None and key not in labels and not isinstance(value, dict | list):
+            labels[key] = str(value)
+    return labels
+
+
+class EventPipeline:
+    """Evaluates the ``event`` rules on each event and ages their alerts in event time."""
+
+    def __init__(self, rules: list[Rule], engine: AlertEngine | None = None) -> None:
+        self.rules = [r for r in rules if r.series == SERIES]
+        self.engine = engine or AlertEngine()
+        self.stats = EventStats()
+        # host -> (rule, labels) of the alerts its events raised, to age them
+        self._active: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Rule]] = {}
+
+    def process(self, event: EventEnvelope) -> list[Transition]:
+        self.stats.events += 1
+        labels, sig = labels_of(event), signals_of(event)
+        out = []
+        for rule in self.rules:
+            t = self.engine.evaluate(rule, labels, sig, event.ts)
+            if t is not None:
+                out.append(t)
+            if rule.holds(sig):
+                # An event is an instant: its alert counts as cleared from the event on, so
+                # keep_firing_for runs from the event's own time.
+                t = self.engine.evaluate(rule, labels, QUIET, event.ts)
+                if t is not None:
+                    out.append(t)
+                else:
+                    key = (rule.name, tuple(sorted(labels.items())))
+                    self._active.setdefault(event.host, {})[key] = rule
+        self.stats.active = sum(len(v) for v in self._active.values())
+        return out
+
+    def advance(self, host: str, ts: float) -> list[Transition]:
+        """Evaluate the host's event alerts at ``ts`` with nothing happening."""
+        active = self._active.get(host)
+        if not active:
+            return []
+        out = []
+        for key, rule in list(active.items()):
+            t = self.engine.evaluate(rule, dict(key[1]), QUIET, ts)
+            if t is not None:
+                out.append(t)
+                if t.alert.status == "resolved":
+                    del active[key]
+        if not active:
+            del self._active[host]
+        self.stats.active = sum(len(v) for v in self._active.values())
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"events": self.stats.events, "active": self.stats.active}

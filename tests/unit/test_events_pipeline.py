@@ -1,0 +1,94 @@
+"""Device events become alerts at once and resolve after keep_firing_for, in event time."""
+
+from __future__ import annotations
+
+from ragwatch.schema import EventEnvelope
+from ragwatch.streams.engine import AlertEngine
+from ragwatch.streams.events import EventPipeline, labels_of, signals_of
+from ragwatch.streams.rules import load_rules
+
+T0 = 1_767_225_600.0
+
+
+def oom(ts: float, pid: int = 4011) -> EventEnvelope:
+    return EventEnvelope(
+        host="gpu-node-01",
+        ts=ts,
+        type="oom_kill",
+        attrs={
+            "gpu": 1,
+            "pid": pid,
+            "process": "rag-worker",
+            "container": "abc123",
+            "gpu_mem": 80_000_000_000,
+        },
+    )
+
+
+def xid(ts: float, code: int) -> EventEnvelope:
+    return EventEnvelope(
+        host="gpu-node-02", ts=ts, type="xid", attrs={"gpu": 0, "uuid": "GPU-1", "xid": code}
+    )
+
+
+def test_oom_kill_fires_at_once_naming_the_process_and_resolves_after_15_minutes() -> None:
+    pipe = EventPipeline(load_rules())
+    (t,) = pipe.process(oom(T0))
+    a = t.alert
+    assert (a.rule, a.status, a.starts_at, t.notify) == ("GpuOomKill", "firing", T0, True)
+    assert {k: a.labels[k] for k in ("host", "gpu", "pid", "process", "container")} == {
+        "host": "gpu-node-01",
+        "gpu": "1",
+        "pid": "4011",
+        "process": "rag-worker",
+        "container": "abc123",
+    }
+    assert "CUDA OOM killer took rag-worker (pid 4011" in a.annotations["summary"]
+    assert pipe.advance("gpu-node-01", T0 + 14 * 60) == []
+    assert pipe.advance("gpu-node-02", T0 + 20 * 60) == []  # other hosts do not age it
+    (r,) = pipe.advance("gpu-node-01", T0 + 15 * 60)
+    assert (r.alert.status, r.alert.ends_at, r.notify) == ("resolved", T0 + 15 * 60, True)
+    assert pipe.advance("gpu-node-01", T0 + 30 * 60) == [] and pipe.stats.active == 0
+
+
+def test_a_second_oom_of_a_new_pid_is_its_own_alert() -> None:
+    pipe = EventPipeline(load_rules())
+    first = pipe.process(oom(T0))
+    second = pipe.process(oom(T0 + 60, pid=4012))
+    assert first[0].alert.fingerprint != second[0].alert.fingerprint
+
+
+def test_a_repeated_event_keeps_the_alert_firing_without_paging_again() -> None:
+    pipe = EventPipeline(load_rules())
+    assert len(pipe.process(xid(T0, 79))) == 1
+    assert pipe.process(xid(T0 + 600, 79)) == []  # same GPU, same XID: still the same alert
+    assert pipe.advance("gpu-node-02", T0 + 600 + 29 * 60) == []
+    (r,) = pipe.advance("gpu-node-02", T0 + 600 + 30 * 60)
+    assert r.alert.status == "resolved"
+
+
+def test_only_critical_xids_page() -> None:
+    pipe = EventPipeline(load_rules())
+    assert pipe.process(xid(T0, 13)) == []  # graphics engine exception: not in the runbook
+    (t,) = pipe.process(xid(T0, 48))
+    assert t.alert.rule == "GpuXidCritical" and t.alert.labels["xid"] == "48"
+    assert "XID 48 on gpu-node-02 GPU 0" in t.alert.annotations["summary"]
+
+
+def test_signals_and_labels_of_events() -> None:
+    assert signals_of(xid(T0, 79))["xid_critical"] == 1.0
+    assert signals_of(oom(T0)) == {
+        "oom_kill": 1.0,
+        "xid": 0.0,
+        "xid_critical": 0.0,
+        "device_event": 0.0,
+        "process_exit": 0.0,
+    }
+    assert "gpu_mem" not in labels_of(oom(T0))  # values are not identities
+
+
+def test_shared_engine_with_other_pipelines() -> None:
+    engine = AlertEngine()
+    pipe = EventPipeline(load_rules(), engine)
+    pipe.process(oom(T0))
+    assert [a.rule for a in engine.active.values()] == ["GpuOomKill"]
