@@ -11,7 +11,7 @@ Series:
 
 A series not seen for ``stale_s`` of event time (the process exited, the GPU vanished)
 is forgotten and its active alerts resolve. A host that goes silent altogether is swept
-the same way once the pipeline's event-time high-water mark is ``3 * stale_s`` past its
+the same way once the pipeline's event-time high-water mark is ``12 * stale_s`` past its
 last sample (the margin tolerates partitions that are consumed at different paces).
 Samples of new series beyond ``max_series`` are dropped and counted.
 
@@ -43,6 +43,10 @@ from ragwatch.streams.rules import Rule
 log = logging.getLogger(__name__)
 
 SeriesKey = tuple[str, int, str, int]  # host, gpu index, mig ("" if none), pid (-1 = gpu)
+# A host is swept by the pipeline's watermark only after 12 x stale_s (an hour by default):
+# hosts live on different partitions, consumed at different paces, and a fast replay turns
+# a second of lag into many minutes of event time.
+SILENT_HOST_FACTOR = 12
 
 
 def _leak() -> LeakDetector:
@@ -126,7 +130,7 @@ class GpuPipeline:
         if self._watermark - self._last_sweep >= self.stale_s:
             self._last_sweep = self._watermark
             for host in list(self._by_host):
-                out += self._evict(host, self._watermark, 3 * self.stale_s)
+                out += self._evict(host, self._watermark, SILENT_HOST_FACTOR * self.stale_s)
         return out
 
     def host_snapshot(self, host: str) -> dict[str, Any]:

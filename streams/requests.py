@@ -190,6 +190,9 @@ class ServiceSeries:
     recent_outliers: deque[int] = field(default_factory=lambda: deque(maxlen=5))
 
 
+SILENT_SERVICE_FACTOR = 6  # a service silent for 6 x stale_s of the pipeline's event time
+
+
 @dataclass
 class _Service:
     """Per-service state shared by its instances: the outlier detector and its clusters."""
@@ -404,7 +407,19 @@ class RequestPipeline:
             return []
         self._last_sweep = now = self._watermark
         out: list[Transition] = []
-        for key in [k for k, s in self.series.items() if now - s.watermark > self.stale_s]:
+        # A service's instances share its partition (key = service), so an instance is stale
+        # against its service's newest record; a whole service only against the pipeline's
+        # watermark with a wide margin, since partitions are consumed at different paces.
+        newest: dict[str, float] = {}
+        for (service, _), s in self.series.items():
+            newest[service] = max(newest.get(service, -math.inf), s.watermark)
+        stale = [
+            k
+            for k, s in self.series.items()
+            if newest[k[0]] - s.watermark > self.stale_s
+            or now - newest[k[0]] > SILENT_SERVICE_FACTOR * self.stale_s
+        ]
+        for key in stale:
             s = self.series.pop(key)
             self.stats.evicted_series += 1
             svc = self._services[key[0]]

@@ -280,7 +280,7 @@ def test_bug_silent_host_series_are_evicted_and_alerts_resolve() -> None:
             pipe.process(env)
     assert [a.status for a in pipe.engine.active.values()] == ["firing"]
     resolved = []
-    for _, (_, (_, alive), _) in zip(range(int(HOUR / 30)), ticks, strict=False):
+    for _, (_, (_, alive), _) in zip(range(int(2 * HOUR / 30)), ticks, strict=False):
         resolved += [t for t in pipe.process(alive) if t.alert.status == "resolved"]
     assert len(resolved) == 1 and resolved[0].notify
     assert all(key[0] == alive.host for key in pipe.series)
