@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from ragwatch.config import Settings
+from ragwatch.config import Settings, parse_duration
 from ragwatch.embedded import EmbeddedStack, stop_process
 from ragwatch.receiver import WebhookReceiver
 
@@ -255,6 +255,8 @@ def run_demo(
             interval,
             "--duration",
             duration,
+            "--start",
+            str(_start(duration)),
         )
         _say(
             f"scenario {scenario}: {HOSTS} hosts x {GPUS} GPUs and {SERVICES} RAG services "
@@ -272,6 +274,14 @@ def run_demo(
             shutil.rmtree(run_dir, ignore_errors=True)
         else:
             _say(f"logs kept in {run_dir}")
+
+
+def _start(duration: str) -> float:
+    """The fleet's first event time: midnight UTC, far enough back that the run ends before
+    now. Always the same time of day, so every run of a scenario replays the same telemetry
+    (same daily phase, same bucket boundaries) and gives the same alerts."""
+    day = 86400.0
+    return (time.time() - parse_duration(duration)) // day * day - day
 
 
 def _watch(
