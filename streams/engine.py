@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -122,18 +122,7 @@ class AlertEngine:
             if all(labels.get(k) == v for k, v in match.items()):
                 del self._states[fp]
                 a = state.alert
-                resolved = Alert(
-                    rule=a.rule,
-                    severity=a.severity,
-                    status="resolved",
-                    labels=a.labels,
-                    annotations=a.annotations,
-                    value=a.value,
-                    expected=a.expected,
-                    starts_at=a.starts_at,
-                    ends_at=max(ts, state.last_ts),
-                    fingerprint=fp,
-                )
+                resolved = replace(a, status="resolved", ends_at=max(ts, state.last_ts))
                 out.append(Transition(resolved, state.status))
         return out
 

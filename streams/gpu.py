@@ -105,7 +105,7 @@ class GpuPipeline:
             gkey: SeriesKey = (env.host, gpu.index, gpu.mig or "", -1)
             g = self._series(gkey, env, gpu, None)
             if g is not None:
-                self._update(g, "gpu", float(gpu.fb_used), env.ts, gpu, gpu.fb_used, out)
+                self._update(g, float(gpu.fb_used), env.ts, gpu)
                 g.signals.update(
                     fb_used_ratio=gpu.fb_used / gpu.fb_total if gpu.fb_total else None,
                     gpu_util=gpu.gpu_util,
@@ -118,7 +118,7 @@ class GpuPipeline:
                 p = self._series((env.host, gpu.index, gpu.mig or "", proc.pid), env, gpu, proc)
                 if p is None:
                     continue
-                self._update(p, "process", float(proc.gpu_mem), env.ts, gpu, gpu.fb_used, out)
+                self._update(p, float(proc.gpu_mem), env.ts, gpu)
                 p.signals.update(
                     gpu_mem_bytes=float(proc.gpu_mem),
                     rss_bytes=None if proc.rss is None else float(proc.rss),
@@ -203,19 +203,11 @@ class GpuPipeline:
         self._by_host.setdefault(env.host, set()).add(key)
         return s
 
-    def _update(
-        self,
-        s: Series,
-        kind: str,
-        value: float,
-        ts: float,
-        gpu: GpuSample,
-        fb_used: int,
-        out: list[Transition],
-    ) -> None:
+    def _update(self, s: Series, value: float, ts: float, gpu: GpuSample) -> None:
         s.detector.learn_one({"value": value, "t": ts})
         s.last_ts = max(s.last_ts, ts)
         est = s.detector.estimate
+        fb_used = gpu.fb_used
         free = gpu.fb_total - fb_used
         tte = (est.time_to_exhaustion(free) or math.inf) if est else None
         s.signals.update(
