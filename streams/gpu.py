@@ -209,7 +209,9 @@ class GpuPipeline:
         est = s.detector.estimate
         fb_used = gpu.fb_used
         free = gpu.fb_total - fb_used
-        tte = (est.time_to_exhaustion(free) or math.inf) if est else None
+        tte = est.time_to_exhaustion(free) if est else None
+        if est and tte is None:
+            tte = math.inf  # not growing: never (a full GPU that still grows is 0, not never)
         s.signals.update(
             fb_used_bytes=float(fb_used),
             fb_total_bytes=float(gpu.fb_total),

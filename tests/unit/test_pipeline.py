@@ -284,3 +284,23 @@ def test_bug_silent_host_series_are_evicted_and_alerts_resolve() -> None:
         resolved += [t for t in pipe.process(alive) if t.alert.status == "resolved"]
     assert len(resolved) == 1 and resolved[0].notify
     assert all(key[0] == alive.host for key in pipe.series)
+
+
+def test_a_full_gpu_that_still_grows_has_no_time_left_not_forever() -> None:
+    from ragwatch.schema import GpuEnvelope, GpuSample, ProcessSample
+
+    pipe = GpuPipeline(load_rules())
+    total = 80 * 10**9
+    for i in range(0, 2 * 3600, 30):
+        used = min(total, 70 * 10**9 + int(i * 2e6))  # +7.2 GB/h, full after ~83 min
+        gpu = GpuSample(
+            index=0,
+            uuid="u",
+            name="n",
+            fb_used=used,
+            fb_total=total,
+            procs=(ProcessSample(pid=7, name="p", gpu_mem=used - 10**9),),
+        )
+        pipe.process(GpuEnvelope(host="h", ts=1_767_225_600.0 + i, gpus=(gpu,)))
+    proc = next(s for k, s in pipe.series.items() if k[3] == 7)
+    assert proc.signals["tte_s"] == 0.0 and proc.signals["tte_h"] == 0.0
