@@ -47,6 +47,19 @@ def clean_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RAGWATCH_")}
 
 
+def run_ragwatch(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ragwatch ARGS`` as a user runs it: only the given RAGWATCH_* settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "ragwatch", *args],
+        env={**clean_environ(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture
 def rw_env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
     """RAGWATCH_* variables for one test: the session stack, fresh topics/group/keys."""

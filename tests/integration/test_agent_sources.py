@@ -4,8 +4,6 @@ source prints exactly what it would send with ``--once --json``."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -19,7 +17,8 @@ from ragwatch.cli import main
 from ragwatch.config import Settings
 from ragwatch.kafka_admin import ensure_topics
 from ragwatch.schema import EventEnvelope, GpuEnvelope, MetricsEnvelope
-from tests.integration.conftest import clean_environ, read_records
+from tests.integration.conftest import read_records
+from tests.integration.conftest import run_ragwatch as ragwatch
 from tests.unit.test_nvml import GIB, FakeGpu, FakeNvml, write_proc
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "prom"
@@ -38,16 +37,6 @@ def exporter() -> Iterator[str]:
 
 def read_topic(settings: Settings, role: str, expect: int) -> list[bytes]:
     return [m.value() for m in read_records(settings, settings.topic(role), expect)]
-
-
-def ragwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ragwatch", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**clean_environ(), **(env or {})},
-    )
 
 
 def test_nvml_without_a_driver_is_one_clear_line_and_exit_2() -> None:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ragwatch.embedded import EmbeddedStack, pid_alive
-from tests.integration.conftest import clean_environ
+from tests.integration.conftest import run_ragwatch as ragwatch
 
 OURS = re.compile(rb"tansu|redis-server|-m\x00ragwatch\x00(worker|agent)")
 
@@ -30,18 +28,6 @@ def our_processes() -> set[int]:
             if OURS.search(cmdline) and pid_alive(int(entry.name)):
                 pids.add(int(entry.name))
     return pids
-
-
-def ragwatch(
-    *args: str, env: dict[str, str], timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ragwatch", *args],
-        env={**clean_environ(), **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_demo_catches_the_leak_and_leaves_nothing_running(stack: EmbeddedStack) -> None:

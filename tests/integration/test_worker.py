@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +21,7 @@ from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.schema import DLQ_HEADER_OFFSET, DLQ_HEADER_REASON, DLQ_HEADER_TOPIC
 from ragwatch.streams.state import Keys
-from tests.integration.conftest import clean_environ, read_records, wait_until
+from tests.integration.conftest import read_records, run_ragwatch, wait_until
 
 START = 1_767_225_600.0
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
@@ -113,27 +111,16 @@ def test_leak_alert_reaches_webhook_redis_alerts_topic_and_status(
     assert [orjson.loads(r.value())["status"] for r in records] == ["pending", "firing"]
 
     # `ragwatch status --json` reads it all back from Redis.
-    out = subprocess.run(
-        [sys.executable, "-m", "ragwatch", "status", "--json"],
-        env={**clean_environ(), **env},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    out = run_ragwatch("status", "--json", env=env)
+    assert out.returncode == 0, out.stderr
     status = json.loads(out.stdout)
     assert [h["host"] for h in status["hosts"]] == ["gpu-node-01", "gpu-node-02"]
     gpu = next(g for g in status["hosts"][0]["gpus"] if g["index"] == target[1])
     assert gpu["gb_per_hour"] > 0.8 and gpu["fb_total_bytes"] == 80 * 1024**3
     assert [a["fingerprint"] for a in status["alerts"]] == [fp]
-    text = subprocess.run(
-        [sys.executable, "-m", "ragwatch", "status"],
-        env={**clean_environ(), **env},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    out = run_ragwatch("status", env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
     assert "FIRING" in text and "GpuMemoryLeak" in text and f"pid={target[2]}" in text
 
     assert worker.stop() == 0
