@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -246,6 +248,8 @@ class RequestRecorder:
         topic: str = "ragwatch.requests",
         service: str,
         instance: str,
+        host: str | None = None,
+        pid: int | None = None,
         flush_interval_s: float = 1.0,
         max_batch: int = 1000,
         buffer_size: int = 100_000,
@@ -260,6 +264,10 @@ class RequestRecorder:
         if max_batch < 1 or buffer_size < 1:
             raise ValueError(f"max_batch and buffer_size must be >= 1: {max_batch}, {buffer_size}")
         self.sink, self.topic, self.service, self.instance = sink, topic, service, instance
+        # Where this instance runs, so alerts can join it with the GPU telemetry of its host
+        # (the NVML agent reports socket.gethostname() too) and its serving process.
+        self.host = socket.gethostname() if host is None else host
+        self.pid = os.getpid() if pid is None else pid
         self.flush_interval_s, self.max_batch, self.buffer_size = (
             flush_interval_s,
             max_batch,
@@ -419,7 +427,14 @@ class RequestRecorder:
 
     def _write(self, records: list[RequestRecord]) -> int:
         try:
-            env = RequestsEnvelope(self.service, self.instance, self._clock(), tuple(records))
+            env = RequestsEnvelope(
+                self.service,
+                self.instance,
+                self._clock(),
+                tuple(records),
+                host=self.host or None,
+                pid=self.pid,
+            )
             data = encode(env)
         except Exception:  # validated records always encode; a broken clock might not
             self._failed += len(records)

@@ -96,6 +96,10 @@ class RequestSimConfig:
     oom_after_h: float = 12.0  # ~when the 1.2 GB/h leak of SimConfig fills the GPU
     deploy_at_s: float | None = 30 * 3600.0
     reload_at_s: float | None = 54 * 3600.0
+    # Where instances run (their envelopes' ``host``): round-robin over ``hosts``, except
+    # the faulty instance, which runs on ``fault_host`` (the leaking GPU's host) if given.
+    hosts: tuple[str, ...] = ()
+    fault_host: str | None = None
 
     def __post_init__(self) -> None:
         if self.services < 1 or self.instances < 1:
@@ -132,6 +136,7 @@ class FaultTarget(NamedTuple):
     service: str
     instance: str
     scenario: str
+    host: str | None = None
 
 
 def service_name(i: int) -> str:
@@ -161,6 +166,7 @@ class _Instance:
     rng: random.Random
     fault_rng: random.Random
     faulty: bool
+    host: str | None = None
 
 
 def _seed(*parts: object) -> int:
@@ -197,13 +203,18 @@ class RequestSimulator:
             for s in range(config.services)
             for i in range(config.instances)
         ]
+        for k, inst in enumerate(self._instances):
+            if config.hosts:
+                inst.host = config.hosts[k % len(config.hosts)]
+            if inst.faulty and config.fault_host is not None:
+                inst.host = config.fault_host
 
     @property
     def fault_target(self) -> FaultTarget | None:
-        """(service, instance, scenario) hit by the fault; None for ``healthy``."""
+        """(service, instance, scenario, host) hit by the fault; None for ``healthy``."""
         for inst in self._instances:
             if inst.faulty:
-                return FaultTarget(inst.service, inst.name, self.config.scenario)
+                return FaultTarget(inst.service, inst.name, self.config.scenario, inst.host)
         return None
 
     def ticks(self) -> Iterator[tuple[float, list[RequestsEnvelope]]]:
@@ -269,7 +280,11 @@ class RequestSimulator:
                 records.append(self._request(frng, frng, st, ts, ctx, max(1, out)))
             records.sort(key=lambda r: r.ts)
         return RequestsEnvelope(
-            service=inst.service, instance=inst.name, ts=t0 + cfg.batch_s, records=tuple(records)
+            service=inst.service,
+            instance=inst.name,
+            ts=t0 + cfg.batch_s,
+            records=tuple(records),
+            host=inst.host,
         )
 
     def _times(self, rng: random.Random, t0: float, n: int) -> list[float]:

@@ -27,6 +27,15 @@ throughput drop keeps scoring for its duration instead of being learned within t
 buckets, and a permanent step change is absorbed over tens of minutes. Keep ``clip``
 above the series' usual bucket-to-bucket noise; ``clip=math.inf`` is plain Holt-Winters.
 
+Holding the baseline. Clipping alone still absorbs a fault that lasts: a 30 % drop is
+learned within a quarter of an hour and its alert resolves while the fault goes on. So a
+bucket that deviates by more than ``hold`` (default 0.2, relative to its forecast, either
+way) teaches the model nothing: the forecast stays where it was before the fault, the
+deviation keeps scoring, and the alert resolves when the series comes back, not when the
+model has got used to it. A deviation that lasts ``hold_max_s`` (default 6 h) of event
+time is a new normal (a new model, a new client): the level restarts from it, the daily
+profile is kept. ``hold=math.inf`` disables holding.
+
 Warm-up and the first season. No score (0.0) until ``warmup_buckets`` buckets with data
 have closed. During the first season the seasonal offsets are not known yet: the raw
 bucket means are collected in the seasonal array and the forecast is level + trend only
@@ -50,7 +59,7 @@ Parameters: ``bucket_s`` (300), ``season_s`` (86400, a multiple of ``bucket_s``)
 ``alpha`` (0.3), ``beta`` (0.1), ``gamma`` (0.1), ``scale`` (0.5), ``floor`` (1.0, in the
 series' units: protects near-zero forecasts; lower it for ratios in [0, 1]),
 ``direction`` ("both" | "down" | "up"), ``warmup_buckets`` (12), ``warmup_seasons``
-(0.0), ``max_gap_s`` (21600), ``clip`` (0.05).
+(0.0), ``max_gap_s`` (21600), ``clip`` (0.05), ``hold`` (0.2), ``hold_max_s`` (21600).
 
 >>> det = HoltWinters(season_s=3600, bucket_s=300, direction="down")   # hourly season
 >>> T0 = 1_700_000_000.0 - 1_700_000_000.0 % 3600
@@ -106,12 +115,18 @@ class HoltWinters:
         warmup_seasons: float = 0.0,
         max_gap_s: float = 21600.0,
         clip: float = 0.05,
+        hold: float = 0.2,
+        hold_max_s: float = 21600.0,
     ) -> None:
         for name, v in (("bucket_s", bucket_s), ("scale", scale), ("floor", floor)):
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {v!r}")
         if not clip > 0:  # math.inf: plain, non-robust Holt-Winters
             raise ValueError(f"clip must be > 0, got {clip!r}")
+        if not hold > 0:  # math.inf: never hold
+            raise ValueError(f"hold must be > 0, got {hold!r}")
+        if not (math.isfinite(hold_max_s) and hold_max_s >= 0):
+            raise ValueError(f"hold_max_s must be finite and >= 0, got {hold_max_s!r}")
         if not (0 < alpha <= 1 and 0 <= beta <= 1 and 0 <= gamma <= 1):
             raise ValueError(f"need 0 < alpha <= 1 and beta, gamma in [0, 1]: {alpha, beta, gamma}")
         m = season_s / bucket_s if math.isfinite(season_s) else math.nan
@@ -135,6 +150,8 @@ class HoltWinters:
         self.warmup_seasons = float(warmup_seasons)
         self.max_gap_s = float(max_gap_s)
         self.clip = float(clip)
+        self.hold = float(hold)
+        self.hold_max_s = float(hold_max_s)
         self.m = round(m)
         self._max_gap = math.floor(self.max_gap_s / self.bucket_s)  # empty buckets tolerated
         # Buckets of data before the first score: a few, or seasons plus a few.
@@ -151,7 +168,9 @@ class HoltWinters:
         self._open: int | None = None
         self._mean = 0.0
         self._n = 0
+        self._held_since: int | None = None  # first bucket of the deviation being held
         self.late = 0
+        self.held = 0  # buckets not learned because they deviated by more than ``hold``
 
     def clone(self) -> HoltWinters:
         return HoltWinters(
@@ -167,6 +186,8 @@ class HoltWinters:
             self.warmup_seasons,
             self.max_gap_s,
             self.clip,
+            self.hold,
+            self.hold_max_s,
         )
 
     # -- the protocol -------------------------------------------------------------------
@@ -215,6 +236,12 @@ class HoltWinters:
         if self._open is None:
             return None
         return self._deviation(self._open, self._mean)
+
+    @property
+    def holding(self) -> bool:
+        """Whether the baseline is held: the last closed bucket deviated by more than
+        ``hold`` and was not learned."""
+        return self._held_since is not None
 
     @property
     def last_deviation(self) -> float | None:
@@ -271,7 +298,23 @@ class HoltWinters:
         # Gelper, Fried & Croux 2010), so a sustained anomaly is not learned in minutes.
         prior = self._level + self._trend
         s = self._season[slot] if self._ready else 0.0
-        bound = self.clip * max(abs(prior + s), self.floor)
+        scale = max(abs(prior + s), self.floor)
+        if self._run >= self.warmup_buckets and abs(y - prior - s) > self.hold * scale:
+            # An anomaly: keep the baseline as it was, unless it has lasted hold_max_s.
+            if self._held_since is None:
+                self._held_since = bucket
+            if (bucket - self._held_since + 1) * self.bucket_s <= self.hold_max_s:
+                self.held += 1
+                self._last = bucket
+                return
+            self._held_since = None  # a new normal: restart the level, keep the profile
+            self._level, self._trend = y - s, 0.0
+            if not self._ready:
+                self._season[slot] = y
+            self._last = bucket
+            return
+        self._held_since = None
+        bound = self.clip * scale
         err = min(bound, max(-bound, y - prior - s))
         level = prior + self.alpha * err
         self._trend += self.beta * ((level - self._level) - self._trend)

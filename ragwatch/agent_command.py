@@ -27,7 +27,6 @@ from ragwatch.schema import Envelope
 
 log = logging.getLogger("ragwatch.agent")
 DEFAULT_INTERVAL = {"sim": 10.0, "nvml": 1.0, "prom": 15.0}
-GPU_LEAK_SCENARIOS = ("leak", "oom", "all")  # sim scenarios in which a GPU process leaks
 
 
 def _duration(v: str) -> float:
@@ -196,45 +195,28 @@ def _run_sim(
 ) -> int:
     from ragwatch.agents.publisher import ListSink
     from ragwatch.agents.runner import run_simulation
-    from ragwatch.agents.sim import FleetSimulator, SimConfig
-    from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
+    from ragwatch.agents.scenario import build
 
     start = args.start
     if start is None:
         start = float(int(time.time() - (args.duration or 0.0)))
-    gpu_scenario = "leak" if args.scenario in GPU_LEAK_SCENARIOS else "healthy"
     try:
-        cfg = SimConfig(
+        world = build(
+            args.scenario,
             hosts=args.hosts,
             gpus=args.gpus,
+            services=args.services,
             seed=args.seed,
-            scenario=gpu_scenario,
             interval_s=interval,
             start_ts=start,
         )
-        requests = None
-        if args.services > 0:
-            requests = RequestSimulator(
-                RequestSimConfig(
-                    services=args.services,
-                    instances=2,
-                    seed=args.seed,
-                    scenario=args.scenario,
-                    start_ts=start,
-                    batch_s=interval,
-                    fault_start_s=cfg.leak_start_s,
-                )
-            )
-        elif args.scenario not in ("healthy", "leak"):
-            raise ValueError(f"scenario {args.scenario!r} needs request telemetry (--services)")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    cfg, requests = world.fleet.config, world.requests
     duration = interval if args.once else args.duration
     if args.json:
         sink = ListSink()
-        run_simulation(
-            FleetSimulator(cfg), sink, topics=topics, duration_s=duration, requests=requests
-        )
+        run_simulation(world.fleet, sink, topics=topics, duration_s=duration, requests=requests)
         sys.stdout.write("".join(v.decode() + "\n" for _, _, v in sink.records))
         return 0
     publisher = _publisher(args, settings)
@@ -248,7 +230,7 @@ def _run_sim(
         settings.kafka_bootstrap,
     )
     stats = run_simulation(
-        FleetSimulator(cfg),
+        world.fleet,
         publisher,
         topics=topics,
         speed=args.speed,

@@ -30,7 +30,6 @@ from ragwatch.embedded import EmbeddedStack, stop_process
 from ragwatch.receiver import WebhookReceiver
 
 HOSTS, GPUS, SERVICES = 4, 2, 2
-GPU_LEAK_SCENARIOS = ("leak", "oom", "all")
 REQUEST_RULES = {
     "throughput": ("TokensPerRequestDrop",),
     "retrieval": ("RetrievalSlowdown",),
@@ -92,7 +91,8 @@ class _Children:
 
 @dataclass(frozen=True)
 class Expectation:
-    """An alert the scenario must produce: its rule and the labels naming the culprit."""
+    """An alert the scenario must produce: its rule, the labels naming the culprit, and a
+    root-cause hint."""
 
     rule: str
     labels: tuple[tuple[str, str], ...]
@@ -104,17 +104,18 @@ class Expectation:
             alert.get("status") == "firing"
             and lab.get("alertname") == self.rule
             and all(lab.get(k) == v for k, v in self.labels)
+            and bool(alert.get("annotations", {}).get("hint"))
         )
 
 
 def expectations(scenario: str) -> list[Expectation]:
     """What ``ragwatch demo --scenario`` waits for (nothing, for ``healthy``)."""
-    from ragwatch.agents.sim import FleetSimulator, SimConfig
-    from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
+    from ragwatch.agents.scenario import GPU_LEAK_SCENARIOS, build
 
+    world = build(scenario, hosts=HOSTS, gpus=GPUS, services=SERVICES)
     out = []
     if scenario in GPU_LEAK_SCENARIOS:
-        leak = FleetSimulator(SimConfig(hosts=HOSTS, gpus=GPUS, scenario="leak")).leak_target
+        leak = world.fleet.leak_target
         assert leak is not None
         host, gpu, pid, _ = leak
         if scenario in OOM_SCENARIOS:
@@ -132,7 +133,7 @@ def expectations(scenario: str) -> list[Expectation]:
                 f"GpuMemoryLeak alert for {host} GPU {gpu} pid {pid}",
             )
         )
-    fault = RequestSimulator(RequestSimConfig(services=SERVICES, scenario=scenario)).fault_target
+    fault = world.requests.fault_target if world.requests is not None else None
     for rule in REQUEST_RULES.get(scenario, ()):
         assert fault is not None
         out.append(
@@ -156,7 +157,7 @@ def _print_alert(a: dict[str, Any], as_json: bool, out: TextIO) -> None:
             if k in lab
         )
         out.write(f"{a['status'].upper()} {lab.get('alertname')} {who}\n")
-        for key in ("summary", "description", "runbook"):
+        for key in ("summary", "description", "hint", "runbook"):
             if key in a["annotations"]:
                 out.write(f"  {key}: {a['annotations'][key]}\n")
     out.flush()

@@ -305,13 +305,20 @@ class RequestRecord:
 
 @dataclass(frozen=True, slots=True)
 class RequestsEnvelope:
-    """Topic ``ragwatch.requests``, key = service: a batch of request records."""
+    """Topic ``ragwatch.requests``, key = service: a batch of request records.
+
+    ``host`` and ``pid`` (optional) say where the instance runs: the GPU host and the
+    serving process. With them an alert on the service can name the GPU process whose
+    memory grows on the same host, and a GPU alert can name the services it slows down.
+    """
 
     kind: ClassVar[str] = "requests"
     service: str
     instance: str
     ts: float
     records: tuple[RequestRecord, ...]
+    host: str | None = None
+    pid: int | None = None
 
     @property
     def key(self) -> str:
@@ -328,6 +335,8 @@ class RequestsEnvelope:
                 RequestRecord.from_dict(_obj(r, f"records[{i}]"), f"records[{i}].")
                 for i, r in enumerate(_list(d, "records", ""))
             ),
+            host=_opt_str(d, "host", "") or None,
+            pid=_opt_int(d, "pid", ""),
         )
 
 

@@ -1,5 +1,6 @@
-"""The Faust app: ``ragwatch.gpu`` -> GpuPipeline and ``ragwatch.requests`` ->
-RequestPipeline, both -> alerts topic, Redis, webhooks.
+"""The Faust app: ``ragwatch.gpu`` -> GpuPipeline, ``ragwatch.requests`` -> RequestPipeline
+and ``ragwatch.events`` -> EventPipeline, all -> root-cause hints (streams/hints.py) ->
+alerts topic, Redis, webhooks.
 
 No app exists at import time: :func:`build_app` creates one from :class:`Settings` and
 registers the processors. Topics carry raw bytes; :mod:`ragwatch.codec` decodes them. A
@@ -35,9 +36,9 @@ from ragwatch.schema import (
     GpuEnvelope,
     RequestsEnvelope,
 )
-from ragwatch.streams.engine import AlertEngine, Transition
-from ragwatch.streams.events import EventPipeline
+from ragwatch.streams.engine import Transition
 from ragwatch.streams.gpu import GpuPipeline
+from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.requests import RequestPipeline
 from ragwatch.streams.rules import load_rules
 from ragwatch.streams.state import RedisState
@@ -167,15 +168,7 @@ def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
     delivery = Delivery(settings, worker_id)
     app.service(delivery)  # type: ignore[arg-type]  # faust starts instances too
     rules = load_rules(settings.rules_file)
-    engine = AlertEngine()  # one engine: fingerprints are unique across series types
-    register_processors(
-        app,
-        settings,
-        GpuPipeline(rules, engine, max_series=settings.max_series),
-        RequestPipeline(rules, engine, max_series=settings.max_series),
-        EventPipeline(rules, engine),
-        delivery,
-    )
+    register_processors(app, settings, Pipelines(rules, max_series=settings.max_series), delivery)
     return app
 
 
@@ -193,9 +186,7 @@ def _topic(app: faust.App, settings: Settings, name: str) -> Any:
 def register_processors(
     app: faust.App,
     settings: Settings,
-    gpus: GpuPipeline,
-    requests: RequestPipeline,
-    events: EventPipeline,
+    pipes: Pipelines,
     delivery: Delivery,
 ) -> None:
     """One agent per input topic, sharing the decode / dead-letter / deliver loop."""
@@ -242,18 +233,14 @@ def register_processors(
         consume.__name__ = f"{kind}_processor"
         return consume
 
-    def process_gpu(env: GpuEnvelope) -> list[Transition]:
-        # GPU telemetry moves the host's event time forward: event alerts age with it.
-        return gpus.process(env) + events.advance(env.host, env.ts)
-
     app.agent(_topic(app, settings, "gpu"), name="ragwatch.gpu-processor")(
-        processor("gpu", GpuEnvelope, process_gpu)
+        processor("gpu", GpuEnvelope, pipes.gpu)
     )
     app.agent(_topic(app, settings, "events"), name="ragwatch.events-processor")(
-        processor("events", EventEnvelope, events.process)
+        processor("events", EventEnvelope, pipes.event)
     )
     app.agent(_topic(app, settings, "requests"), name="ragwatch.requests-processor")(
-        processor("requests", RequestsEnvelope, requests.process)
+        processor("requests", RequestsEnvelope, pipes.request)
     )
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
@@ -261,4 +248,4 @@ def register_processors(
         hosts, services = set(dirty["gpu"]), set(dirty["requests"])
         dirty["gpu"].clear()
         dirty["requests"].clear()
-        await delivery.write_status(gpus, requests, hosts, services)
+        await delivery.write_status(pipes.gpus, pipes.requests, hosts, services)

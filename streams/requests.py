@@ -17,13 +17,20 @@ computed and the service rules are evaluated once, at ``ts`` = the bucket's end:
   values per bucket kept by reservoir sampling): ``e2e_p50_ms``, ``e2e_p95_ms``,
   ``e2e_p99_ms``, ``<stage>_p50_ms``, ``<stage>_p95_ms``, ``<stage>_p99_ms`` and
   ``<stage>_share`` (stage time / end-to-end time) for the stages retriever, reranker
-  and llm, ``ttft_p95_ms``, ``queue_p95_ms``;
+  and llm, ``ttft_p95_ms``, ``queue_p95_ms``. P50 is the bucket's own; the tails (P95,
+  P99) are taken over the last ``tail_buckets`` buckets (3 minutes by default): a minute
+  of a sampled stream holds a hundred requests, whose P99 is one or two of them and
+  jumps from bucket to bucket;
 - Holt-Winters baselines (``direction="down"``) on tokens/request and output tokens/s:
   ``tpr_forecast``, ``tpr_deviation`` (relative: -0.36 is 36 % below), ``tpr_score``,
   ``tps_forecast``, ``tps_deviation``, ``tps_score``;
 - robust baselines, the median of the last ``baseline_buckets`` closed buckets (not
   the current one; None before ``min_baseline`` of them): ``retriever_p99_baseline_ms``,
-  ``retriever_p99_ratio``, ``e2e_p95_baseline_ms``, ``e2e_p95_ratio``;
+  ``retriever_p99_ratio``, ``e2e_p95_baseline_ms``, ``e2e_p95_ratio``. A bucket more than
+  ``baseline_hold`` times its baseline is not added to it (the slowdown would become the
+  baseline within ``baseline_buckets / 2`` buckets and its alert would resolve while it
+  goes on), unless that has lasted ``hold_max_s``: then it is the new normal. The
+  Holt-Winters baselines hold the same way (``HoltWinters.hold``);
 - request outliers, one :class:`RequestOutliers` per service over the
   ``(context_tokens, output_tokens)`` of its ``ok`` records (errors are counted by
   ``errors_ratio`` and would otherwise form a cluster of their own), each record scored
@@ -113,6 +120,16 @@ class Reservoir:
             out[f"{prefix}_{name}_ms"] = quantile(xs, q)
 
 
+def tail_quantiles(window: list[dict[str, list[float]]], out: dict[str, float | None]) -> None:
+    """P95 and P99 of each latency over the buckets in ``window`` (P50 stays per bucket)."""
+    names = {n for values in window for n in values}
+    for name in names:
+        xs = sorted(v for values in window for v in values.get(name, ()))
+        out[f"{name}_p95_ms"] = quantile(xs, 0.95)
+        if name in ("e2e", *STAGES):
+            out[f"{name}_p99_ms"] = quantile(xs, 0.99)
+
+
 @dataclass
 class Bucket:
     """What one bucket of one series accumulates until it closes."""
@@ -188,6 +205,9 @@ class ServiceSeries:
     signals: dict[str, float | None] = field(default_factory=dict)
     outlier_label: str | None = None  # most common outlier label of the last closed bucket
     recent_outliers: deque[int] = field(default_factory=lambda: deque(maxlen=5))
+    held_since: dict[str, float] = field(default_factory=dict)  # baseline -> bucket end
+    tails: deque[tuple[int, dict[str, list[float]]]] = field(default_factory=deque)
+    host: str | None = None  # where the instance runs (its envelopes' ``host``), if known
 
 
 SILENT_SERVICE_FACTOR = 6  # a service silent for 6 x stale_s of the pipeline's event time
@@ -230,6 +250,9 @@ class RequestPipeline:
         baseline_buckets: int = 60,
         min_baseline: int = 5,
         new_cluster_size: int = 10,
+        baseline_hold: float = 1.5,
+        hold_max_s: float = 21600.0,
+        tail_buckets: int = 3,
         outliers: RequestOutliers | None = None,
         seed: int = 0,
     ) -> None:
@@ -237,6 +260,8 @@ class RequestPipeline:
             raise ValueError(f"need bucket_s > 0, grace_s >= 0, stale_s > 0: {bucket_s, grace_s}")
         if reservoir < 1 or baseline_buckets < 1 or not 1 <= min_baseline <= baseline_buckets:
             raise ValueError("need reservoir >= 1 and 1 <= min_baseline <= baseline_buckets")
+        if tail_buckets < 1:
+            raise ValueError(f"tail_buckets must be >= 1, got {tail_buckets}")
         self.rules = [r for r in rules if r.series == SERIES]
         self.engine = engine or AlertEngine()
         self.bucket_s, self.grace_s, self.stale_s = float(bucket_s), float(grace_s), stale_s
@@ -244,6 +269,8 @@ class RequestPipeline:
         self.reservoir = reservoir
         self.baseline_buckets, self.min_baseline = baseline_buckets, min_baseline
         self.new_cluster_size = new_cluster_size
+        self.baseline_hold, self.hold_max_s = baseline_hold, hold_max_s
+        self.tail_buckets = tail_buckets
         self._outliers = outliers or RequestOutliers()
         self._rng = random.Random(seed)
         self.series: dict[SeriesKey, ServiceSeries] = {}
@@ -259,6 +286,8 @@ class RequestPipeline:
         out: list[Transition] = []
         s = self._series(env.service, env.instance) if env.records else None
         if s is not None:
+            if env.host:
+                s.host = env.host
             svc = self._services[env.service]
             for rec in env.records:
                 self._add(s, svc, rec)
@@ -276,6 +305,7 @@ class RequestPipeline:
             instances.append(
                 {
                     "instance": inst,
+                    "host": s.host,
                     "bucket_end": s.bucket_end,
                     "signals": dict(s.signals),
                     "outlier_label": s.outlier_label,
@@ -299,13 +329,14 @@ class RequestPipeline:
                     instance,
                 )
             return None
-        hw = HoltWinters(bucket_s=self.bucket_s, direction="down")
+        hw = HoltWinters(bucket_s=self.bucket_s, direction="down", hold_max_s=self.hold_max_s)
         s = ServiceSeries(
             labels={"service": service, "instance": instance},
             tpr=hw,
             tps=hw.clone(),
             retriever_p99=deque(maxlen=self.baseline_buckets),
             e2e_p95=deque(maxlen=self.baseline_buckets),
+            tails=deque(maxlen=self.tail_buckets),
         )
         self.series[(service, instance)] = s
         svc = self._services.get(service)
@@ -359,11 +390,16 @@ class RequestPipeline:
     def _close(self, s: ServiceSeries, svc: _Service, b: int, bucket: Bucket) -> None:
         self.stats.buckets_closed += 1
         sig = bucket.signals(self.bucket_s)
+        s.tails.append((b, {name: r.values for name, r in bucket.latencies.items()}))
+        while s.tails[0][0] <= b - self.tail_buckets:  # older than the window (a gap)
+            s.tails.popleft()
+        tail_quantiles([values for _, values in s.tails], sig)
         t = (b + 0.5) * self.bucket_s
         _holt_winters(s.tpr, "tpr", sig["tokens_per_request"], t, sig)
         _holt_winters(s.tps, "tps", sig["output_tokens_per_s"], t, sig)
-        self._baseline(s.retriever_p99, "retriever_p99", sig["retriever_p99_ms"], sig)
-        self._baseline(s.e2e_p95, "e2e_p95", sig["e2e_p95_ms"], sig)
+        end = (b + 1) * self.bucket_s
+        self._baseline(s, s.retriever_p99, "retriever_p99", sig["retriever_p99_ms"], end, sig)
+        self._baseline(s, s.e2e_p95, "e2e_p95", sig["e2e_p95_ms"], end, sig)
         sig["outliers"] = float(bucket.outliers)
         sig["outlier_ratio"] = bucket.outliers / bucket.n
         s.recent_outliers.append(bucket.outliers)
@@ -380,13 +416,27 @@ class RequestPipeline:
         s.bucket_end = (b + 1) * self.bucket_s
 
     def _baseline(
-        self, hist: deque[float], name: str, v: float | None, sig: dict[str, float | None]
+        self,
+        s: ServiceSeries,
+        hist: deque[float],
+        name: str,
+        v: float | None,
+        end: float,
+        sig: dict[str, float | None],
     ) -> None:
         base = statistics.median(hist) if len(hist) >= self.min_baseline else None
+        ratio = None if v is None or not base else v / base
         sig[f"{name}_baseline_ms"] = base
-        sig[f"{name}_ratio"] = None if v is None or not base else v / base
-        if v is not None:
-            hist.append(v)
+        sig[f"{name}_ratio"] = ratio
+        if v is None:
+            return
+        if ratio is not None and ratio > self.baseline_hold:
+            since = s.held_since.setdefault(name, end - self.bucket_s)
+            if end - since <= self.hold_max_s:
+                return  # an anomaly: keep it out of the baseline
+            hist.clear()  # lasted hold_max_s: the new normal
+        s.held_since.pop(name, None)
+        hist.append(v)
 
     def _new_cluster(self, svc: _Service, b: int) -> float:
         """Whether a sizeable cluster appeared far from the known ones (once per bucket)."""

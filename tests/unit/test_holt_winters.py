@@ -82,6 +82,28 @@ def test_throughput_drop_scores_within_two_buckets_and_while_it_lasts() -> None:
     assert max(between(scored, DROP[1] + HOUR, 4 * DAY)) < 0.5  # and it recovers
 
 
+def test_a_drop_that_lasts_hours_keeps_scoring_until_it_ends() -> None:
+    """The baseline is held while the series deviates: four hours of -36 % score all along,
+    nothing is learned from them, and the score is gone once the series is back."""
+    long_drop = (DROP[0], DROP[0] + 4 * HOUR)
+    det = HoltWinters(direction="down")
+    scored = scores(det, series(change=long_drop, factor=0.64))
+    assert min(between(scored, long_drop[0] + 2 * BUCKET, long_drop[1])) >= 0.5
+    assert det.held >= 4 * HOUR / BUCKET - 2
+    assert max(between(scored, long_drop[1] + 2 * BUCKET, 4 * DAY)) < 0.5
+    assert not det.holding
+
+
+def test_a_deviation_longer_than_hold_max_becomes_the_new_normal() -> None:
+    step = (2 * DAY, 4 * DAY)  # a new model: tokens/request -36 % for good
+    det = HoltWinters(direction="down", hold_max_s=2 * HOUR)
+    scored = scores(det, series(change=step, factor=0.64))
+    assert min(between(scored, step[0] + 2 * BUCKET, step[0] + 2 * HOUR)) >= 0.5
+    assert max(between(scored, step[0] + 3 * HOUR, 4 * DAY)) < 0.5  # adopted after 2 h
+    plain = scores(HoltWinters(direction="down", hold=math.inf), series(change=step, factor=0.64))
+    assert max(between(plain, step[0] + HOUR, step[0] + 2 * HOUR)) < 0.5  # learned sooner
+
+
 def test_report_explains_the_drop() -> None:
     det = HoltWinters(direction="down")
     t_open = BUCKET  # the report is about the bucket still open: the drop's second
@@ -220,6 +242,9 @@ def test_non_finite_input_raises(bad: float) -> None:
         {"max_gap_s": 60.0},
         {"clip": 0.0},
         {"clip": math.nan},
+        {"hold": 0.0},
+        {"hold_max_s": -1.0},
+        {"hold_max_s": math.inf},
     ],
 )
 def test_invalid_params_raise(params: dict[str, Any]) -> None:

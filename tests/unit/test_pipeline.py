@@ -149,11 +149,27 @@ def test_oom_kill_restarts_the_worker_with_a_new_pid(oom_run: Run) -> None:
     assert 11 * HOUR < oom_run.elapsed(oom.ts) < 13 * HOUR
 
 
+def test_memory_above_95_percent_pages_before_the_oom_kill(oom_run: Run) -> None:
+    (oom,) = oom_run.events
+    high = [(ts, t) for ts, t in oom_run.transitions if t.alert.rule == "GpuMemoryHigh"]
+    assert [(t.previous, t.alert.status) for _, t in high] == [
+        ("inactive", "pending"),
+        ("pending", "firing"),
+        ("firing", "resolved"),
+    ]
+    (fired_ts, t_fired), (resolved_ts, _) = high[1], high[2]
+    fired = t_fired.alert
+    assert fired.labels["gpu"] == str(oom.attrs["gpu"]) and "pid" not in fired.labels
+    assert fired.value > 0.95 and "% of framebuffer memory" in fired.annotations["summary"]
+    assert oom.ts - fired_ts > 1.5 * HOUR  # hours of warning before the OOM killer acts
+    assert oom.ts <= resolved_ts <= oom.ts + 2 * oom_run.sim.config.interval_s
+
+
 def test_old_pid_alert_resolves_after_stale_s(oom_run: Run) -> None:
     (oom,) = oom_run.events
     old_pid, step = str(oom.attrs["pid"]), oom_run.sim.config.interval_s
     stale_s = oom_run.pipe.stale_s
-    old = [(ts, t) for ts, t in oom_run.transitions if t.alert.labels["pid"] == old_pid]
+    old = [(ts, t) for ts, t in oom_run.transitions if t.alert.labels.get("pid") == old_pid]
     assert [(t.previous, t.alert.status) for _, t in old] == [
         ("inactive", "pending"),
         ("pending", "firing"),

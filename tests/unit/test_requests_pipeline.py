@@ -147,6 +147,35 @@ def test_quantiles_and_rates_are_exact_on_a_hand_made_bucket() -> None:
     assert got["outlier_label"] is None
 
 
+def test_tail_quantiles_span_the_last_tail_buckets_and_p50_stays_per_bucket() -> None:
+    pipe = RequestPipeline([], tail_buckets=3)
+    seen = []
+    for b in range(6):
+        slow = b == 1  # 10 of bucket 1's 100 requests take a second
+        recs = [
+            rec(T0 + b * MIN + i * 0.5, e2e=1000.0 if slow and i < 10 else 100.0)
+            for i in range(100)
+        ]
+        pipe.process(env(recs))
+        pipe.process(env([rec(T0 + (b + 1) * MIN + 120.0)]))  # close bucket b
+        sig = signals(pipe)["signals"]
+        assert isinstance(sig, dict)
+        seen.append((sig["e2e_p50_ms"], sig["e2e_p99_ms"]))
+    # bucket 1 stays in the P99 window for three buckets (10 of 200/300 values), then leaves
+    assert [p99 for _, p99 in seen] == [100.0, 1000.0, 1000.0, 1000.0, 100.0, 100.0]
+    assert {p50 for p50, _ in seen} == {100.0}
+
+
+def test_a_gap_empties_the_tail_window() -> None:
+    pipe = RequestPipeline([], tail_buckets=3)
+    pipe.process(env([rec(T0 + i, e2e=1000.0) for i in range(10)]))
+    pipe.process(env([rec(T0 + 10 * MIN + i, e2e=100.0) for i in range(10)]))  # closes bucket 0
+    pipe.process(env([rec(T0 + 20 * MIN)]))  # closes bucket 10, 10 minutes later
+    sig = signals(pipe)["signals"]
+    assert isinstance(sig, dict)
+    assert sig["e2e_p99_ms"] == 100.0
+
+
 # ---------------------------------------------------------------- event time
 
 
@@ -228,6 +257,29 @@ def test_retriever_p99_from_112_to_489_ms_is_seen_within_two_buckets() -> None:
     assert len(firing) == 1
     assert firing[0].alert.starts_at <= change + 2 * MIN
     assert firing[0].alert.value > 3.0
+
+
+def test_sustained_faults_stay_firing_until_they_end() -> None:
+    """Two hours of slow retrieval and fewer tokens per request: the baselines hold, so the
+    alerts fire once, stay firing for the whole fault and resolve soon after it ends."""
+    pipe = RequestPipeline(
+        [
+            rule("RetrieverSlow", "retriever_p99_ratio", ">", 3.0),
+            rule("TokensPerRequestDrop", "tpr_deviation", "<", -0.25),
+        ]
+    )
+    traffic = Traffic(random.Random(9))
+    assert play(pipe, T0, 30 * MIN, traffic, batch_s=10.0) == []
+    traffic.retriever_ms, traffic.output_scale = 478.0, 0.64
+    during = play(pipe, T0 + 30 * MIN, 120 * MIN, traffic, batch_s=10.0)
+    fired = sorted(t.alert.rule for t in during if t.alert.status == "firing")
+    assert fired == ["RetrieverSlow", "TokensPerRequestDrop"]
+    assert [t for t in during if t.alert.status == "resolved"] == []
+    traffic.retriever_ms, traffic.output_scale = 100.0, 1.0
+    after = play(pipe, T0 + 150 * MIN, 10 * MIN, traffic, batch_s=10.0)
+    resolved = sorted(t.alert.rule for t in after if t.alert.status == "resolved")
+    assert resolved == ["RetrieverSlow", "TokensPerRequestDrop"]
+    assert max(t.alert.ends_at or 0.0 for t in after) <= T0 + 155 * MIN
 
 
 def test_long_context_short_output_requests_are_outliers_and_a_new_cluster() -> None:
