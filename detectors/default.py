@@ -116,7 +116,8 @@ class DefaultDetector:
         if self._prev is not None and len(self._steps) >= 2:
             m = max(m, abs(robust_z(v - self._prev, self._steps)) / self.change_z)
         if self.short > 1 and len(self._recent) == self.short - 1:
-            mean = (sum(self._recent) + v) / self.short
+            # as an offset from v, so that a constant series gives exactly v (no rounding)
+            mean = v + sum(r - v for r in self._recent) / self.short
             m = max(m, abs(robust_z(mean, lvl)) / self.shift_z)
         return min(m, RAW_CAP)
 

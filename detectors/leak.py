@@ -110,7 +110,7 @@ class LeakDetector:
         self.scale_bytes = float(scale_bytes)
         self._points: deque[tuple[float, float]] = deque()
         self._bucket: int | None = None
-        self._sum = 0.0
+        self._mean = 0.0
         self._tsum = 0.0
         self._n = 0
         self._estimate: LeakEstimate | None = None
@@ -137,9 +137,10 @@ class LeakDetector:
         if self._bucket is not None and bucket > self._bucket:
             self._close_bucket()
         self._bucket = bucket
-        self._sum += v
         self._tsum += t
         self._n += 1
+        # running mean, v / n - mean / n: exact for constant input, no overflow
+        self._mean += v / self._n - self._mean / self._n
 
     def score_one(self, x: dict[str, Any]) -> float:
         est = self._estimate
@@ -153,8 +154,8 @@ class LeakDetector:
         return growth * min(1.0, max(0.0, 2 * est.steadiness - 1))
 
     def _close_bucket(self) -> None:
-        self._points.append((self._tsum / self._n, self._sum / self._n))
-        self._sum = self._tsum = 0.0
+        self._points.append((self._tsum / self._n, self._mean))
+        self._mean = self._tsum = 0.0
         self._n = 0
         newest = self._points[-1][0]
         while self._points and self._points[0][0] < newest - self.window_s:

@@ -98,7 +98,7 @@ class RobustWindow:
         s = self._sorted
         n = len(s)
         m = n // 2
-        med = s[m] if n % 2 else (s[m - 1] + s[m]) / 2
+        med = s[m] if n % 2 else _midpoint(s[m - 1], s[m])
         self.median = med
         if s[0] == s[-1]:
             self.scale = 0.0
@@ -138,6 +138,12 @@ class RobustWindow:
                 left = a(i - 1) if i > 0 else -math.inf
                 right = b(j - 1) if j > 0 else -math.inf
                 return max(left, right)
+
+
+def _midpoint(a: float, b: float) -> float:
+    """``(a + b) / 2`` without overflowing to inf for huge ``a`` and ``b`` (exact for a == b)."""
+    mid = (a + b) / 2
+    return mid if math.isfinite(mid) else a / 2 + b / 2
 
 
 def robust_z(value: float, window: RobustWindow) -> float:
