@@ -1,6 +1,6 @@
-"""The Faust app: ``ragwatch.gpu`` -> GpuPipeline, ``ragwatch.requests`` -> RequestPipeline
-and ``ragwatch.events`` -> EventPipeline, all -> root-cause hints (streams/hints.py) ->
-alerts topic, Redis, webhooks.
+"""The Faust app: ``ragwatch.gpu`` -> GpuPipeline, ``ragwatch.requests`` -> RequestPipeline,
+``ragwatch.events`` -> EventPipeline and ``ragwatch.metrics`` -> MetricsPipeline, all ->
+root-cause hints (streams/hints.py) -> alerts topic, Redis, webhooks.
 
 No app exists at import time: :func:`build_app` creates one from :class:`Settings` and
 registers the processors. Topics carry raw bytes; :mod:`ragwatch.codec` decodes them. A
@@ -32,15 +32,22 @@ from ragwatch.schema import (
     DLQ_HEADER_PARTITION,
     DLQ_HEADER_REASON,
     DLQ_HEADER_TOPIC,
+    Alert,
     EventEnvelope,
     GpuEnvelope,
+    MetricsEnvelope,
     RequestsEnvelope,
 )
 from ragwatch.streams.engine import Transition
-from ragwatch.streams.gpu import GpuPipeline
 from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.requests import RequestPipeline
 from ragwatch.streams.rules import load_rules
+from ragwatch.streams.snapshot import (
+    SnapshotError,
+    dump_host,
+    dump_service,
+    load_host,
+    load_service,
+)
 from ragwatch.streams.state import RedisState
 from ragwatch.streams.webhook import WebhookNotifier
 
@@ -71,6 +78,9 @@ class WorkerCounters:
     deadletter: int = 0
     transitions: int = 0
     redis_errors: int = 0
+    duplicate_notifications: int = 0  # transitions already sent before a restart: not re-sent
+    snapshots_restored: int = 0
+    snapshot_errors: int = 0
 
 
 class Delivery(mode.Service):
@@ -111,18 +121,63 @@ class Delivery(mode.Service):
             a.labels,
         )
         await alerts_topic.send(key=a.fingerprint.encode(), value=encode(a))
-        if t.notify:
+        if t.notify and await self._first_notification(a):
             self.notifier.submit(a)
         try:
             await self.store.write_transition(t)
         except RedisError as exc:
             self._redis_failed("write alert", exc)
 
-    async def write_status(
-        self, gpus: GpuPipeline, requests: RequestPipeline, hosts: set[str], services: set[str]
-    ) -> None:
+    async def _first_notification(self, a: Alert) -> bool:
+        """Whether receivers have not heard of this transition yet (a worker restarted from a
+        snapshot may produce it again). Without Redis: at least once, so send it."""
         try:
-            await self.store.write_hosts({h: gpus.host_snapshot(h) for h in hosts})
+            first = await self.store.claim_notification(a)
+        except RedisError as exc:
+            self._redis_failed("claim notification", exc)
+            return True
+        if not first:
+            self.counters.duplicate_notifications += 1
+            log.info("alert %s %s was sent before a restart: not sending again", a.rule, a.status)
+        return first
+
+    async def restore(self, pipes: Pipelines, kind: str, key: str) -> None:
+        """Load the snapshot of a host or service this worker meets for the first time."""
+        try:
+            data = await self.store.read_snapshot(kind, key)
+        except RedisError as exc:
+            self._redis_failed(f"read {kind} snapshot", exc)
+            return
+        if data is None:
+            return
+        load = load_host if kind == "host" else load_service
+        try:
+            n = load(pipes, key, data)
+        except SnapshotError as exc:
+            self.counters.snapshot_errors += 1
+            log.warning("%s %s: snapshot not used, starting from scratch: %s", kind, key, exc)
+            return
+        self.counters.snapshots_restored += 1
+        log.info("%s %s: restored %d series and their alerts from the snapshot", kind, key, n)
+
+    async def write_snapshots(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None:
+        try:
+            await self.store.write_snapshots("host", {h: dump_host(pipes, h) for h in hosts})
+            await self.store.write_snapshots(
+                "service", {s: dump_service(pipes, s) for s in services}
+            )
+        except RedisError as exc:
+            self._redis_failed("write snapshots", exc)
+
+    async def write_status(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None:
+        gpus, requests = pipes.gpus, pipes.requests
+        try:
+            await self.store.write_hosts(
+                {
+                    h: {**gpus.host_snapshot(h), "engines": pipes.metrics.engine_snapshot(h)}
+                    for h in hosts
+                }
+            )
             await self.store.write_services({s: requests.service_snapshot(s) for s in services})
             await self.store.write_worker(
                 self.worker_id,
@@ -130,8 +185,10 @@ class Delivery(mode.Service):
                     **asdict(self.counters),
                     **asdict(gpus.stats),
                     **{f"requests_{k}": v for k, v in asdict(requests.stats).items()},
+                    **{f"events_{k}": v for k, v in asdict(pipes.events.stats).items()},
+                    **{f"metrics_{k}": v for k, v in asdict(pipes.metrics.stats).items()},
                     **{f"webhook_{k}": v for k, v in asdict(self.notifier.stats).items()},
-                    "series": len(gpus.series) + len(requests.series),
+                    "series": len(gpus.series) + len(requests.series) + len(pipes.metrics.series),
                 },
             )
         except RedisError as exc:
@@ -192,7 +249,13 @@ def register_processors(
     """One agent per input topic, sharing the decode / dead-letter / deliver loop."""
     alerts_topic = _topic(app, settings, "alerts")
     dlq_topic = _topic(app, settings, "deadletter")
-    dirty: dict[str, set[str]] = {"gpu": set(), "requests": set(), "events": set()}
+    dirty: dict[str, set[str]] = {
+        "gpu": set(),
+        "requests": set(),
+        "events": set(),
+        "metrics": set(),
+    }
+    known: dict[str, set[str]] = {"host": set(), "service": set()}  # restored or fresh
 
     async def dead_letter(msg: Any, reason: str) -> None:
         delivery.counters.deadletter += 1
@@ -220,6 +283,10 @@ def register_processors(
                 except SchemaError as exc:
                     await dead_letter(msg, exc.reason)
                     continue
+                domain = "service" if kind == "requests" else "host"
+                if env.key not in known[domain]:
+                    known[domain].add(env.key)
+                    await delivery.restore(pipes, domain, env.key)
                 try:
                     transitions = process(env)
                 except Exception as exc:  # a bug must not stall the partition
@@ -242,10 +309,15 @@ def register_processors(
     app.agent(_topic(app, settings, "requests"), name="ragwatch.requests-processor")(
         processor("requests", RequestsEnvelope, pipes.request)
     )
+    app.agent(_topic(app, settings, "metrics"), name="ragwatch.metrics-processor")(
+        processor("metrics", MetricsEnvelope, pipes.metric)
+    )
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
-        hosts, services = set(dirty["gpu"]), set(dirty["requests"])
-        dirty["gpu"].clear()
-        dirty["requests"].clear()
-        await delivery.write_status(pipes.gpus, pipes.requests, hosts, services)
+        hosts = dirty["gpu"] | dirty["metrics"]
+        event_hosts, services = set(dirty["events"]), set(dirty["requests"])
+        for d in dirty.values():
+            d.clear()
+        await delivery.write_status(pipes, hosts, services)
+        await delivery.write_snapshots(pipes, hosts | event_hosts, services)

@@ -28,7 +28,7 @@ True
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
 import orjson
@@ -113,6 +113,20 @@ class AlertEngine:
         # Still pending or firing: refresh value and annotations, no transition.
         state.alert = self._alert(rule, labels, signals, fp, state.status, state.starts_at, None)
         return None
+
+    def export(self, match: Callable[[Mapping[str, str]], bool]) -> dict[str, _State]:
+        """The states of the active alerts whose labels ``match`` (for a snapshot)."""
+        return {fp: s for fp, s in self._states.items() if match(s.alert.labels)}
+
+    def restore(self, states: Mapping[str, _State], rules: Collection[str]) -> int:
+        """Adopt states from a snapshot: only alerts of ``rules`` that are not active here
+        (what this engine already knows is newer). Returns how many it adopted."""
+        n = 0
+        for fp, state in states.items():
+            if fp not in self._states and state.alert.rule in rules:
+                self._states[fp] = state
+                n += 1
+        return n
 
     def clear(self, match: Mapping[str, str], ts: float) -> list[Transition]:
         """Resolve every active alert whose labels include ``match`` (its series is gone)."""

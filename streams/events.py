@@ -21,6 +21,7 @@ the alert resolves.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,11 @@ CRITICAL_XIDS = frozenset({31, 43, 48, 79})  # page faults, stopped channel, DBE
 class EventStats:
     events: int = 0
     active: int = 0
+    duplicates: int = 0  # events seen already (a replay after a crash, a producer retry)
+
+
+RECENT_EVENTS = 256  # per host: how many event identities are remembered to drop duplicates
+EventId = tuple[float, str, tuple[tuple[str, str], ...]]
 
 
 def signals_of(event: EventEnvelope) -> dict[str, float | None]:
@@ -74,10 +80,17 @@ class EventPipeline:
         self.stats = EventStats()
         # host -> (rule, labels) of the alerts its events raised, to age them
         self._active: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Rule]] = {}
+        self._recent: dict[str, deque[EventId]] = {}  # host -> identities of recent events
 
     def process(self, event: EventEnvelope) -> list[Transition]:
         self.stats.events += 1
         labels, sig = labels_of(event), signals_of(event)
+        recent = self._recent.setdefault(event.host, deque(maxlen=RECENT_EVENTS))
+        ident = (event.ts, event.type, tuple(sorted(labels.items())))
+        if ident in recent:
+            self.stats.duplicates += 1
+            return []
+        recent.append(ident)
         out = []
         for rule in self.rules:
             t = self.engine.evaluate(rule, labels, sig, event.ts)
@@ -111,6 +124,24 @@ class EventPipeline:
             del self._active[host]
         self.stats.active = sum(len(v) for v in self._active.values())
         return out
+
+    def host_state(self, host: str) -> dict[str, Any]:
+        """The host's aging event alerts and recent event identities (for a snapshot)."""
+        active = [(rule.name, labels) for (_, labels), rule in self._active.get(host, {}).items()]
+        return {"active": active, "recent": list(self._recent.get(host, ()))}
+
+    def adopt(self, host: str, state: Mapping[str, Any]) -> None:
+        """Take over a host's event state from a snapshot, unless this pipeline has its own."""
+        if host in self._active or host in self._recent:
+            return
+        rules = {r.name: r for r in self.rules}
+        active = {
+            (name, labels): rules[name] for name, labels in state.get("active", ()) if name in rules
+        }
+        if active:
+            self._active[host] = active
+        self._recent[host] = deque(state.get("recent", ()), maxlen=RECENT_EVENTS)
+        self.stats.active = sum(len(v) for v in self._active.values())
 
     def snapshot(self) -> dict[str, Any]:
         return {"events": self.stats.events, "active": self.stats.active}

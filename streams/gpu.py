@@ -47,6 +47,13 @@ SeriesKey = tuple[str, int, str, int]  # host, gpu index, mig ("" if none), pid 
 # hosts live on different partitions, consumed at different paces, and a fast replay turns
 # a second of lag into many minutes of event time.
 SILENT_HOST_FACTOR = 12
+TOP_K = 3  # GPUs per host listed by utilisation, memory and memory growth in the snapshot
+
+
+def _top(gpus: list[dict[str, Any]], field: str, k: int) -> list[dict[str, Any]]:
+    """The ``k`` GPUs with the largest ``field`` (None last), as {index, mig, value}."""
+    ranked = sorted(gpus, key=lambda g: (g.get(field) is None, -(g.get(field) or 0.0), g["index"]))
+    return [{"index": g["index"], "mig": g["mig"], "value": g.get(field)} for g in ranked[:k]]
 
 
 def _leak() -> LeakDetector:
@@ -71,6 +78,7 @@ class PipelineStats:
     samples: int = 0
     dropped_samples: int = 0  # samples of series that did not fit under max_series
     evicted_series: int = 0
+    duplicates: int = 0  # samples not newer than their series' last one (a replay, a retry)
 
 
 class GpuPipeline:
@@ -104,6 +112,11 @@ class GpuPipeline:
             self.stats.samples += 1
             gkey: SeriesKey = (env.host, gpu.index, gpu.mig or "", -1)
             g = self._series(gkey, env, gpu, None)
+            if g is not None and g.last_ts and env.ts <= g.last_ts:
+                # Seen already: Kafka redelivers after a crash, producers retry. The GPU's
+                # processes were in the same envelope, so they are duplicates too.
+                self.stats.duplicates += 1 + len(gpu.procs)
+                continue
             if g is not None:
                 self._update(g, float(gpu.fb_used), env.ts, gpu)
                 g.signals.update(
@@ -132,6 +145,22 @@ class GpuPipeline:
             for host in list(self._by_host):
                 out += self._evict(host, self._watermark, SILENT_HOST_FACTOR * self.stale_s)
         return out
+
+    def host_series(self, host: str) -> dict[SeriesKey, Series]:
+        """Every series of ``host`` (for a snapshot)."""
+        return {k: self.series[k] for k in self._by_host.get(host, ())}
+
+    def adopt(self, host: str, series: dict[SeriesKey, Series]) -> int:
+        """Take over a host's series from a snapshot, unless this pipeline already tracks
+        the host (its own state is newer). Returns how many series it adopted."""
+        if host in self._by_host or any(k[0] != host for k in series):
+            return 0
+        room = max(0, self.max_series - len(self.series))
+        keys = sorted(series)[:room]
+        self.series.update((k, series[k]) for k in keys)
+        if keys:
+            self._by_host[host] = set(keys)
+        return len(keys)
 
     def host_snapshot(self, host: str) -> dict[str, Any]:
         """What ``ragwatch status`` shows about one host: GPUs, their processes, slopes."""
@@ -169,7 +198,16 @@ class GpuPipeline:
                         "gb_per_hour": view["gb_per_hour"],
                     }
                 )
-        return {"host": host, "gpus": list(gpus.values())}
+        top = [g for g in gpus.values() if "ts" in g]
+        return {
+            "host": host,
+            "gpus": list(gpus.values()),
+            "top_gpus": {
+                "util": _top(top, "gpu_util", TOP_K),
+                "memory": _top(top, "fb_used_bytes", TOP_K),
+                "growth": _top(top, "gb_per_hour", TOP_K),
+            },
+        }
 
     # ------------------------------------------------------------------ internals
 

@@ -278,4 +278,3 @@ class Correlator:
             label = f" ({s.outlier_label})" if s.outlier_label else ""
             out.append(f"a cluster of outlier requests{label}")
         return out
-

@@ -1,6 +1,6 @@
 """Everything one worker computes, without Kafka: envelopes in, explained transitions out.
 
-:class:`Pipelines` bundles the GPU, request and event pipelines around one
+:class:`Pipelines` bundles the GPU, request, event and metrics pipelines around one
 :class:`~ragwatch.streams.engine.AlertEngine` (fingerprints are unique across series
 types) and the :class:`~ragwatch.streams.hints.Correlator` that adds root-cause hints.
 The Faust worker feeds it decoded messages from its topics; a test, a benchmark or a
@@ -24,17 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from ragwatch.schema import Envelope, EventEnvelope, GpuEnvelope, RequestsEnvelope
+from ragwatch.schema import Envelope, EventEnvelope, GpuEnvelope, MetricsEnvelope, RequestsEnvelope
 from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.events import EventPipeline
 from ragwatch.streams.gpu import GpuPipeline
 from ragwatch.streams.hints import Correlator
+from ragwatch.streams.metrics import MetricsPipeline
 from ragwatch.streams.requests import RequestPipeline
 from ragwatch.streams.rules import Rule
 
 
 class Pipelines:
-    """The GPU, request and event pipelines of one worker, one engine, one correlator."""
+    """The GPU, request, event and metrics pipelines of one worker, one engine, one
+    correlator."""
 
     def __init__(self, rules: list[Rule], *, max_series: int = 100_000) -> None:
         self.rules = rules
@@ -42,6 +44,7 @@ class Pipelines:
         self.gpus = GpuPipeline(rules, self.engine, max_series=max_series)
         self.requests = RequestPipeline(rules, self.engine, max_series=max_series)
         self.events = EventPipeline(rules, self.engine)
+        self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series)
         self.correlator = Correlator(self.gpus, self.requests, rules, self.engine)
 
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
@@ -55,14 +58,19 @@ class Pipelines:
     def event(self, env: EventEnvelope) -> list[Transition]:
         return self.correlator.annotate(self.events.process(env))
 
+    def metric(self, env: MetricsEnvelope) -> list[Transition]:
+        return self.correlator.annotate(self.metrics.process(env))
+
     def process(self, env: Envelope) -> list[Transition]:
-        """One envelope of any kind (metrics are not consumed yet: no transitions)."""
+        """One envelope of any kind (alerts are outputs: no transitions)."""
         if isinstance(env, GpuEnvelope):
             return self.gpu(env)
         if isinstance(env, RequestsEnvelope):
             return self.request(env)
         if isinstance(env, EventEnvelope):
             return self.event(env)
+        if isinstance(env, MetricsEnvelope):
+            return self.metric(env)
         return []
 
     def run(self, envelopes: Iterable[Envelope]) -> Iterator[Transition]:

@@ -84,6 +84,7 @@ STAGES = ("retriever", "reranker", "llm")
 QUANTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
 MAX_LABELS_PER_BUCKET = 20  # label_one sorts the window: label the first few outliers only
 SeriesKey = tuple[str, str]  # service, instance
+MAX_SENDERS = 64  # per instance: processes whose last envelope ts is remembered
 
 
 def quantile(sorted_values: list[float], q: float) -> float | None:
@@ -208,6 +209,9 @@ class ServiceSeries:
     held_since: dict[str, float] = field(default_factory=dict)  # baseline -> bucket end
     tails: deque[tuple[int, dict[str, list[float]]]] = field(default_factory=deque)
     host: str | None = None  # where the instance runs (its envelopes' ``host``), if known
+    # the newest envelope ts per sending process (pid; None if not sent): each process
+    # sends in order, several processes of one instance interleave
+    last_envelope_ts: dict[int | None, float] = field(default_factory=dict)
 
 
 SILENT_SERVICE_FACTOR = 6  # a service silent for 6 x stale_s of the pipeline's event time
@@ -232,6 +236,7 @@ class PipelineStats:
     dropped_records: int = 0  # records of series that did not fit under max_series
     buckets_closed: int = 0
     evicted_series: int = 0
+    duplicates: int = 0  # records of envelopes not newer than the instance's last one
 
 
 class RequestPipeline:
@@ -285,7 +290,15 @@ class RequestPipeline:
         self.stats.records += len(env.records)
         out: list[Transition] = []
         s = self._series(env.service, env.instance) if env.records else None
+        if s is not None and env.ts <= s.last_envelope_ts.get(env.pid, -math.inf):
+            # Seen already (Kafka redelivers after a crash, producers retry): a process
+            # sends its envelopes in order, so an older one cannot be new.
+            self.stats.duplicates += len(env.records)
+            return self._sweep()
         if s is not None:
+            s.last_envelope_ts[env.pid] = env.ts
+            if len(s.last_envelope_ts) > MAX_SENDERS:  # forget the longest-silent process
+                del s.last_envelope_ts[min(s.last_envelope_ts, key=s.last_envelope_ts.__getitem__)]
             if env.host:
                 s.host = env.host
             svc = self._services[env.service]
@@ -313,6 +326,30 @@ class RequestPipeline:
                 }
             )
         return {"service": service, "instances": instances}
+
+    def service_state(self, service: str) -> tuple[dict[SeriesKey, ServiceSeries], Any]:
+        """The service's series and shared outlier state (for a snapshot)."""
+        svc = self._services.get(service)
+        keys = sorted(svc.instances) if svc else []
+        return {(service, i): self.series[(service, i)] for i in keys}, svc
+
+    def adopt(self, service: str, series: dict[SeriesKey, ServiceSeries], shared: Any) -> int:
+        """Take over a service from a snapshot, unless this pipeline already tracks it (its
+        own state is newer). Returns how many series it adopted."""
+        if service in self._services or not isinstance(shared, _Service):
+            return 0
+        if any(k[0] != service for k in series):
+            return 0
+        keys = sorted(series)[: max(0, self.max_series - len(self.series))]
+        if not keys:
+            return 0
+        for k in keys:
+            s = self.series[k] = series[k]
+            for bucket in s.buckets.values():
+                bucket.rng = self._rng
+        shared.instances = {k[1] for k in keys}
+        self._services[service] = shared
+        return len(keys)
 
     # ------------------------------------------------------------------ internals
 

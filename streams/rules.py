@@ -85,11 +85,19 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; stream
 )  # fmt: skip
 # one device event (streams/events.py): 1.0 for what happened (the XID code for xid)
 SERIES_SIGNALS["event"] = ("oom_kill", "xid", "xid_critical", "device_event", "process_exit")
+# one scraped serving engine (streams/metrics.py): rates from counters, gauges, baseline
+SERIES_SIGNALS["engine"] = (
+    "requests_per_s", "errors_ratio", "generation_tokens_per_s", "prompt_tokens_per_s",
+    "tokens_per_request", "preemptions_per_s", "requests_waiting", "requests_running",
+    "kv_cache_usage_ratio", "counter_resets", "e2e_mean_s", "ttft_mean_s", "queue_mean_s",
+    "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_score",
+)  # fmt: skip
 SERIES_LABELS: dict[str, tuple[str, ...]] = {
     "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
     "gpu": ("host", "gpu", "uuid", "mig", "gpu_name"),
     "service": ("service", "instance"),
     "event": ("host", "gpu", "mig", "pid", "process", "container", "type", "xid", "event"),
+    "engine": ("host", "target"),
 }
 SEVERITIES = ("critical", "error", "warning", "info")
 OPS: dict[str, Callable[[float, float], bool]] = {

@@ -11,6 +11,11 @@ key                       type    content
 ``P:services``            hash    service -> JSON snapshot: per instance, the last bucket's
                                   rates, quantiles, forecasts and outlier counts
 ``P:workers``             hash    worker id -> JSON counters and last-seen wall time
+``P:snapshots:hosts``     hash    host -> worker state snapshot (streams/snapshot.py)
+``P:snapshots:services``  hash    service -> worker state snapshot
+``P:notified:FP:S:T``     string  set once alert FP was sent to receivers as status S with
+                                  starts_at T: a replay after a crash does not page twice
+                                  (expires after 7 days)
 ========================  ======  ==========================================================
 
 The worker writes with :class:`RedisState` (asyncio); ``ragwatch status`` reads with
@@ -29,6 +34,7 @@ from ragwatch.schema import Alert
 from ragwatch.streams.engine import Transition
 
 HISTORY_MAX = 10_000
+NOTIFIED_TTL_S = 7 * 86400
 
 
 class Keys:
@@ -40,6 +46,11 @@ class Keys:
         self.hosts = f"{prefix}:hosts"
         self.services = f"{prefix}:services"
         self.workers = f"{prefix}:workers"
+        self.snapshots = {
+            "host": f"{prefix}:snapshots:hosts",
+            "service": f"{prefix}:snapshots:services",
+        }
+        self.notified = f"{prefix}:notified"
 
 
 class RedisState:
@@ -76,6 +87,19 @@ class RedisState:
         await self.client.hset(
             self.keys.workers, worker_id, orjson.dumps({**counters, "seen": time.time()})
         )
+
+    async def write_snapshots(self, kind: str, snapshots: dict[str, bytes]) -> None:
+        if snapshots:
+            await self.client.hset(self.keys.snapshots[kind], mapping=snapshots)
+
+    async def read_snapshot(self, kind: str, key: str) -> bytes | None:
+        data = await self.client.hget(self.keys.snapshots[kind], key)
+        return bytes(data) if data is not None else None
+
+    async def claim_notification(self, alert: Alert) -> bool:
+        """True the first time this transition (fingerprint, status, starts_at) is claimed."""
+        key = f"{self.keys.notified}:{alert.fingerprint}:{alert.status}:{alert.starts_at!r}"
+        return bool(await self.client.set(key, b"1", nx=True, ex=NOTIFIED_TTL_S))
 
     async def active_alerts(self) -> list[Alert]:
         raw = await self.client.hvals(self.keys.active)

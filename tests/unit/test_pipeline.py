@@ -238,8 +238,10 @@ def test_replayed_old_envelope_changes_nothing() -> None:
     (before,) = pipe.engine.active.values()
     assert before.status == "firing"
     assert pipe.process(history[len(history) // 2]) == []
-    assert pipe.engine.out_of_order == 1
+    assert pipe.process(history[-1]) == []  # the newest again: a producer retry
+    assert pipe.stats.duplicates == 2 * 3  # the GPU and its two processes, twice
     assert list(pipe.engine.active.values()) == [before]
+    assert pipe.stats.samples == len(history) + 2
 
 
 def test_host_snapshot_structure() -> None:
@@ -276,8 +278,27 @@ def test_host_snapshot_structure() -> None:
                 want.container,
                 want.gpu_mem,
             )
+    by_util = sorted(env.gpus, key=lambda g: -(g.gpu_util or 0.0))
+    assert snap["top_gpus"]["util"] == [
+        {"index": g.index, "mig": None, "value": g.gpu_util} for g in by_util
+    ]
+    by_mem = sorted(env.gpus, key=lambda g: -g.fb_used)
+    assert [t["index"] for t in snap["top_gpus"]["memory"]] == [g.index for g in by_mem]
+    assert len(snap["top_gpus"]["growth"]) == 2
     orjson.dumps(snap)  # `ragwatch status` serialises it
-    assert r.pipe.host_snapshot("no-such-host") == {"host": "no-such-host", "gpus": []}
+    empty = {"util": [], "memory": [], "growth": []}
+    assert r.pipe.host_snapshot("no-such-host") == {
+        "host": "no-such-host",
+        "gpus": [],
+        "top_gpus": empty,
+    }
+
+
+def test_top_gpus_are_capped_at_k() -> None:
+    r = run(SimConfig(hosts=1, gpus=5, scenario="leak", leak_gpu=3, interval_s=60), 2 * HOUR)
+    top = r.pipe.host_snapshot(r.last[0].host)["top_gpus"]
+    assert [len(v) for v in top.values()] == [3, 3, 3]
+    assert top["growth"][0]["index"] == 3 and top["growth"][0]["value"] > 0.8  # the leak
 
 
 def test_snapshot_during_warm_up_has_unknown_trends() -> None:

@@ -43,9 +43,15 @@ def rec(
 
 
 def env(
-    records: list[RequestRecord], service: str = "rag", instance: str = "a"
+    records: list[RequestRecord],
+    service: str = "rag",
+    instance: str = "a",
+    ts: float | None = None,
+    pid: int | None = None,
 ) -> RequestsEnvelope:
-    return RequestsEnvelope(service, instance, max(r.ts for r in records), tuple(records))
+    """An envelope sent at ``ts`` (default: its newest record's time)."""
+    sent = max(r.ts for r in records) if ts is None else ts
+    return RequestsEnvelope(service, instance, sent, tuple(records), pid=pid)
 
 
 @dataclass
@@ -148,19 +154,19 @@ def test_quantiles_and_rates_are_exact_on_a_hand_made_bucket() -> None:
 
 
 def test_tail_quantiles_span_the_last_tail_buckets_and_p50_stays_per_bucket() -> None:
-    pipe = RequestPipeline([], tail_buckets=3)
+    pipe = RequestPipeline([], tail_buckets=3, grace_s=0.0)  # bucket b closes in b + 1
     seen = []
-    for b in range(6):
+    for b in range(7):
         slow = b == 1  # 10 of bucket 1's 100 requests take a second
-        recs = [
-            rec(T0 + b * MIN + i * 0.5, e2e=1000.0 if slow and i < 10 else 100.0)
-            for i in range(100)
-        ]
-        pipe.process(env(recs))
-        pipe.process(env([rec(T0 + (b + 1) * MIN + 120.0)]))  # close bucket b
-        sig = signals(pipe)["signals"]
-        assert isinstance(sig, dict)
-        seen.append((sig["e2e_p50_ms"], sig["e2e_p99_ms"]))
+
+        def e2e(i: int, slow: bool = slow) -> float:
+            return 1000.0 if slow and i < 10 else 100.0
+
+        pipe.process(env([rec(T0 + b * MIN + i * 0.5, e2e=e2e(i)) for i in range(100)]))
+        if b:
+            sig = signals(pipe)["signals"]
+            assert isinstance(sig, dict)
+            seen.append((sig["e2e_p50_ms"], sig["e2e_p99_ms"]))
     # bucket 1 stays in the P99 window for three buckets (10 of 200/300 values), then leaves
     assert [p99 for _, p99 in seen] == [100.0, 1000.0, 1000.0, 1000.0, 100.0, 100.0]
     assert {p50 for p50, _ in seen} == {100.0}
@@ -183,18 +189,20 @@ def test_out_of_order_within_grace_counts_in_its_bucket_and_beyond_grace_is_drop
     pipe = RequestPipeline([])
     pipe.process(env([rec(T0 + 1.0), rec(T0 + 2.0)]))  # bucket 0
     pipe.process(env([rec(T0 + 100.0)]))  # bucket 1, watermark 100
-    pipe.process(env([rec(T0 + 30.0), rec(T0 + 70.0)]))  # late, but within grace
+    pipe.process(env([rec(T0 + 30.0), rec(T0 + 70.0)], ts=T0 + 101.0))  # late, within grace
     assert pipe.stats.late_dropped == 0
     pipe.process(env([rec(T0 + 200.0)]))  # closes bucket 0 (60 + 120 <= 200)
     assert signals(pipe)["bucket_end"] == T0 + MIN
     assert signals(pipe)["signals"]["rps"] == pytest.approx(3 / 60)  # type: ignore[index]
-    pipe.process(env([rec(T0 + 10.0), rec(T0 + 59.9)]))  # its bucket has closed
+    pipe.process(env([rec(T0 + 10.0), rec(T0 + 59.9)], ts=T0 + 201.0))  # its bucket closed
     assert pipe.stats.late_dropped == 2
     pipe.process(env([rec(T0 + 300.0)]))  # closes bucket 1 (bucket 3 is within grace)
+    pipe.process(env([rec(T0 + 250.0)], ts=T0 + 300.0))  # sent again: a duplicate
+    assert pipe.stats.duplicates == 1
     assert signals(pipe)["bucket_end"] == T0 + 2 * MIN
     assert signals(pipe)["signals"]["rps"] == pytest.approx(2 / 60)  # type: ignore[index]
     assert pipe.stats.buckets_closed == 2
-    assert pipe.stats.records == 9
+    assert pipe.stats.records == 10
 
 
 def test_a_silent_instance_is_forgotten_and_its_alerts_resolve() -> None:

@@ -1,0 +1,282 @@
+"""From ``ragwatch.metrics`` (scraped serving-engine metrics) to per-engine rates and alerts.
+
+Plain Python (no Faust): the worker feeds decoded :class:`MetricsEnvelope` s (one scrape of
+one target) into :meth:`MetricsPipeline.process`, and so can a test or a replay.
+
+Series ``engine``: one per (host, target), labels ``host`` and ``target``. The agent has
+already renamed vLLM, TGI and Triton metrics to engine-neutral ``ragwatch_*`` names
+(:mod:`ragwatch.agents.prom_map`); counters arrive cumulative, as scraped. Each counter
+series (one label set) becomes a rate over the last ``window_s`` of event time, with
+Prometheus' reset handling: a value below the previous one means the counter restarted
+from zero (the server restarted), so the increase is the new value, never a negative
+rate or a drop to zero; resets are counted (``counter_resets``). The rates and gauges of
+all label sets of a name are summed (ratios: the maximum), like ``sum by (instance)``:
+
+- ``requests_per_s`` (``ragwatch_requests_total``, else succeeded + failed),
+  ``errors_ratio``, ``generation_tokens_per_s``, ``prompt_tokens_per_s``,
+  ``tokens_per_request`` (generation tokens / requests: the throughput ratio),
+  ``preemptions_per_s``;
+- mean latencies from histogram and summary ``_sum`` / ``_count`` rates: ``e2e_mean_s``,
+  ``ttft_mean_s``, ``queue_mean_s``, ``tpot_mean_s``;
+- gauges: ``requests_waiting``, ``requests_running``, ``kv_cache_usage_ratio``;
+- a Holt-Winters baseline (5-minute buckets, one day season, ``direction="down"``) on
+  generation tokens/s: ``tps_forecast``, ``tps_deviation``, ``tps_score``.
+
+Signals are None until a counter has two points in the window. Metrics that are not in
+:data:`COUNTERS` or :data:`GAUGES` are ignored here (they stay on the topic for other
+consumers). A scrape not newer than the series' last one is a duplicate and dropped. A
+series silent for ``stale_s`` is forgotten and its alerts resolve; at most
+``max_label_sets`` label sets per engine and ``max_series`` engines are tracked (beyond:
+dropped and counted).
+
+>>> from ragwatch.schema import MetricSample, MetricsEnvelope
+>>> pipe = MetricsPipeline([])
+>>> def scrape(ts, tokens, requests):
+...     return MetricsEnvelope("node-1", "http://vllm:8000/metrics", ts, (
+...         MetricSample("ragwatch_generation_tokens_total", {}, tokens),
+...         MetricSample("ragwatch_requests_succeeded_total", {}, requests)))
+>>> for ts, tokens, requests in ((0.0, 0.0, 0.0), (15.0, 3000.0, 12.0), (30.0, 6000.0, 24.0),
+...                              (45.0, 1500.0, 6.0)):   # the server restarted before 45
+...     _ = pipe.process(scrape(1e9 + ts, tokens, requests))
+>>> sig = pipe.engine_snapshot("node-1")[0]["signals"]
+>>> sig["generation_tokens_per_s"], sig["tokens_per_request"], sig["counter_resets"]
+(166.66666666666666, 250.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragwatch.detectors.holt_winters import HoltWinters
+from ragwatch.schema import MetricsEnvelope
+from ragwatch.streams.engine import AlertEngine, Transition
+from ragwatch.streams.rules import Rule
+
+log = logging.getLogger(__name__)
+
+SERIES = "engine"
+SeriesKey = tuple[str, str]  # host, target
+LabelKey = tuple[str, tuple[tuple[str, str], ...]]  # metric name, sorted labels
+COUNTERS = (
+    "ragwatch_requests_total",
+    "ragwatch_requests_succeeded_total",
+    "ragwatch_requests_failed_total",
+    "ragwatch_generation_tokens_total",
+    "ragwatch_prompt_tokens_total",
+    "ragwatch_preemptions_total",
+    *(
+        f"ragwatch_{m}_seconds_{p}"
+        for m in ("e2e", "ttft", "queue", "tpot")
+        for p in ("sum", "count")
+    ),
+)
+GAUGES = ("ragwatch_requests_waiting", "ragwatch_requests_running", "ragwatch_kv_cache_usage_ratio")
+
+
+@dataclass
+class _Counter:
+    """One counter label set: its raw last value and reset-adjusted points in the window."""
+
+    last: float
+    offset: float = 0.0  # sum of the values before each reset
+    points: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, adjusted)
+
+    def add(self, ts: float, value: float, window_s: float) -> bool:
+        reset = value < self.last
+        if reset:
+            self.offset += self.last
+        self.last = value
+        self.points.append((ts, value + self.offset))
+        while len(self.points) > 2 and ts - self.points[1][0] >= window_s:
+            self.points.popleft()  # keep one point at or beyond the window's start
+        return reset
+
+    def rate(self) -> float | None:
+        if len(self.points) < 2:
+            return None
+        (t0, v0), (t1, v1) = self.points[0], self.points[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+
+
+@dataclass
+class EngineSeries:
+    """One scraped target: its counters, gauges, baseline and latest signals."""
+
+    labels: dict[str, str]
+    tps: HoltWinters
+    counters: dict[LabelKey, _Counter] = field(default_factory=dict)
+    gauges: dict[LabelKey, float] = field(default_factory=dict)
+    last_ts: float = 0.0
+    resets: int = 0
+    signals: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class MetricsStats:
+    envelopes: int = 0
+    samples: int = 0
+    counter_resets: int = 0
+    duplicates: int = 0  # scrapes not newer than their series' last
+    dropped_label_sets: int = 0
+    dropped_series: int = 0
+    evicted_series: int = 0
+
+
+class MetricsPipeline:
+    """Tracks every scraped engine and evaluates the ``engine`` rules on it."""
+
+    def __init__(
+        self,
+        rules: list[Rule],
+        engine: AlertEngine | None = None,
+        *,
+        window_s: float = 300.0,
+        stale_s: float = 600.0,
+        max_series: int = 10_000,
+        max_label_sets: int = 256,
+    ) -> None:
+        if not (window_s > 0 and stale_s > 0):
+            raise ValueError(f"need window_s > 0 and stale_s > 0: {window_s, stale_s}")
+        self.rules = [r for r in rules if r.series == SERIES]
+        self.engine = engine or AlertEngine()
+        self.window_s, self.stale_s = window_s, stale_s
+        self.max_series, self.max_label_sets = max_series, max_label_sets
+        self.series: dict[SeriesKey, EngineSeries] = {}
+        self._watermark = 0.0
+        self._last_sweep = 0.0
+        self.stats = MetricsStats()
+
+    def process(self, env: MetricsEnvelope) -> list[Transition]:
+        """One scrape: update the target's rates and gauges; return the alert transitions."""
+        self.stats.envelopes += 1
+        self.stats.samples += len(env.samples)
+        s = self._series(env.host, env.target)
+        out: list[Transition] = []
+        if s is not None and env.ts <= s.last_ts:
+            self.stats.duplicates += 1
+        elif s is not None:
+            s.last_ts = env.ts
+            self._add(s, env)
+            s.signals = self._signals(s, env.ts)
+            for rule in self.rules:
+                t = self.engine.evaluate(rule, s.labels, s.signals, env.ts)
+                if t is not None:
+                    out.append(t)
+        self._watermark = max(self._watermark, env.ts)
+        if self._watermark - self._last_sweep >= self.stale_s:
+            self._last_sweep = self._watermark
+            out += self._sweep()
+        return out
+
+    def engine_snapshot(self, host: str) -> list[dict[str, Any]]:
+        """What ``ragwatch status`` shows about the engines scraped on one host."""
+        return [
+            {"target": k[1], "ts": s.last_ts, "signals": dict(s.signals)}
+            for k, s in sorted(self.series.items())
+            if k[0] == host
+        ]
+
+    def host_series(self, host: str) -> dict[SeriesKey, EngineSeries]:
+        return {k: s for k, s in self.series.items() if k[0] == host}
+
+    def adopt(self, host: str, series: Mapping[SeriesKey, EngineSeries]) -> int:
+        """Take over a host's engines from a snapshot, unless this pipeline has any."""
+        if any(k[0] == host for k in self.series) or any(k[0] != host for k in series):
+            return 0
+        keys = sorted(series)[: max(0, self.max_series - len(self.series))]
+        self.series.update((k, series[k]) for k in keys)
+        return len(keys)
+
+    # ------------------------------------------------------------------ internals
+
+    def _series(self, host: str, target: str) -> EngineSeries | None:
+        s = self.series.get((host, target))
+        if s is None:
+            if len(self.series) >= self.max_series:
+                self.stats.dropped_series += 1
+                return None
+            hw = HoltWinters(bucket_s=300.0, direction="down")
+            s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, hw)
+        return s
+
+    def _add(self, s: EngineSeries, env: MetricsEnvelope) -> None:
+        for sample in env.samples:
+            name = sample.name
+            if name not in COUNTERS and name not in GAUGES:
+                continue
+            key = (name, tuple(sorted(sample.labels.items())))
+            if name in GAUGES:
+                if key in s.gauges or len(s.gauges) + len(s.counters) < self.max_label_sets:
+                    s.gauges[key] = sample.value
+                else:
+                    self.stats.dropped_label_sets += 1
+                continue
+            c = s.counters.get(key)
+            if c is None:
+                if len(s.gauges) + len(s.counters) >= self.max_label_sets:
+                    self.stats.dropped_label_sets += 1
+                    continue
+                c = s.counters[key] = _Counter(sample.value)
+            if c.add(env.ts, sample.value, self.window_s):
+                s.resets += 1
+                self.stats.counter_resets += 1
+
+    def _signals(self, s: EngineSeries, ts: float) -> dict[str, float | None]:
+        rates: dict[str, float] = {}
+        for (name, _), c in s.counters.items():
+            r = c.rate()
+            if r is not None:
+                rates[name] = rates.get(name, 0.0) + r
+        gauges: dict[str, float] = {}
+        for (name, _), v in s.gauges.items():
+            combine = max if name.endswith("_ratio") else float.__add__
+            gauges[name] = combine(gauges[name], v) if name in gauges else v
+
+        def ratio(num: float | None, den: float | None) -> float | None:
+            return None if num is None or not den else num / den
+
+        failed = rates.get("ragwatch_requests_failed_total")
+        requests = rates.get("ragwatch_requests_total")
+        if requests is None and "ragwatch_requests_succeeded_total" in rates:
+            requests = rates["ragwatch_requests_succeeded_total"] + (failed or 0.0)
+        tokens = rates.get("ragwatch_generation_tokens_total")
+        sig: dict[str, float | None] = {
+            "requests_per_s": requests,
+            "errors_ratio": ratio(failed, requests) if requests is not None else None,
+            "generation_tokens_per_s": tokens,
+            "prompt_tokens_per_s": rates.get("ragwatch_prompt_tokens_total"),
+            "tokens_per_request": ratio(tokens, requests),
+            "preemptions_per_s": rates.get("ragwatch_preemptions_total"),
+            "requests_waiting": gauges.get("ragwatch_requests_waiting"),
+            "requests_running": gauges.get("ragwatch_requests_running"),
+            "kv_cache_usage_ratio": gauges.get("ragwatch_kv_cache_usage_ratio"),
+            "counter_resets": float(s.resets),
+        }
+        for m in ("e2e", "ttft", "queue", "tpot"):
+            sig[f"{m}_mean_s"] = ratio(
+                rates.get(f"ragwatch_{m}_seconds_sum"), rates.get(f"ragwatch_{m}_seconds_count")
+            )
+        score = rep = None
+        if tokens is not None:
+            x = {"value": tokens, "t": ts}
+            score = s.tps.score_one(x)
+            s.tps.learn_one(x)
+            rep = s.tps.report()
+        sig["tps_forecast"] = None if rep is None else rep.forecast
+        sig["tps_deviation"] = None if rep is None else rep.relative
+        sig["tps_score"] = None if rep is None else score
+        return sig
+
+    def _sweep(self) -> list[Transition]:
+        out: list[Transition] = []
+        for key in [
+            k for k, s in self.series.items() if self._watermark - s.last_ts > self.stale_s
+        ]:
+            s = self.series.pop(key)
+            self.stats.evicted_series += 1
+            out += self.engine.clear(s.labels, self._watermark)
+        return out

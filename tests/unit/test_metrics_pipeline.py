@@ -1,0 +1,126 @@
+"""Scraped engine metrics: counters become rates with Prometheus' reset handling, label sets
+are summed, gauges kept, a throughput drop below the Holt-Winters forecast pages, and the
+pipeline stays bounded."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ragwatch.schema import MetricSample, MetricsEnvelope
+from ragwatch.streams.metrics import MetricsPipeline
+from ragwatch.streams.pipelines import Pipelines
+from ragwatch.streams.rules import load_rules
+from ragwatch.streams.snapshot import dump_host, load_host
+
+T0 = 1_767_225_600.0
+TARGET = "http://vllm:8000/metrics"
+
+
+def scrape(
+    ts: float, *samples: tuple[str, dict[str, str], float], host: str = "node-1"
+) -> MetricsEnvelope:
+    return MetricsEnvelope(
+        host, TARGET, ts, tuple(MetricSample(n, lab, v) for n, lab, v in samples)
+    )
+
+
+def signals(pipe: MetricsPipeline, host: str = "node-1") -> dict[str, float | None]:
+    (engine,) = pipe.engine_snapshot(host)
+    return dict(engine["signals"])
+
+
+def test_rates_over_the_window_summed_over_label_sets() -> None:
+    pipe = MetricsPipeline([], window_s=60.0)
+    for i in range(10):  # two models, 100 and 50 tokens/s; 2 and 1 requests/s; 15 s scrapes
+        t = 15.0 * i
+        pipe.process(
+            scrape(
+                T0 + t,
+                ("ragwatch_generation_tokens_total", {"model": "a"}, 100.0 * t),
+                ("ragwatch_generation_tokens_total", {"model": "b"}, 50.0 * t),
+                ("ragwatch_requests_succeeded_total", {"model": "a"}, 2.0 * t),
+                ("ragwatch_requests_succeeded_total", {"model": "b"}, 0.9 * t),
+                ("ragwatch_requests_failed_total", {"model": "b"}, 0.1 * t),
+                ("ragwatch_e2e_seconds_sum", {"model": "a"}, 1.6 * t),
+                ("ragwatch_e2e_seconds_count", {"model": "a"}, 2.0 * t),
+                ("ragwatch_requests_waiting", {"model": "a"}, 3.0),
+                ("ragwatch_requests_waiting", {"model": "b"}, 4.0),
+                ("ragwatch_kv_cache_usage_ratio", {"model": "a"}, 0.5),
+                ("ragwatch_kv_cache_usage_ratio", {"model": "b"}, 0.7),
+                ("some_unknown_metric_total", {}, 1e6 * t),  # not ours: ignored
+            )
+        )
+    sig = signals(pipe)
+    assert sig["generation_tokens_per_s"] == pytest.approx(150.0)
+    assert sig["requests_per_s"] == pytest.approx(3.0)
+    assert sig["tokens_per_request"] == pytest.approx(50.0)
+    assert sig["errors_ratio"] == pytest.approx(0.1 / 3.0)
+    assert sig["e2e_mean_s"] == pytest.approx(0.8)
+    assert sig["requests_waiting"] == 7.0  # summed
+    assert sig["kv_cache_usage_ratio"] == 0.7  # a ratio: the largest
+    assert sig["ttft_mean_s"] is None and sig["preemptions_per_s"] is None
+    assert sig["counter_resets"] == 0.0
+
+
+def test_a_counter_reset_is_a_restart_from_zero_not_a_drop() -> None:
+    pipe = MetricsPipeline([], window_s=120.0)
+    values = [0.0, 1500.0, 3000.0, 4500.0, 600.0, 2100.0]  # 100/s; the server restarted
+    for i, v in enumerate(values):
+        pipe.process(scrape(T0 + 15.0 * i, ("ragwatch_generation_tokens_total", {}, v)))
+        rate = signals(pipe)["generation_tokens_per_s"]
+        if i:
+            assert rate is not None and rate > 0  # never negative, never zero
+    # 4500 + 2100 tokens in 75 s (the 15 s with the restart count what was seen after it)
+    assert signals(pipe)["generation_tokens_per_s"] == pytest.approx(6600.0 / 75.0)
+    assert signals(pipe)["counter_resets"] == 1.0
+    assert pipe.stats.counter_resets == 1
+
+
+def test_the_window_forgets_old_points() -> None:
+    pipe = MetricsPipeline([], window_s=60.0)
+    for i in range(20):  # 10/s for 150 s, then 100/s
+        t = 15.0 * i
+        v = 10.0 * min(t, 150.0) + 100.0 * max(0.0, t - 150.0)
+        pipe.process(scrape(T0 + t, ("ragwatch_generation_tokens_total", {}, v)))
+    assert signals(pipe)["generation_tokens_per_s"] == pytest.approx(100.0)
+
+
+def test_duplicates_are_dropped_and_stale_engines_forgotten() -> None:
+    pipe = MetricsPipeline([], stale_s=600.0)
+    pipe.process(scrape(T0, ("ragwatch_requests_waiting", {}, 1.0)))
+    pipe.process(scrape(T0, ("ragwatch_requests_waiting", {}, 9.0)))  # a retry
+    assert pipe.stats.duplicates == 1 and signals(pipe)["requests_waiting"] == 1.0
+    pipe.process(scrape(T0 + 1300.0, ("ragwatch_requests_waiting", {}, 1.0), host="node-2"))
+    assert [k[0] for k in pipe.series] == ["node-2"]
+    assert pipe.stats.evicted_series == 1
+
+
+def test_label_sets_and_engines_are_capped() -> None:
+    pipe = MetricsPipeline([], max_label_sets=3, max_series=1)
+    samples = tuple(("ragwatch_requests_waiting", {"model": str(i)}, 1.0) for i in range(5))
+    pipe.process(scrape(T0, *samples))
+    pipe.process(scrape(T0, ("ragwatch_requests_waiting", {}, 1.0), host="node-2"))
+    assert signals(pipe)["requests_waiting"] == 3.0
+    assert pipe.stats.dropped_label_sets == 2 and pipe.stats.dropped_series == 1
+
+
+def test_a_throughput_drop_pages_and_a_snapshot_keeps_the_engine() -> None:
+    pipes = Pipelines(load_rules())
+    tokens, fired = 0.0, []
+    for i in range(4 * 60 * 4):  # four hours of 15 s scrapes; -40 % from 3 h on
+        t = 15.0 * i
+        rate = 200.0 * (1 + 0.1 * math.sin(t / 3600.0)) * (0.6 if t >= 3 * 3600 else 1.0)
+        tokens += rate * 15.0
+        env = scrape(T0 + t, ("ragwatch_generation_tokens_total", {}, tokens))
+        fired += [x.alert for x in pipes.process(env) if x.alert.status == "firing"]
+        if t == 2 * 3600:
+            restored = Pipelines(load_rules())
+            assert load_host(restored, "node-1", dump_host(pipes, "node-1")) == 1
+            assert restored.metrics.series.keys() == pipes.metrics.series.keys()
+    (alert,) = fired
+    assert alert.rule == "EngineThroughputDrop" and alert.labels["target"] == TARGET
+    assert alert.starts_at - (T0 + 3 * 3600) <= 10 * 60
+    assert "generated tokens/s" in alert.annotations["summary"]
+    assert alert.annotations["hint"]
