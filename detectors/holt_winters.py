@@ -317,12 +317,17 @@ class HoltWinters:
         bound = self.clip * scale
         err = min(bound, max(-bound, y - prior - s))
         level = prior + self.alpha * err
-        self._trend += self.beta * ((level - self._level) - self._trend)
-        self._level = level
-        if self._ready:
-            self._season[slot] = s + self.gamma * err
-        else:
-            self._season[slot] = y  # raw, until the season is complete
+        trend = self._trend + self.beta * ((level - self._level) - self._trend)
+        offset = s + self.gamma * err if self._ready else y  # raw, until the season is complete
+        if not (math.isfinite(level) and math.isfinite(trend) and math.isfinite(offset)):
+            # Values near the float range overflowed the model: start over from this bucket
+            # rather than carry inf or NaN forever (which would silence the detector).
+            self._season = array("d", [math.nan]) * self.m
+            self._ready = False
+            self._restart(bucket, y)
+            return
+        self._level, self._trend = level, trend
+        self._season[slot] = offset
         self._last = bucket
         self._run = min(self._run + 1, self.warmup_buckets)
         self._seen = min(self._seen + 1, self._min_seen)

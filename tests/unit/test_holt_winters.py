@@ -261,3 +261,14 @@ def test_registered_and_clone_keeps_params() -> None:
     assert isinstance(fresh, HoltWinters)
     assert (fresh.season_s, fresh.direction, fresh.scale) == (HOUR, "down", 0.25)
     assert fresh.report() is None
+
+
+def test_values_near_the_float_range_do_not_poison_the_model() -> None:
+    """+-1e308 overflows level and trend; the model starts over instead of staying NaN."""
+    det = HoltWinters()
+    xs = [1e308, -1e308] * 30 + [100.0] * 2000
+    for i, v in enumerate(xs):
+        det.learn_one({"value": v, "t": T0 + 60.0 * i})
+    t = T0 + 60.0 * len(xs)
+    assert det.forecast_for(t) == pytest.approx(100.0)
+    assert det.score_one({"value": 1e6, "t": t}) == 1.0
