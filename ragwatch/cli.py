@@ -54,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print each delivered alert as one JSON object per line"
     )
     d.add_argument(
-        "--timeout", type=_duration, default=150.0, help="give up after this long (default 150s)"
+        "--timeout",
+        type=_duration,
+        default=None,
+        help="give up after this long (default 150s; 300s for healthy, which plays 3 days)",
     )
 
     dev = sub.add_parser("dev", help="embedded Tansu broker + redis-server for development")

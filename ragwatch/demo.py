@@ -41,6 +41,7 @@ REQUEST_RULES = {
 # oom and all run until the leaking worker has been OOM-killed (~12.4 h in).
 PACE = {"healthy": ("4320", "60", "3d"), "oom": ("720", "10", "13h"), "all": ("720", "10", "13h")}
 OOM_SCENARIOS = ("oom", "all")
+TIMEOUT_S = {"healthy": 300.0}  # default --timeout per scenario (else 150 s)
 DEFAULT_PACE = ("720", "10", "12h")
 
 
@@ -197,7 +198,7 @@ def run_demo(
     *,
     scenario: str = "leak",
     as_json: bool = False,
-    timeout_s: float = 150.0,
+    timeout_s: float | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
     from ragwatch.kafka_admin import ensure_topics
@@ -211,6 +212,8 @@ def run_demo(
         if f not in settings.explicit
     )
     wanted = expectations(scenario)
+    if timeout_s is None:
+        timeout_s = TIMEOUT_S.get(scenario, 150.0)
     receiver = WebhookReceiver().start()
     children: _Children | None = None
     deadline = time.monotonic() + timeout_s
