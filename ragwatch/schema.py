@@ -389,7 +389,8 @@ class Alert:
     """Topic ``ragwatch.alerts``: one state transition of one alert.
 
     ``fingerprint`` identifies the alert (rule + identifying labels) across transitions;
-    times are event-time epoch seconds.
+    times are event-time epoch seconds; ``at`` is when this transition happened (the
+    evaluation that made it; None from producers that do not say).
     """
 
     kind: ClassVar[str] = "alert"
@@ -403,6 +404,7 @@ class Alert:
     starts_at: float
     ends_at: float | None
     fingerprint: str
+    at: float | None = None
 
     @property
     def key(self) -> str:
@@ -423,6 +425,7 @@ class Alert:
             starts_at=_float(d, "starts_at", "", minimum=0.0),
             ends_at=_opt_float(d, "ends_at", "", minimum=0.0),
             fingerprint=_str(d, "fingerprint", ""),
+            at=_opt_float(d, "at", "", minimum=0.0),
         )
 
 

@@ -96,7 +96,7 @@ class AlertEngine:
         if state is None:
             if not holds:
                 return None
-            alert = self._alert(rule, labels, signals, fp, "pending", ts, None)
+            alert = self._alert(rule, labels, signals, fp, "pending", ts, None, ts)
             self._states[fp] = _State("pending", ts, ts, alert)
             if rule.for_s <= 0:
                 return self._fire(fp, rule, labels, signals, ts, previous="inactive")
@@ -106,12 +106,14 @@ class AlertEngine:
             return self._while_firing(state, fp, rule, labels, signals, ts)
         if not holds:
             del self._states[fp]
-            alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts)
+            alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts, ts)
             return Transition(alert, state.status)
         if ts - state.starts_at >= rule.for_s:
             return self._fire(fp, rule, labels, signals, ts, previous="pending")
         # Still pending or firing: refresh value and annotations, no transition.
-        state.alert = self._alert(rule, labels, signals, fp, state.status, state.starts_at, None)
+        state.alert = self._alert(
+            rule, labels, signals, fp, state.status, state.starts_at, None, ts
+        )
         return None
 
     def export(self, match: Callable[[Mapping[str, str]], bool]) -> dict[str, _State]:
@@ -136,7 +138,8 @@ class AlertEngine:
             if all(labels.get(k) == v for k, v in match.items()):
                 del self._states[fp]
                 a = state.alert
-                resolved = replace(a, status="resolved", ends_at=max(ts, state.last_ts))
+                end = max(ts, state.last_ts)
+                resolved = replace(a, status="resolved", ends_at=end, at=end)
                 out.append(Transition(resolved, state.status))
         return out
 
@@ -156,9 +159,9 @@ class AlertEngine:
                 state.cleared_since = ts
             if ts - state.cleared_since >= rule.keep_firing_for_s:
                 del self._states[fp]
-                alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts)
+                alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts, ts)
                 return Transition(alert, "firing")
-        state.alert = self._alert(rule, labels, signals, fp, "firing", state.starts_at, None)
+        state.alert = self._alert(rule, labels, signals, fp, "firing", state.starts_at, None, ts)
         return None
 
     def _fire(
@@ -172,7 +175,7 @@ class AlertEngine:
     ) -> Transition:
         state = self._states[fp]
         state.status = "firing"
-        state.alert = self._alert(rule, labels, signals, fp, "firing", state.starts_at, None)
+        state.alert = self._alert(rule, labels, signals, fp, "firing", state.starts_at, None, ts)
         return Transition(state.alert, previous)
 
     @staticmethod
@@ -184,6 +187,7 @@ class AlertEngine:
         status: AlertStatus,
         starts_at: float,
         ends_at: float | None,
+        at: float,
     ) -> Alert:
         value = rule.value(signals)
         return Alert(
@@ -197,4 +201,5 @@ class AlertEngine:
             starts_at=starts_at,
             ends_at=ends_at,
             fingerprint=fp,
+            at=at,
         )

@@ -16,6 +16,15 @@ key                       type    content
 ``P:notified:FP:S:T``     string  set once alert FP was sent to receivers as status S with
                                   starts_at T: a replay after a crash does not page twice
                                   (expires after 7 days)
+``P:series:index``        hash    series id -> JSON {kind, labels, signal, unit}
+``P:series:ID``           list    recent points of one series, newest first, capped at
+                                  SERIES_POINTS: JSON [ts, value, forecast|null, score|null]
+``P:silences``            hash    silence id -> JSON silence (streams/silences.py)
+``P:outbox:due``          zset    notification key -> wall time it is due (streams/outbox.py)
+``P:outbox:items``        hash    notification key -> JSON {notification, attempts, ...}
+``P:outbox:sent``         string  prefix: ``P:outbox:sent:KEY`` marks a delivered notification
+``P:outbox:dead``         list    JSON of notifications that failed for good, newest first
+``P:notifier``            hash    notifier counters (per receiver) and last-seen wall time
 ========================  ======  ==========================================================
 
 The worker writes with :class:`RedisState` (asyncio); ``ragwatch status`` reads with
@@ -34,6 +43,7 @@ from ragwatch.schema import Alert
 from ragwatch.streams.engine import Transition
 
 HISTORY_MAX = 10_000
+SERIES_POINTS = 1440  # a day of 1-minute points per series
 NOTIFIED_TTL_S = 7 * 86400
 
 
@@ -51,6 +61,14 @@ class Keys:
             "service": f"{prefix}:snapshots:services",
         }
         self.notified = f"{prefix}:notified"
+        self.series_index = f"{prefix}:series:index"
+        self.series = f"{prefix}:series"  # + ":" + series id
+        self.silences = f"{prefix}:silences"
+        self.outbox_due = f"{prefix}:outbox:due"
+        self.outbox_items = f"{prefix}:outbox:items"
+        self.outbox_sent = f"{prefix}:outbox:sent"  # + ":" + notification key
+        self.outbox_dead = f"{prefix}:outbox:dead"
+        self.notifier = f"{prefix}:notifier"
 
 
 class RedisState:
