@@ -41,6 +41,7 @@ from ragwatch.schema import (
 from ragwatch.streams.engine import Transition
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
+from ragwatch.streams.series import SeriesRecorder
 from ragwatch.streams.snapshot import (
     SnapshotError,
     dump_host,
@@ -160,6 +161,12 @@ class Delivery(mode.Service):
         self.counters.snapshots_restored += 1
         log.info("%s %s: restored %d series and their alerts from the snapshot", kind, key, n)
 
+    async def write_series(self, points: dict[str, tuple[dict[str, Any], list[Any]]]) -> None:
+        try:
+            await self.store.write_series(points)
+        except RedisError as exc:
+            self._redis_failed("write series", exc)
+
     async def write_snapshots(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None:
         try:
             await self.store.write_snapshots("host", {h: dump_host(pipes, h) for h in hosts})
@@ -256,6 +263,7 @@ def register_processors(
         "metrics": set(),
     }
     known: dict[str, set[str]] = {"host": set(), "service": set()}  # restored or fresh
+    recorder = SeriesRecorder()
 
     async def dead_letter(msg: Any, reason: str) -> None:
         delivery.counters.deadletter += 1
@@ -320,4 +328,5 @@ def register_processors(
         for d in dirty.values():
             d.clear()
         await delivery.write_status(pipes, hosts, services)
+        await delivery.write_series(recorder.collect(pipes, hosts, services))
         await delivery.write_snapshots(pipes, hosts | event_hosts, services)

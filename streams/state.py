@@ -106,6 +106,21 @@ class RedisState:
             self.keys.workers, worker_id, orjson.dumps({**counters, "seen": time.time()})
         )
 
+    async def write_series(self, points: dict[str, tuple[dict[str, Any], list[Any]]]) -> None:
+        """Append one point per series (newest first, capped) and index the series."""
+        if not points:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(
+                self.keys.series_index,
+                mapping={sid: orjson.dumps(meta) for sid, (meta, _) in points.items()},
+            )
+            for sid, (_, point) in points.items():
+                key = f"{self.keys.series}:{sid}"
+                pipe.lpush(key, orjson.dumps(point))
+                pipe.ltrim(key, 0, SERIES_POINTS - 1)
+            await pipe.execute()
+
     async def write_snapshots(self, kind: str, snapshots: dict[str, bytes]) -> None:
         if snapshots:
             await self.client.hset(self.keys.snapshots[kind], mapping=snapshots)

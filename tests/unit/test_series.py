@@ -1,0 +1,38 @@
+"""Chart series: one point per series per step of event time, with forecast and score."""
+
+from __future__ import annotations
+
+import itertools
+
+from ragwatch.agents.scenario import build
+from ragwatch.streams.pipelines import Pipelines
+from ragwatch.streams.rules import load_rules
+from ragwatch.streams.series import SeriesRecorder
+
+
+def test_points_every_step_with_forecasts_for_services() -> None:
+    pipes = Pipelines(load_rules())
+    rec = SeriesRecorder(step_s=300.0)
+    got: dict[str, list[list[float | None]]] = {}
+    for env in build("throughput", hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=2):
+        pipes.process(env)
+        for sid, (meta, point) in rec.collect(pipes, {"gpu-node-01"}, {"rag-api"}).items():
+            got.setdefault(sid, []).append(point)
+            assert meta["unit"] and meta["kind"] == sid.split(":")[0]
+    fb = got["gpu:gpu-node-01:0:fb_used"]
+    assert all(b[0] - a[0] >= 300.0 for a, b in itertools.pairwise(fb))  # type: ignore[operator]
+    assert 20 <= len(fb) <= 25  # two hours in 5-minute steps
+    tps = got["service:rag-api:rag-api-1:tokens_per_s"]
+    late = [p for p in tps if p[2] is not None]
+    assert late and all(p[3] is not None and 0.0 <= p[3] <= 1.0 for p in late)  # type: ignore[operator]
+    assert max(p[3] for p in late) >= 0.5  # type: ignore[type-var]  # the drop scores
+    assert {sid.split(":")[0] for sid in got} == {"gpu", "process", "service"}
+
+
+def test_the_number_of_tracked_series_is_capped() -> None:
+    pipes = Pipelines(load_rules())
+    for env in build("healthy", hosts=3, gpus=2, services=0, interval_s=60.0).envelopes(hours=0.1):
+        pipes.process(env)
+    rec = SeriesRecorder(max_tracked=4)
+    hosts = {"gpu-node-01", "gpu-node-02", "gpu-node-03"}
+    assert len(rec.collect(pipes, hosts, set())) == 4
