@@ -112,6 +112,13 @@ def _positive_int(v: str) -> int:
     return i
 
 
+def _port(v: str) -> int:
+    i = int(v)
+    if not 0 < i < 65536:
+        raise ValueError(f"must be a port in 1..65535, got {v!r}")
+    return i
+
+
 def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     def parse(v: str) -> str:
         if v.upper() not in choices:
@@ -193,7 +200,21 @@ class Settings:
         None, _opt_path, "YAML rules file; empty = the shipped default rules"
     )
     external_url: str = _setting(
-        "http://localhost:8080", str, "URL put in webhook payloads as externalURL"
+        "http://localhost:8080", str, "URL of 'ragwatch serve' put in notifications (links)"
+    )
+    notify_file: Path | None = _setting(
+        None,
+        _opt_path,
+        "YAML receivers/routes/inhibit rules of 'ragwatch notify'; empty = one webhook "
+        "receiver for RAGWATCH_WEBHOOK_URLS",
+    )
+    webhook_hmac_secret: Secret = _setting(
+        Secret(""), Secret, "signs webhook bodies (X-Ragwatch-Signature) if set (secret)"
+    )
+    serve_host: str = _setting("127.0.0.1", str, "bind address of 'ragwatch serve'")
+    serve_port: int = _setting(8080, _port, "port of 'ragwatch serve'")
+    serve_token: Secret = _setting(
+        Secret(""), Secret, "bearer token 'ragwatch serve' requires if set (secret)"
     )
     state_dir: Path = _setting(
         Path(".ragwatch"),

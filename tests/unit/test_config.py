@@ -155,6 +155,12 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ),
     ("RAGWATCH_STATE_DIR", "/var/lib/ragwatch", "state_dir", Path("/var/lib/ragwatch")),
     ("RAGWATCH_MAX_SERIES", "500", "max_series", 500),
+    ("RAGWATCH_NOTIFY_FILE", "notify.yaml", "notify_file", Path("notify.yaml")),
+    ("RAGWATCH_NOTIFY_FILE", "", "notify_file", None),
+    ("RAGWATCH_WEBHOOK_HMAC_SECRET", "s3cr3t", "webhook_hmac_secret", Secret("s3cr3t")),
+    ("RAGWATCH_SERVE_HOST", "0.0.0.0", "serve_host", "0.0.0.0"),
+    ("RAGWATCH_SERVE_PORT", "9000", "serve_port", 9000),
+    ("RAGWATCH_SERVE_TOKEN", "tok", "serve_token", Secret("tok")),
     ("RAGWATCH_LOG_LEVEL", "debug", "log_level", "DEBUG"),
     ("RAGWATCH_LOG_LEVEL", "WARNING", "log_level", "WARNING"),
 ]
@@ -257,6 +263,9 @@ BAD: list[tuple[str, str]] = [
     ("RAGWATCH_WEBHOOK_MAX_ATTEMPTS", "2.0"),
     ("RAGWATCH_MAX_SERIES", "-1"),
     ("RAGWATCH_MAX_SERIES", "1e5"),
+    ("RAGWATCH_SERVE_PORT", "0"),
+    ("RAGWATCH_SERVE_PORT", "65536"),
+    ("RAGWATCH_SERVE_PORT", "http"),
     ("RAGWATCH_LOG_LEVEL", "TRACE"),
     ("RAGWATCH_LOG_LEVEL", "verbose"),
 ]
@@ -451,7 +460,18 @@ REDIS_PW = "redis-pw-Xy42"
 HOOK_SECRET = "T000/B000/slacksecretXX"
 HOOK_PW = "hookpw-Ab12"
 HOOK_TOKEN = "tok-Cd34"
-SECRETS = (SASL_PW, REDIS_PW, HOOK_SECRET, "slacksecretXX", HOOK_PW, HOOK_TOKEN)
+HMAC_SECRET = "hmac-Ef56"
+SERVE_TOKEN = "serve-Gh78"
+SECRETS = (
+    SASL_PW,
+    REDIS_PW,
+    HOOK_SECRET,
+    "slacksecretXX",
+    HOOK_PW,
+    HOOK_TOKEN,
+    HMAC_SECRET,
+    SERVE_TOKEN,
+)
 
 
 @pytest.fixture
@@ -460,6 +480,8 @@ def secret_settings() -> Settings:
         {
             **SASL_ENV,
             "RAGWATCH_KAFKA_SASL_PASSWORD": SASL_PW,
+            "RAGWATCH_WEBHOOK_HMAC_SECRET": HMAC_SECRET,
+            "RAGWATCH_SERVE_TOKEN": SERVE_TOKEN,
             "RAGWATCH_REDIS_URL": f"rediss://default:{REDIS_PW}@cache.example.com:6380/1",
             "RAGWATCH_WEBHOOK_URLS": (
                 f"https://hooks.slack.com/services/{HOOK_SECRET},"
@@ -628,7 +650,13 @@ def test_describe_of_non_secret_settings_reads_back_to_the_same_settings() -> No
             "RAGWATCH_LOG_LEVEL": "debug",
         }
     )
-    secret = {"RAGWATCH_KAFKA_SASL_PASSWORD", "RAGWATCH_REDIS_URL", "RAGWATCH_WEBHOOK_URLS"}
+    secret = {
+        "RAGWATCH_KAFKA_SASL_PASSWORD",
+        "RAGWATCH_REDIS_URL",
+        "RAGWATCH_WEBHOOK_URLS",
+        "RAGWATCH_WEBHOOK_HMAC_SECRET",
+        "RAGWATCH_SERVE_TOKEN",
+    }
     env = {k: v for k, v in s.describe().items() if k not in secret}
     assert Settings.from_env(env) == s
 
