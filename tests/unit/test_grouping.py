@@ -1,0 +1,223 @@
+"""Routing, grouping, inhibition and silences of the notifier, on its event-time clock:
+Alertmanager's group_wait / group_interval / repeat_interval, never a resolve for an alert
+the receiver was not told about, always a resolve for one it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragwatch.errors import ConfigError
+from ragwatch.schema import Alert
+from ragwatch.streams.grouping import Grouper
+from ragwatch.streams.notification import Notification
+from ragwatch.streams.routing import default_config, load_config, parse_config
+from ragwatch.streams.silences import Silence, parse_matchers
+
+CONFIG: dict[str, Any] = {
+    "receivers": [
+        {"name": "chat", "type": "slack", "url": "${SLACK_URL}"},
+        {"name": "pager", "type": "pagerduty", "routing_key": "${PD_KEY}"},
+    ],
+    "route": {
+        "receiver": "chat",
+        "group_by": ["alertname", "host"],
+        "group_wait": "30s",
+        "group_interval": "5m",
+        "repeat_interval": "4h",
+        "routes": [
+            {"matchers": {"severity": "critical"}, "receiver": "pager", "continue": True},
+            {"matchers": {"service": "=~rag-.*"}, "group_by": ["service"]},
+        ],
+    },
+    "inhibit_rules": [
+        {
+            "source_matchers": {"alertname": "GpuOomKill"},
+            "target_matchers": {"alertname": "GpuMemoryLeak"},
+            "equal": ["host", "gpu"],
+        }
+    ],
+}
+ENV = {"SLACK_URL": "https://hooks.slack.com/services/T/B/secret", "PD_KEY": "k" * 32}
+
+
+def alert(
+    name: str, status: str = "firing", at: float = 0.0, starts: float = 0.0, **labels: str
+) -> Alert:
+    labels = {"alertname": name, "severity": "warning", **labels}
+    fp = name + "|" + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    return Alert(
+        rule=name,
+        severity=labels["severity"],
+        status=status,  # type: ignore[arg-type]
+        labels=labels,
+        annotations={"summary": name},
+        value=1.0,
+        expected=None,
+        starts_at=starts,
+        ends_at=at if status == "resolved" else None,
+        fingerprint=fp,
+        at=at,
+    )
+
+
+def names(ns: list[Notification]) -> list[tuple[str, str, list[str]]]:
+    return [
+        (n.receiver, n.status, sorted(a.fingerprint.split("|")[0] for a in n.alerts)) for n in ns
+    ]
+
+
+@pytest.fixture
+def grouper() -> Grouper:
+    return Grouper(parse_config(CONFIG, ENV))
+
+
+def test_config_expands_environment_and_inherits_route_fields() -> None:
+    cfg = parse_config(CONFIG, ENV)
+    assert cfg.receivers["chat"]["url"] == ENV["SLACK_URL"]
+    crit, rag = cfg.route.routes
+    assert crit.group_by == ("alertname", "host") and crit.group_wait_s == 30.0
+    assert rag.group_by == ("service",) and rag.receiver == "chat"
+    assert [r.receiver for r in cfg.route.match({"severity": "critical", "service": "rag-a"})] == [
+        "pager",
+        "chat",
+    ]
+    assert [r.path for r in cfg.route.match({"severity": "info"})] == ["0"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["receivers"][0].update(type="email"), "type: must be one of"),
+        (lambda d: d["route"].update(receiver="nobody"), "'nobody' is not a configured receiver"),
+        (lambda d: d["route"].update(group_wait="soon"), "route.group_wait: bad duration"),
+        (lambda d: d["route"]["routes"][1].update(matchers={"x": "=~("}), "bad regular expression"),
+        (lambda d: d["route"].update(color="red"), "unknown field(s) color"),
+        (lambda d: d["receivers"][1].update(routing_key="${MISSING}"), "MISSING is not set"),
+        (lambda d: d["receivers"].append(dict(d["receivers"][0])), "duplicate receiver name"),
+    ],
+)
+def test_config_errors_name_the_field(mutate: Any, message: str) -> None:
+    import copy
+
+    d = copy.deepcopy(CONFIG)
+    mutate(d)
+    with pytest.raises(ConfigError, match=None) as err:
+        parse_config(d, ENV, "notify.yaml")
+    assert message in str(err.value)
+
+
+def test_load_config_reads_yaml_and_defaults_without_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "notify.yaml"
+    f.write_text("receivers: [{name: w, type: webhook, url: 'http://x/h'}]\nroute: {receiver: w}\n")
+    assert list(load_config(f, {}).receivers) == ["w"]
+    (tmp_path / "bad.yaml").write_text("route: [")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml", {})
+    d = default_config(["http://a/1", "http://b/2"])
+    assert [r.receiver for r in d.route.match({"alertname": "X"})] == ["webhook-1", "webhook-2"]
+
+
+def test_group_wait_then_group_interval_then_repeat(grouper: Grouper) -> None:
+    grouper.add(alert("Leak", host="h1"), now=0.0)
+    grouper.add(alert("Leak", host="h1", gpu="1"), now=10.0)  # same group (alertname, host)
+    assert grouper.flush(now=29.0) == []
+    first = grouper.flush(now=30.0)
+    assert names(first) == [("chat", "firing", ["Leak", "Leak"])]
+    assert first[0].group_labels == {"alertname": "Leak", "host": "h1"}
+    assert grouper.flush(now=31.0) == []  # nothing new
+    grouper.add(alert("Leak", "resolved", at=60.0, host="h1"), now=60.0)
+    assert grouper.flush(now=200.0) == []  # group_interval: 5 minutes after the last one
+    update = grouper.flush(now=330.0)
+    assert names(update) == [("chat", "firing", ["Leak", "Leak"])]
+    assert sorted(a.status for a in update[0].alerts) == ["firing", "resolved"]
+    assert grouper.flush(now=330.0 + 4 * 3600 - 1) == []
+    repeat = grouper.flush(now=330.0 + 4 * 3600)
+    assert [n.reason for n in repeat] == ["repeat"] and len(repeat[0].alerts) == 1
+    assert repeat[0].key != update[0].key
+
+
+def test_continue_lets_an_alert_match_later_siblings_too(grouper: Grouper) -> None:
+    grouper.add(alert("Oom", severity="critical", host="h1", gpu="1"), now=0.0)
+    assert [n.receiver for n in grouper.flush(now=30.0)] == ["pager"]  # as Alertmanager
+    grouper.add(alert("Slow", severity="critical", service="rag-api"), now=40.0)
+    out = grouper.flush(now=70.0)
+    assert sorted((n.receiver, tuple(n.group_labels)) for n in out) == [
+        ("chat", ("service",)),
+        ("pager", ("alertname", "host")),
+    ]
+
+
+def test_a_resolve_is_sent_only_to_receivers_that_heard_of_the_firing(grouper: Grouper) -> None:
+    grouper.add(alert("Leak", host="h1"), now=0.0)
+    grouper.add(alert("Leak", "resolved", at=10.0, host="h1"), now=10.0)  # before group_wait
+    assert grouper.flush(now=30.0) == []  # resolved before anyone was told: nothing to say
+    grouper.add(alert("Other", "resolved", at=40.0, host="h1"), now=40.0)  # never seen firing
+    assert grouper.flush(now=400.0) == []
+    assert grouper.stats.dropped_resolved >= 2
+
+
+def test_replayed_transitions_change_nothing_and_keep_the_key(grouper: Grouper) -> None:
+    a = alert("Leak", host="h1")
+    grouper.add(a, now=0.0)
+    (n,) = grouper.flush(now=30.0)
+    grouper.add(a, now=40.0)  # the same transition again
+    assert grouper.flush(now=1000.0) == []
+    other = Grouper(parse_config(CONFIG, ENV))
+    other.add(a, now=0.0)
+    assert [x.key for x in other.flush(now=30.0)] == [n.key]  # same transition -> same key
+
+
+def test_inhibition_mutes_the_leak_while_the_oom_fires_and_not_after(grouper: Grouper) -> None:
+    grouper.add(alert("GpuOomKill", host="h1", gpu="1"), now=0.0)
+    grouper.add(alert("GpuMemoryLeak", host="h1", gpu="1"), now=0.0)
+    grouper.add(alert("GpuMemoryLeak", host="h2", gpu="1"), now=0.0)  # other host: not muted
+    out = grouper.flush(now=30.0)
+    hosts = sorted(a.labels["host"] for n in out for a in n.alerts if a.rule == "GpuMemoryLeak")
+    assert hosts == ["h2"] and grouper.stats.inhibited == 1
+    grouper.add(alert("GpuOomKill", "resolved", at=100.0, host="h1", gpu="1"), now=100.0)
+    later = grouper.flush(now=30.0 + 400.0)
+    leaks = [a for n in later for a in n.alerts if a.rule == "GpuMemoryLeak"]
+    assert [a.labels["host"] for a in leaks] == ["h1"]  # sent once the OOM alert resolved
+
+
+def test_silences_mute_while_active_but_never_swallow_a_resolve(grouper: Grouper) -> None:
+    s = Silence.new(parse_matchers(["host=h1"]), comment="maintenance", author="t", now=0.0)
+    muted = lambda a: s.active(0.0) and s.matches(a.labels)  # noqa: E731
+    grouper.add(alert("Leak", host="h1"), now=0.0)
+    assert grouper.flush(now=30.0, silenced=muted) == [] and grouper.stats.silenced == 1
+    assert names(grouper.flush(now=30.0 + 300.0)) == [("chat", "firing", ["Leak"])]  # expired
+    grouper.add(alert("Leak", "resolved", at=400.0, host="h1"), now=400.0)
+    out = grouper.flush(now=1000.0, silenced=muted)  # silenced again: the resolve still goes
+    assert names(out) == [("chat", "resolved", ["Leak"])]
+
+
+def test_group_state_survives_a_restart(grouper: Grouper) -> None:
+    grouper.add(alert("Leak", host="h1"), now=0.0)
+    grouper.flush(now=30.0)
+    restarted = Grouper(parse_config(CONFIG, ENV))
+    assert restarted.loads(grouper.dumps()) == 1
+    restarted.add(alert("Leak", "resolved", at=100.0, host="h1"), now=100.0)
+    assert names(restarted.flush(now=400.0)) == [("chat", "resolved", ["Leak"])]
+
+
+def test_silence_windows_and_validation() -> None:
+    sat_2am = 1_767_405_600.0  # Saturday 2026-01-03 02:00 UTC
+    w = Silence.new(
+        {"host": "h"}, comment="c", author="a", now=0.0, cron="0 2 * * 6", duration_s=3600
+    )
+    assert [w.active(sat_2am + d) for d in (-1, 0, 3599, 3600)] == [False, True, True, False]
+    assert w.state(sat_2am + 7200) == "pending"
+    assert Silence.from_dict(w.to_dict()) == w
+    for kwargs, msg in (
+        ({"cron": "every saturday", "duration_s": 60.0}, "bad cron"),
+        ({"cron": "0 2 * * 6"}, "needs --duration"),
+        ({"duration_s": -1.0}, "duration must be > 0"),
+    ):
+        with pytest.raises(ConfigError, match=msg):
+            Silence.new({"host": "h"}, comment="c", author="a", now=0.0, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="bad matcher"):
+        parse_matchers(["novalue"])
+    assert parse_matchers(["alertname=~Gpu.*"]) == {"alertname": "=~Gpu.*"}
