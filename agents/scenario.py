@@ -63,8 +63,10 @@ def build(
     seed: int = 0,
     interval_s: float = 10.0,
     start_ts: float = 1_767_225_600.0,
+    heal_after_s: float | None = None,
 ) -> World:
-    """The fleet and request simulators of ``scenario``; ValueError on a bad combination."""
+    """The fleet and request simulators of ``scenario``; ValueError on a bad combination.
+    ``heal_after_s``: the request faults end that long after they start."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     if services < 1 and scenario in REQUEST_SCENARIOS:
@@ -90,6 +92,7 @@ def build(
                 start_ts=start_ts,
                 batch_s=interval_s,
                 fault_start_s=cfg.leak_start_s,
+                fault_end_s=None if heal_after_s is None else cfg.leak_start_s + heal_after_s,
                 hosts=tuple(host_name(h) for h in range(hosts)),
                 fault_host=leak[0] if leak is not None else None,
             )

@@ -33,7 +33,8 @@ scenario's fault hits one instance (:attr:`RequestSimulator.fault_target`):
 
 Each instance draws from its own RNG (and faults from another), so the same config always
 gives the same stream, other instances never see a fault, and the fault instance's stream
-equals the healthy one until ``fault_start_s``.
+equals the healthy one until ``fault_start_s`` (and again from ``fault_end_s``, if set:
+the request faults heal there; the GPU leak heals only with the OOM kill's restart).
 
 >>> sim = RequestSimulator(RequestSimConfig(services=1, instances=2, start_ts=1_700_000_000.0))
 >>> ts, envelopes = next(sim.ticks())
@@ -90,6 +91,7 @@ class RequestSimConfig:
     sample_rate: float = 0.1  # fraction of requests recorded
     error_rate: float = 0.005
     fault_start_s: float = 1200.0  # as SimConfig.leak_start_s
+    fault_end_s: float | None = None  # the request faults heal here (None: never)
     fault_service: int = 0
     fault_instance: int = -1
     outliers_per_min: float = 3.0  # recorded outlier requests, not sampled
@@ -108,6 +110,8 @@ class RequestSimConfig:
             raise ValueError(f"unknown scenario {self.scenario!r}; known: {', '.join(SCENARIOS)}")
         _check(self.start_ts, "start_ts", 0.0)
         _check(self.fault_start_s, "fault_start_s", 0.0)
+        if self.fault_end_s is not None:
+            _check(self.fault_end_s, "fault_end_s", self.fault_start_s, strict=True)
         _check(self.outliers_per_min, "outliers_per_min", 0.0)
         for name in ("batch_s", "base_qps", "oom_after_h"):
             _check(getattr(self, name), name, 0.0, strict=True)
@@ -237,6 +241,8 @@ class RequestSimulator:
         qps, tokens, decode = cfg.base_qps * load, 1.0, 1.0
         error_p, oom, slow_p, outliers = cfg.error_rate, False, 0.0, 0.0
         fault = inst.faulty and el >= cfg.fault_start_s
+        if cfg.fault_end_s is not None and el >= cfg.fault_end_s:
+            fault = False  # healed
         scenario = cfg.scenario if fault else "healthy"
         if scenario in ("throughput", "all"):
             qps, tokens = qps * THROUGHPUT["qps"], THROUGHPUT["tokens"]

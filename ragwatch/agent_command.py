@@ -94,6 +94,12 @@ def add_parser(sub: Any) -> None:
         help="event time to simulate, e.g. 3600, 90m or 6h (default: forever)",
     )
     sim.add_argument(
+        "--heal-after",
+        type=_duration,
+        default=None,
+        help="the request faults end this long after they start (default: never)",
+    )
+    sim.add_argument(
         "--start",
         type=float,
         default=None,
@@ -209,6 +215,7 @@ def _run_sim(
             seed=args.seed,
             interval_s=interval,
             start_ts=start,
+            heal_after_s=args.heal_after,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
