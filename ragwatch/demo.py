@@ -42,6 +42,30 @@ REQUEST_RULES = {
 PACE = {"healthy": ("4320", "60", "3d"), "oom": ("720", "10", "13h"), "all": ("720", "10", "13h")}
 OOM_SCENARIOS = ("oom", "all")
 TIMEOUT_S = {"healthy": 300.0}  # default --timeout per scenario (else 150 s)
+HEALING, HEAL_AFTER = ("all",), "5h"  # the request faults of `all` end 5 h in
+# The notifier's routes in the demo: every alert to the Alertmanager-style webhook (one
+# group per alert, at once: what the demo watches), critical and error ones to the
+# PagerDuty-like receiver (one event per transition), and grouped digests to Slack.
+NOTIFY_YAML = """\
+receivers:
+  - {{name: webhook, type: webhook, url: "{hook}"}}
+  - {{name: oncall, type: pagerduty, url: "{pd}", routing_key: "${{DEMO_PD_ROUTING_KEY}}"}}
+  - {{name: team-chat, type: slack, url: "{slack}"}}
+route:
+  receiver: team-chat
+  group_by: [alertname]
+  group_wait: 30s
+  group_interval: 5m
+  repeat_interval: 24h
+  routes:
+    - {{receiver: webhook, group_by: ['...'], group_wait: 0s, group_interval: 0s, continue: true}}
+    - {{matchers: {{severity: "=~critical|error"}}, receiver: oncall, group_by: ['...'],
+       group_wait: 0s, group_interval: 0s, continue: true}}
+    - {{receiver: team-chat}}
+inhibit_rules:
+  - {{source_matchers: {{alertname: GpuOomKill}}, target_matchers: {{alertname: GpuMemoryHigh}},
+     equal: [host, gpu]}}
+"""
 DEFAULT_PACE = ("720", "10", "12h")
 
 
@@ -215,6 +239,9 @@ def run_demo(
     if timeout_s is None:
         timeout_s = TIMEOUT_S.get(scenario, 150.0)
     receiver = WebhookReceiver().start()
+    slack = WebhookReceiver().start()
+    pager = WebhookReceiver().start()
+    pager.status = 202  # as PagerDuty's Events API answers
     children: _Children | None = None
     deadline = time.monotonic() + timeout_s
     ok = False
@@ -222,10 +249,13 @@ def run_demo(
         if own:
             _say(f"starting embedded {' + '.join(own)} in {stack.state_dir}")
             stack.up(own)
+        notify_file = run_dir / "notify.yaml"
+        notify_file.write_text(NOTIFY_YAML.format(hook=receiver.url, slack=slack.url, pd=pager.url))
         env = {
             **environ,
             **stack.env(),
-            "RAGWATCH_WEBHOOK_URLS": receiver.url,
+            "RAGWATCH_NOTIFY_FILE": str(notify_file),
+            "DEMO_PD_ROUTING_KEY": "demo" * 8,
             "RAGWATCH_APP_ID": f"ragwatch-demo-{run_id}",
             "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
             "RAGWATCH_STATE_DIR": str(run_dir),
@@ -236,9 +266,13 @@ def run_demo(
             env["RAGWATCH_REDIS_PREFIX"] = f"ragwatch-demo-{run_id}"
         demo_settings = Settings.from_env(env)
         ensure_topics(demo_settings)
-        _say(f"kafka {demo_settings.kafka_bootstrap}, webhook receiver {receiver.url}")
+        _say(
+            f"kafka {demo_settings.kafka_bootstrap}; local receivers: webhook {receiver.url}, "
+            f"Slack-like {slack.url}, PagerDuty-like {pager.url}"
+        )
         children = _Children(run_dir, env)
         children.start("worker", "worker")
+        children.start("notify", "notify")
         speed, interval, duration = PACE.get(scenario, DEFAULT_PACE)
         children.start(
             "agent",
@@ -261,6 +295,7 @@ def run_demo(
             duration,
             "--start",
             str(_start(duration)),
+            *(("--heal-after", HEAL_AFTER) if scenario in HEALING else ()),
         )
         _say(
             f"scenario {scenario}: {HOSTS} hosts x {GPUS} GPUs and {SERVICES} RAG services "
@@ -268,16 +303,85 @@ def run_demo(
             f"20; waiting for: {'; '.join(e.what for e in wanted) or 'silence'}"
         )
         ok = _watch(children, receiver, demo_settings, wanted, deadline, timeout_s, as_json, out)
+        if ok and scenario in HEALING:
+            ok = _healed(children, receiver, wanted, deadline)
+        if ok or not wanted:
+            ok = _check_receivers(receiver, slack, pager, wanted, healed=scenario in HEALING) and ok
         return 0 if ok else 1
     finally:
         if children is not None:
             children.stop_all()
-        receiver.stop()
+        for r in (receiver, slack, pager):
+            r.stop()
         stack.down()
         if ok:
             shutil.rmtree(run_dir, ignore_errors=True)
         else:
             _say(f"logs kept in {run_dir}")
+
+
+def _healed(
+    children: _Children, receiver: WebhookReceiver, wanted: list[Expectation], deadline: float
+) -> bool:
+    """Wait until every expected alert has also resolved at the webhook."""
+    names = {e.rule for e in wanted}
+    while time.monotonic() < deadline:
+        if children.dead():
+            return False
+        resolved = {
+            a["labels"].get("alertname")
+            for b in receiver.bodies
+            for a in b["alerts"]
+            if a["status"] == "resolved"
+        }
+        if names <= resolved:
+            _say(f"the scenario healed: {len(names)} alert(s) resolved at the webhook")
+            return True
+        receiver.wait_for(lambda b: False, 0.5)
+    _say(f"timeout: not resolved: {', '.join(sorted(names - resolved))}")
+    return False
+
+
+def _check_receivers(
+    hook: WebhookReceiver,
+    slack: WebhookReceiver,
+    pager: WebhookReceiver,
+    wanted: list[Expectation],
+    *,
+    healed: bool,
+) -> bool:
+    """What each receiver got: every transition once at the webhook and PagerDuty (one
+    trigger, and after healing one resolve, per alert), and Slack in few messages."""
+    time.sleep(1.0)  # let the last deliveries land
+    if wanted:  # Slack's group waits 30 s of event time; the notifier's clock may lag a bit
+        slack.wait_for(lambda b: True, 10.0)
+    seen: dict[tuple[str, str], int] = {}
+    for b in hook.bodies:
+        for a in b["alerts"]:
+            k = (a["fingerprint"], a["status"])
+            seen[k] = seen.get(k, 0) + 1
+    events: dict[tuple[str, str], int] = {}
+    for e in pager.bodies:
+        k = (e.get("dedup_key", ""), e.get("event_action", ""))
+        events[k] = events.get(k, 0) + 1
+    triggers = sum(n for (_, act), n in events.items() if act == "trigger")
+    resolves = sum(n for (_, act), n in events.items() if act == "resolve")
+    _say(
+        f"receivers: webhook {len(hook.bodies)} bodies, Slack-like {len(slack.bodies)} "
+        f"messages, PagerDuty-like {triggers} triggers + {resolves} resolves"
+    )
+    problems = [f"webhook got {k[1]} of {k[0]} {n} times" for k, n in seen.items() if n > 1]
+    problems += [f"PagerDuty got {k[1]} {k[0]} {n} times" for k, n in events.items() if n > 1]
+    if healed:
+        open_ = {k for (k, act) in events if act == "trigger"} - {
+            k for (k, act) in events if act == "resolve"
+        }
+        problems += [f"PagerDuty incident {k} was never resolved" for k in sorted(open_)]
+    if wanted and not slack.bodies:
+        problems.append("Slack got no message")
+    for p in problems:
+        _say(p)
+    return not problems
 
 
 def _start(duration: str) -> float:

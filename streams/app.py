@@ -1,6 +1,7 @@
 """The Faust app: ``ragwatch.gpu`` -> GpuPipeline, ``ragwatch.requests`` -> RequestPipeline,
 ``ragwatch.events`` -> EventPipeline and ``ragwatch.metrics`` -> MetricsPipeline, all ->
-root-cause hints (streams/hints.py) -> alerts topic, Redis, webhooks.
+root-cause hints (streams/hints.py) -> the alerts topic and Redis. ``ragwatch notify``
+(streams/notifier.py) delivers from the alerts topic.
 
 No app exists at import time: :func:`build_app` creates one from :class:`Settings` and
 registers the processors. Topics carry raw bytes; :mod:`ragwatch.codec` decodes them. A
@@ -50,7 +51,6 @@ from ragwatch.streams.snapshot import (
     load_service,
 )
 from ragwatch.streams.state import RedisState
-from ragwatch.streams.webhook import WebhookNotifier
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ class WorkerCounters:
 
 
 class Delivery(mode.Service):
-    """Owns the Redis client and the webhook notifier; sends every transition out."""
+    """Owns the Redis client; publishes every transition to the alerts topic (which
+    ``ragwatch notify`` delivers) and records it in Redis."""
 
     def __init__(self, settings: Settings, worker_id: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -94,18 +95,8 @@ class Delivery(mode.Service):
         self.counters = WorkerCounters()
         self.redis = aioredis.from_url(settings.redis_url)
         self.store = RedisState(self.redis, settings.redis_prefix)
-        self.notifier = WebhookNotifier(
-            settings.webhook_urls,
-            external_url=settings.external_url,
-            timeout_s=settings.webhook_timeout,
-            max_attempts=settings.webhook_max_attempts,
-        )
-
-    async def on_start(self) -> None:
-        await self.notifier.start()
 
     async def on_stop(self) -> None:
-        await self.notifier.stop(timeout_s=10.0)
         await self.redis.aclose()
 
     async def send(self, t: Transition, alerts_topic: Any) -> None:
@@ -121,17 +112,16 @@ class Delivery(mode.Service):
             a.fingerprint,
             a.labels,
         )
-        await alerts_topic.send(key=a.fingerprint.encode(), value=encode(a))
-        if t.notify and await self._first_notification(a):
-            self.notifier.submit(a)
+        if not t.notify or await self._first_notification(a):
+            await alerts_topic.send(key=a.fingerprint.encode(), value=encode(a))
         try:
             await self.store.write_transition(t)
         except RedisError as exc:
             self._redis_failed("write alert", exc)
 
     async def _first_notification(self, a: Alert) -> bool:
-        """Whether receivers have not heard of this transition yet (a worker restarted from a
-        snapshot may produce it again). Without Redis: at least once, so send it."""
+        """Whether this firing or resolution was not published before (a worker restarted
+        from a snapshot may produce it again). Without Redis: at least once, publish it."""
         try:
             first = await self.store.claim_notification(a)
         except RedisError as exc:
@@ -139,7 +129,7 @@ class Delivery(mode.Service):
             return True
         if not first:
             self.counters.duplicate_notifications += 1
-            log.info("alert %s %s was sent before a restart: not sending again", a.rule, a.status)
+            log.info("alert %s %s was published before a restart: not again", a.rule, a.status)
         return first
 
     async def restore(self, pipes: Pipelines, kind: str, key: str) -> None:
@@ -194,8 +184,8 @@ class Delivery(mode.Service):
                     **{f"requests_{k}": v for k, v in asdict(requests.stats).items()},
                     **{f"events_{k}": v for k, v in asdict(pipes.events.stats).items()},
                     **{f"metrics_{k}": v for k, v in asdict(pipes.metrics.stats).items()},
-                    **{f"webhook_{k}": v for k, v in asdict(self.notifier.stats).items()},
                     "series": len(gpus.series) + len(requests.series) + len(pipes.metrics.series),
+                    "watermark": pipes.watermark,
                 },
             )
         except RedisError as exc:

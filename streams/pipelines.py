@@ -47,6 +47,12 @@ class Pipelines:
         self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series)
         self.correlator = Correlator(self.gpus, self.requests, rules, self.engine)
 
+    @property
+    def watermark(self) -> float:
+        """The newest event time seen on any input (0 before any)."""
+        marks = (self.gpus._watermark, self.requests._watermark, self.metrics._watermark)
+        return max(0.0, *marks)
+
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
         # GPU telemetry moves the host's event time forward: event alerts age with it.
         out = self.gpus.process(env) + self.events.advance(env.host, env.ts)

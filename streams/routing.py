@@ -223,7 +223,10 @@ def _route(
     children = d.get("routes", [])
     if not isinstance(children, list):
         raise ConfigError(f"{where}.routes: expected a list")
-    kids = tuple(_route(c, node, receivers, f"{where}.routes[{i}]") for i, c in enumerate(children))
+    kids = tuple(
+        _route(c, node, receivers, f"{where}.routes[{i}]", f"{path}.{i}")
+        for i, c in enumerate(children)
+    )
     return replace(node, routes=kids)
 
 

@@ -1,4 +1,4 @@
-"""Webhook delivery: an Alertmanager-v4-shaped JSON POST per alert transition.
+"""Webhook delivery: an Alertmanager-v4-shaped JSON POST per notification.
 
 Every existing Alertmanager webhook receiver understands the body::
 
@@ -8,9 +8,16 @@ Every existing Alertmanager webhook receiver understands the body::
      "alerts": [{"status", "labels", "annotations", "startsAt", "endsAt",
                  "generatorURL", "fingerprint", "value", "expected"}]}
 
-One delivery queue per URL, so a dead receiver delays only itself; each POST is retried
-with exponential backoff and jitter on connection errors, timeouts and non-2xx answers,
-up to ``max_attempts``, then dropped with an error log and a counter.
+:class:`WebhookSender` is the notifier's sender (:mod:`ragwatch.streams.notification`):
+one POST per notification, signed with ``X-Ragwatch-Signature: sha256=<hex HMAC-SHA256 of
+the body>`` when the receiver has an ``hmac_secret``; 2xx is delivered, 408/425/429/5xx,
+timeouts and connection errors are retried (after ``Retry-After`` when the receiver sends
+one, and nothing else goes to that URL before then), other 4xx fail. A body over
+``max_body_bytes`` keeps the first alerts that fit and counts the rest in
+``truncatedAlerts``, as Alertmanager's ``max_alerts`` does.
+
+What the three senders (webhook, :mod:`~ragwatch.streams.slack`,
+:mod:`~ragwatch.streams.pagerduty`) share is in :mod:`~ragwatch.streams.delivery`.
 
 >>> from ragwatch.schema import Alert
 >>> a = Alert(rule="R", severity="critical", status="firing", labels={"alertname": "R"},
@@ -19,39 +26,82 @@ up to ``max_attempts``, then dropped with an error log and a counter.
 >>> body = alertmanager_payload([a], external_url="http://rw")
 >>> body["status"], body["alerts"][0]["startsAt"], body["alerts"][0]["endsAt"]
 ('firing', '1970-01-01T00:00:00Z', '0001-01-01T00:00:00Z')
+>>> from ragwatch.streams.notification import Notification
+>>> n = Notification.of("hook", {"alertname": "R"}, [a] * 50)
+>>> small = orjson.loads(webhook_body(n, max_body_bytes=4096))
+>>> len(small["alerts"]) + small["truncatedAlerts"], small["groupKey"]
+(50, 'hook:{"alertname":"R"}')
 """
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
+import hmac
 import logging
-import random
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 import orjson
 
-from ragwatch.config import mask_webhook
+from ragwatch.config import Secret, mask_webhook
 from ragwatch.schema import Alert
+from ragwatch.streams.delivery import (
+    Hold,
+    ReceiverFields,
+    outcome_of,
+    post_json,
+    shared,
+    target_key,
+)
+from ragwatch.streams.notification import (
+    Delivered,
+    Failed,
+    Notification,
+    Outcome,
+    Retry,
+    SenderStats,
+)
+
+if TYPE_CHECKING:
+    from ragwatch.streams.notification import Sender
 
 log = logging.getLogger(__name__)
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's "not ended"
+MIB = 1024 * 1024
+MAX_TIMESTAMP = 253402300799.0  # 9999-12-31T23:59:59Z, the last time RFC 3339 can write
 
 
 def rfc3339(ts: float | None) -> str:
-    if ts is None:
+    """Epoch seconds as RFC 3339 UTC; None (not ended) as Alertmanager's zero time.
+
+    >>> rfc3339(1.5), rfc3339(None), rfc3339(1e300)
+    ('1970-01-01T00:00:01.5Z', '0001-01-01T00:00:00Z', '9999-12-31T23:59:59Z')
+    """
+    if ts is None or math.isnan(ts):
         return ZERO_TIME
-    dt = datetime.fromtimestamp(ts, tz=UTC)
+    dt = datetime.fromtimestamp(min(max(ts, 0.0), MAX_TIMESTAMP), tz=UTC)
     frac = f".{dt.microsecond:06d}".rstrip("0").rstrip(".")
     return dt.strftime("%Y-%m-%dT%H:%M:%S") + frac + "Z"
 
 
 def alertmanager_payload(
-    alerts: list[Alert], *, receiver: str = "ragwatch", external_url: str = ""
+    alerts: Sequence[Alert],
+    *,
+    receiver: str = "ragwatch",
+    external_url: str = "",
+    group_key: str | None = None,
+    group_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The Alertmanager v4 webhook body for a group of alerts."""
+    """The Alertmanager v4 webhook body for a group of alerts.
+
+    ``group_key`` and ``group_labels`` come from a :class:`Notification`; without them
+    the group is the first alert's ``alertname``.
+    """
     if not alerts:
         raise ValueError("alertmanager_payload needs at least one alert")
     common_labels = dict(alerts[0].labels)
@@ -59,14 +109,17 @@ def alertmanager_payload(
     for a in alerts[1:]:
         common_labels = {k: v for k, v in common_labels.items() if a.labels.get(k) == v}
         common_ann = {k: v for k, v in common_ann.items() if a.annotations.get(k) == v}
-    group_labels = {"alertname": alerts[0].labels.get("alertname", alerts[0].rule)}
+    if group_labels is None:
+        group_labels = {"alertname": alerts[0].labels.get("alertname", alerts[0].rule)}
+    if group_key is None:
+        group_key = "{}:" + orjson.dumps(dict(group_labels)).decode()
     return {
         "version": "4",
-        "groupKey": "{}:" + orjson.dumps(group_labels).decode(),
+        "groupKey": group_key,
         "truncatedAlerts": 0,
         "status": "firing" if any(a.status == "firing" for a in alerts) else "resolved",
         "receiver": receiver,
-        "groupLabels": group_labels,
+        "groupLabels": dict(group_labels),
         "commonLabels": common_labels,
         "commonAnnotations": common_ann,
         "externalURL": external_url,
@@ -87,105 +140,146 @@ def alertmanager_payload(
     }
 
 
-@dataclass
-class WebhookStats:
-    sent: int = 0
-    retries: int = 0
-    failed: int = 0
+def webhook_body(n: Notification, *, max_body_bytes: int = MIB) -> bytes:
+    """The JSON body for one notification, at most ``max_body_bytes`` long.
+
+    Too long: the first alerts that fit are kept and ``truncatedAlerts`` counts the
+    others (group status and common labels still describe all of them, as Alertmanager's
+    ``max_alerts`` does). At least one alert is always kept, even if it alone is longer.
+    """
+    payload = alertmanager_payload(
+        n.alerts,
+        receiver=n.receiver,
+        external_url=n.external_url,
+        group_key=n.group_key,
+        group_labels=n.group_labels,
+    )
+    body = orjson.dumps(payload)
+    alerts = payload["alerts"]
+    if len(body) <= max_body_bytes or len(alerts) == 1:
+        return body
+
+    def cut(k: int) -> bytes:
+        return orjson.dumps({**payload, "truncatedAlerts": len(alerts) - k, "alerts": alerts[:k]})
+
+    lo, hi = 1, len(alerts) - 1  # the largest k whose body fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if len(cut(mid)) <= max_body_bytes else (lo, mid - 1)
+    return cut(lo)
 
 
-class WebhookNotifier:
-    """Posts alerts to every configured URL; one ordered queue and task per URL."""
+def sign(secret: str, body: bytes) -> str:
+    """The ``X-Ragwatch-Signature`` header value: ``sha256=<hex HMAC-SHA256 of body>``.
+
+    >>> sign("s3cret", b'{"a":1}')[:15]
+    'sha256=5910e620'
+    """
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+# ---------------------------------------------------------------- the webhook sender
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """A generic webhook receiver: Alertmanager v4 JSON to ``url``, optionally signed.
+
+    >>> c = WebhookConfig.from_mapping("audit", {"url": "https://h.example/x/tok",
+    ...                                          "hmac_secret": "s3cret", "timeout_s": "5s"})
+    >>> c.timeout_s, c.max_body_bytes, c.hmac_secret
+    (5.0, 1048576, Secret('**********'))
+    >>> "tok" in repr(c) or "s3cret" in repr(c)
+    False
+    """
+
+    name: str
+    url: str = field(repr=False)  # may carry a token in its path or query
+    hmac_secret: Secret | None = None
+    timeout_s: float = 10.0
+    max_body_bytes: int = MIB
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("url", "hmac_secret", "timeout_s", "max_body_bytes")
+
+    @classmethod
+    def from_mapping(cls, name: str, d: Mapping[str, Any]) -> WebhookConfig:
+        f = ReceiverFields("webhook", name, d, cls.FIELDS)
+        return cls(
+            name=name,
+            url=f.url("url", secret=True),
+            hmac_secret=f.optional_secret("hmac_secret"),
+            timeout_s=f.number("timeout_s", 10.0, duration=True),
+            max_body_bytes=f.integer("max_body_bytes", MIB, minimum=4096),
+        )
+
+
+class WebhookSender:
+    """Posts each notification to one URL (see the module docstring for the rules).
+
+    A Retry answer (or a ``Retry-After``) stops the batch: the notifications after it are
+    answered Retry without being sent, so a dead receiver costs one timeout per batch.
+    """
+
+    kind: ClassVar[str] = "webhook"
 
     def __init__(
         self,
-        urls: tuple[str, ...],
+        config: WebhookConfig,
+        session: aiohttp.ClientSession,
         *,
-        external_url: str = "",
-        timeout_s: float = 5.0,
-        max_attempts: int = 8,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.urls = urls
-        self.external_url = external_url
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.max_attempts = max_attempts
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.stats = WebhookStats()
-        self._queues: dict[str, asyncio.Queue[bytes]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
+        self.config = config
+        self.name = config.name
+        self.stats = SenderStats()
+        self._session = session
+        self._clock = clock
+        self._hold = shared(session, target_key("webhook", config.url), Hold)
 
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=self.timeout)
-        for url in self.urls:
-            q: asyncio.Queue[bytes] = asyncio.Queue()
-            self._queues[url] = q
-            self._tasks.append(asyncio.create_task(self._run(url, q)))
+    def describe(self) -> str:
+        signed = ", signed" if self.config.hmac_secret else ""
+        return f"webhook {self.name} -> {mask_webhook(self.config.url)}{signed}"
 
-    def submit(self, alert: Alert) -> None:
-        """Queue one alert for every URL; never blocks the caller."""
-        body = orjson.dumps(alertmanager_payload([alert], external_url=self.external_url))
-        for q in self._queues.values():
-            q.put_nowait(body)
+    async def send(self, batch: Sequence[Notification]) -> list[Outcome]:
+        out: list[Outcome] = []
+        stop: Retry | None = None  # once set, the rest of the batch is not sent
+        for n in batch:
+            if stop is None and (wait := self._hold.left(self._clock())) > 0:
+                stop = Retry(f"held: the receiver asked to wait {wait:.1f}s", wait)
+            if stop is not None:
+                self.stats.rate_limited += 1 if stop.reason.startswith("held") else 0
+                out.append(stop)
+                continue
+            outcome = await self._post(n)
+            out.append(outcome)
+            if isinstance(outcome, Retry):
+                stop = Retry(f"not sent: an earlier one got {outcome.reason}", outcome.after_s)
+        self.stats.retried += sum(isinstance(o, Retry) for o in out)
+        return out
 
-    async def drain(self, timeout_s: float) -> bool:
-        """Wait until every queue is empty (or the timeout); True if all was delivered."""
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(*(q.join() for q in self._queues.values())), timeout_s
-            )
-            return True
-        except TimeoutError:
-            return False
+    async def _post(self, n: Notification) -> Outcome:
+        body = webhook_body(n, max_body_bytes=self.config.max_body_bytes)
+        headers = {"User-Agent": "ragwatch"}
+        if self.config.hmac_secret:
+            headers["X-Ragwatch-Signature"] = sign(self.config.hmac_secret.get(), body)
+        answer = await post_json(
+            self._session, self.config.url, body, timeout_s=self.config.timeout_s, headers=headers
+        )
+        outcome = outcome_of(answer)
+        if isinstance(outcome, Retry) and outcome.after_s is not None:  # Retry-After
+            self._hold.extend(self._clock(), outcome.after_s)
+        self.stats.rate_limited += 1 if answer.status == 429 else 0
+        if isinstance(outcome, Delivered):
+            self.stats.sent += 1
+        elif isinstance(outcome, Failed):
+            self.stats.failed += 1
+            log.error("%s: notification %s failed: %s", self.describe(), n.key, outcome.reason)
+        else:
+            log.warning("%s: notification %s to retry: %s", self.describe(), n.key, outcome.reason)
+        return outcome
 
-    async def stop(self, timeout_s: float = 5.0) -> None:
-        if not await self.drain(timeout_s):
-            pending = sum(q.qsize() for q in self._queues.values())
-            log.error("webhook notifier stopped with %d undelivered notification(s)", pending)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
 
-    async def _run(self, url: str, q: asyncio.Queue[bytes]) -> None:
-        while True:
-            body = await q.get()
-            try:
-                await self._deliver(url, body)
-            finally:
-                q.task_done()
+if TYPE_CHECKING:
 
-    async def _deliver(self, url: str, body: bytes) -> None:
-        assert self._session is not None
-        shown = mask_webhook(url)
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                async with self._session.post(
-                    url, data=body, headers={"Content-Type": "application/json"}
-                ) as resp:
-                    if 200 <= resp.status < 300:
-                        self.stats.sent += 1
-                        return
-                    why = f"HTTP {resp.status}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                why = f"{type(exc).__name__}"
-            if attempt == self.max_attempts:
-                break
-            self.stats.retries += 1
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-            delay *= random.uniform(0.8, 1.2)
-            log.warning(
-                "webhook %s failed (%s), attempt %d/%d, retrying in %.1fs",
-                shown,
-                why,
-                attempt,
-                self.max_attempts,
-                delay,
-            )
-            await asyncio.sleep(delay)
-        self.stats.failed += 1
-        log.error("webhook %s: giving up after %d attempts (%s)", shown, self.max_attempts, why)
+    def _is_a_sender(s: WebhookSender) -> Sender:
+        return s

@@ -1,7 +1,7 @@
 """``ragwatch worker``: run the Faust app until SIGTERM/SIGINT.
 
 Faust's worker handles the signals: it stops the agents, commits the offsets of what
-they processed, drains the webhook queues (up to 10 s) and closes Redis.
+they processed and closes Redis. Notifications go out from ``ragwatch notify``.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ def test_retrieval_slowdown_is_paged_with_its_baseline(
     env = {**rw_env, "RAGWATCH_WEBHOOK_URLS": receiver.url}
     settings = make_settings(env)
     worker = start_ragwatch(["worker"], env)
+    start_ragwatch(["notify"], env)
     sim = RequestSimulator(RequestSimConfig(services=1, instances=2, scenario="retrieval"))
     target = sim.fault_target
     assert target is not None

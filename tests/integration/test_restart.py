@@ -94,6 +94,7 @@ def test_kill_9_keeps_the_pending_timer_and_pages_exactly_once(
 
     # 1. The leak goes pending at minute 62 (fires at 72): once the worker has committed its
     # offsets (so a restart does not replay from the start), SIGKILL it at minute 66.
+    notifier = start_ragwatch(["notify"], env)  # keeps running through the worker kills
     first = start_ragwatch(["worker"], env)
     sent = publish(settings, ticks, 0, 66)
     wait_until(lambda: committed() == sent, 90, "the first worker to commit its offsets")
@@ -132,6 +133,7 @@ def test_kill_9_keeps_the_pending_timer_and_pages_exactly_once(
     active = [orjson.loads(v) for v in redis_client.hvals(keys.active)]
     assert [(a["fingerprint"], a["status"]) for a in active] == [(pending["fingerprint"], "firing")]
     assert third.stop() == 0
+    assert notifier.stop() == 0
 
 
 async def test_a_transition_is_claimed_for_receivers_once(rw_env: dict[str, str]) -> None:

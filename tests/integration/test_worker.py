@@ -62,6 +62,7 @@ def test_leak_alert_reaches_webhook_redis_alerts_topic_and_status(
     env = {**rw_env, "RAGWATCH_WEBHOOK_URLS": receiver.url}
     settings = make_settings(env)
     worker = start_ragwatch(["worker"], env)
+    start_ragwatch(["notify"], env)
     config = SimConfig(hosts=2, gpus=2, scenario="leak", start_ts=START)
     target = FleetSimulator(config).leak_target
     assert target is not None
@@ -73,10 +74,10 @@ def test_leak_alert_reaches_webhook_redis_alerts_topic_and_status(
     # The webhook body: Alertmanager v4 field names, one firing alert, explained.
     assert body["version"] == "4"
     assert body["status"] == "firing"
-    assert body["receiver"] == "ragwatch"
-    assert body["groupLabels"] == {"alertname": "GpuMemoryLeak"}
+    assert body["receiver"] == "webhook-1"  # `ragwatch notify` without a notify file
     assert body["commonLabels"]["host"] == target[0]
     (alert,) = body["alerts"]
+    assert body["groupLabels"] == alert["labels"]  # group_by: ['...']: one group per alert
     labels = alert["labels"]
     assert labels["process"] == "rag-worker" and labels["severity"] == "critical"
     assert re.fullmatch(r"[0-9a-f]{12}", labels["container"])

@@ -85,6 +85,10 @@ def test_config_expands_environment_and_inherits_route_fields() -> None:
         "chat",
     ]
     assert [r.path for r in cfg.route.match({"severity": "info"})] == ["0"]
+    assert [r.path for r in cfg.route.match({"severity": "critical", "service": "rag-api"})] == [
+        "0.0",
+        "0.1",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -196,9 +200,10 @@ def test_silences_mute_while_active_but_never_swallow_a_resolve(grouper: Grouper
 
 def test_group_state_survives_a_restart(grouper: Grouper) -> None:
     grouper.add(alert("Leak", host="h1"), now=0.0)
+    grouper.add(alert("Oom", severity="critical", host="h1"), now=0.0)  # pager
     grouper.flush(now=30.0)
     restarted = Grouper(parse_config(CONFIG, ENV))
-    assert restarted.loads(grouper.dumps()) == 1
+    assert restarted.loads(grouper.dumps()) == 2
     restarted.add(alert("Leak", "resolved", at=100.0, host="h1"), now=100.0)
     assert names(restarted.flush(now=400.0)) == [("chat", "resolved", ["Leak"])]
 

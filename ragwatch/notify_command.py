@@ -1,0 +1,125 @@
+"""``ragwatch notify`` (the notifier process) and ``ragwatch silence add|list|expire``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import signal
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import orjson
+
+from ragwatch.config import Settings, redact_url
+from ragwatch.errors import ConfigError
+
+log = logging.getLogger("ragwatch.notify")
+
+
+def run_notifier(settings: Settings, environ: Mapping[str, str] | None = None) -> int:
+    """Run until SIGTERM/SIGINT. A bad notify file fails before anything connects."""
+    import os
+
+    from ragwatch.kafka_admin import ensure_topics
+    from ragwatch.streams.notifier import Notifier
+    from ragwatch.streams.routing import load_config
+
+    env = os.environ if environ is None else environ
+    config = load_config(settings.notify_file, env, urls=settings.webhook_urls)
+    if settings.webhook_hmac_secret.get() and settings.notify_file is None:
+        from ragwatch.streams.routing import default_config
+
+        config = default_config(
+            settings.webhook_urls, hmac_secret=settings.webhook_hmac_secret.get()
+        )
+    if not config.receivers:
+        log.warning("notify: no receivers (set RAGWATCH_WEBHOOK_URLS or RAGWATCH_NOTIFY_FILE)")
+    ensure_topics(settings)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Notifier(settings, config).run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def _client(settings: Settings) -> Any:
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def silence_command(
+    args: argparse.Namespace, settings: Settings, environ: Mapping[str, str], *, out: TextIO
+) -> int:
+    from redis.exceptions import RedisError
+
+    from ragwatch.streams.silences import Silence, decode_all, parse_matchers
+    from ragwatch.streams.state import Keys
+
+    keys = Keys(settings.redis_prefix)
+    client = _client(settings)
+    now = time.time()
+    try:
+        if args.action == "add":
+            author = args.author or environ.get("USER") or getpass.getuser()
+            s = Silence.new(
+                parse_matchers(args.match),
+                comment=args.comment,
+                author=author,
+                now=now,
+                duration_s=args.duration,
+                cron=args.cron,
+            )
+            client.hset(keys.silences, s.id, orjson.dumps(s.to_dict()))
+            until = f"windows '{s.cron}' of {args.duration:g}s" if s.cron else _when(s.ends_at)
+            out.write(f"{s.id}  silenced until {until}\n")
+            return 0
+        silences = decode_all(client.hgetall(keys.silences))
+        if args.action == "expire":
+            match = [s for s in silences if s.id == args.id]
+            if not match:
+                raise ConfigError(f"silence {args.id!r} does not exist")
+            d = {**match[0].to_dict(), "expired_at": now}
+            client.hset(keys.silences, args.id, orjson.dumps(d))
+            out.write(f"{args.id}  expired\n")
+            return 0
+        shown = [s for s in silences if args.all or s.state(now) != "expired"]
+        if args.json:
+            out.write(
+                orjson.dumps(
+                    [{**s.to_dict(), "state": s.state(now)} for s in shown],
+                    option=orjson.OPT_INDENT_2,
+                ).decode()
+                + "\n"
+            )
+            return 0
+        if not shown:
+            out.write("no silences\n")
+        for s in shown:
+            matchers = ",".join(f"{m.name}{'=~' if m.regex else '='}{m.value}" for m in s.matchers)
+            until = (
+                f"cron '{s.cron}' for {s.duration_s:g}s" if s.cron else f"until {_when(s.ends_at)}"
+            )
+            out.write(f"{s.id}  {s.state(now):8} {matchers}  {until}  by {s.author}: {s.comment}\n")
+        return 0
+    except RedisError as exc:
+        raise ConfigError(
+            f"cannot reach Redis at {redact_url(settings.redis_url)}: {exc}"
+        ) from None
+    finally:
+        client.close()

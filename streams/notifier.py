@@ -1,0 +1,343 @@
+"""``ragwatch notify``: from ``ragwatch.alerts`` to Slack, PagerDuty and webhooks, once.
+
+One process (like Alertmanager): the workers publish every alert transition to
+``ragwatch.alerts``; the notifier consumes it (consumer group ``<app_id>-notify``),
+routes and groups the transitions (:mod:`ragwatch.streams.grouping`), mutes what silences
+and inhibition rules say, writes each notification to the Redis outbox
+(:mod:`ragwatch.streams.outbox`) and only then commits the consumer offsets; a sender
+loop delivers due notifications through each receiver's sender, retrying with backoff
+and dead-lettering what cannot be delivered.
+
+Its clock is event time: the newest ``at`` of the alerts it has read, or the workers'
+watermark in Redis if that is newer, advanced by the wall clock since it was seen. So
+``group_wait: 30s`` means 30 s of telemetry, whether it is replayed at 720x or live.
+
+The group state (which alerts each receiver has been told about) is saved in Redis
+(``P:notify:groups``) with every batch, before the offsets are committed, so a restarted
+notifier neither forgets to resolve what it paged for nor pages it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from ragwatch.codec import decode_as
+from ragwatch.config import Settings
+from ragwatch.errors import ConfigError, SchemaError
+from ragwatch.schema import Alert
+from ragwatch.streams.grouping import Grouper
+from ragwatch.streams.notification import Delivered, Failed, Retry, Sender
+from ragwatch.streams.outbox import Entry, Outbox
+from ragwatch.streams.routing import NotifyConfig
+from ragwatch.streams.silences import Silence, decode_all
+from ragwatch.streams.state import Keys
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.2
+WATERMARK_EVERY_S = 1.0
+
+
+class EventClock:
+    """Event time that keeps moving: the newest mark, plus wall time since it was seen."""
+
+    def __init__(self, wall: Callable[[], float] = time.monotonic) -> None:
+        self._wall = wall
+        self._mark: float | None = None
+        self._seen = 0.0
+
+    def observe(self, ts: float | None) -> None:
+        if ts is not None and (self._mark is None or ts > self._mark):
+            self._mark, self._seen = ts, self._wall()
+
+    def now(self) -> float | None:
+        return None if self._mark is None else self._mark + (self._wall() - self._seen)
+
+
+@dataclass
+class NotifierCounters:
+    alerts_read: int = 0
+    bad_records: int = 0
+    queued: int = 0  # notifications written to the outbox
+    duplicates: int = 0  # notifications already queued or delivered
+    delivered: int = 0
+    retried: int = 0
+    dead: int = 0
+    redis_errors: int = 0
+    send_errors: int = 0  # unexpected errors in the delivery loop (logged with a traceback)
+
+
+def make_sender(name: str, spec: Mapping[str, Any], session: aiohttp.ClientSession) -> Sender:
+    """The sender for one receiver of the notify config."""
+    kind = spec.get("type")
+    body = {k: v for k, v in spec.items() if k not in ("name", "type")}
+    if kind == "webhook":
+        from ragwatch.streams.webhook import WebhookConfig, WebhookSender
+
+        return WebhookSender(WebhookConfig.from_mapping(name, body), session)
+    if kind == "slack":
+        from ragwatch.streams.slack import SlackConfig, SlackSender
+
+        return SlackSender(SlackConfig.from_mapping(name, body), session)
+    if kind == "pagerduty":
+        from ragwatch.streams.pagerduty import PagerDutyConfig, PagerDutySender
+
+        return PagerDutySender(PagerDutyConfig.from_mapping(name, body), session)
+    raise ConfigError(f"receiver {name}: unknown type {kind!r}")
+
+
+def consumer_kwargs(settings: Settings) -> dict[str, Any]:
+    """aiokafka options for the settings' bootstrap servers and security."""
+    from ragwatch.streams.app import faust_credentials
+
+    kw: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap.split(",")}
+    creds = faust_credentials(settings)
+    proto = settings.kafka_security_protocol
+    if creds is not None:
+        kw["security_protocol"] = proto
+        ctx = getattr(creds, "context", None) or getattr(creds, "ssl_context", None)
+        if ctx is not None:
+            kw["ssl_context"] = ctx
+        if proto.startswith("SASL"):
+            kw["sasl_mechanism"] = settings.kafka_sasl_mechanism
+            kw["sasl_plain_username"] = settings.kafka_sasl_username
+            kw["sasl_plain_password"] = settings.kafka_sasl_password.get()
+    return kw
+
+
+class Notifier:
+    """The notify loop; ``run`` until ``stop`` is set."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: NotifyConfig,
+        *,
+        senders: Mapping[str, Sender] | None = None,
+    ) -> None:
+        self.settings, self.config = settings, config
+        self.keys = Keys(settings.redis_prefix)
+        self.counters = NotifierCounters()
+        self.grouper = Grouper(config, external_url=settings.external_url)
+        self.clock = EventClock()
+        self.silences: list[Silence] = []
+        self._senders = dict(senders or {})
+        self._redis: Any = None
+        self.outbox: Outbox | None = None
+
+    # ---------------------------------------------------------------- the loops
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        self._redis = aioredis.from_url(self.settings.redis_url)
+        self.outbox = Outbox(self._redis, self.keys, max_attempts=self.config.max_attempts)
+        session = aiohttp.ClientSession()
+        for name, spec in self.config.receivers.items():
+            if name not in self._senders:
+                self._senders[name] = make_sender(name, spec, session)
+        await self._restore()
+        consumer = AIOKafkaConsumer(
+            self.settings.topic("alerts"),
+            group_id=f"{self.settings.app_id}-notify",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=int(self.settings.kafka_session_timeout * 1000),
+            heartbeat_interval_ms=int(min(3.0, self.settings.kafka_session_timeout / 3) * 1000),
+            **consumer_kwargs(self.settings),
+        )
+        await consumer.start()
+        log.info(
+            "notify: %d receiver(s): %s",
+            len(self._senders),
+            ", ".join(f"{n}={s.describe()}" for n, s in self._senders.items()) or "none",
+        )
+        sender = asyncio.create_task(self._send_loop(stop))
+        try:
+            await self._consume_loop(consumer, stop)
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sender, 10.0)
+            await consumer.stop()
+            await session.close()
+            await self._redis.aclose()
+
+    async def _consume_loop(self, consumer: Any, stop: asyncio.Event) -> None:
+        last_watermark = last_status = 0.0
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=int(TICK_S * 1000), max_records=500)
+            changed = False
+            for records in batch.values():
+                for rec in records:
+                    changed |= self._take(rec.value)
+            wall = time.monotonic()
+            await self._refresh_silences()  # every tick: an expired silence takes effect at once
+            if wall - last_watermark >= WATERMARK_EVERY_S:
+                last_watermark = wall
+                await self._observe_workers()
+            now = self.clock.now()
+            queued = False
+            if now is not None:
+                for n in self.grouper.flush(now, silenced=self._silenced):
+                    queued |= await self._queue(n)
+            if changed or queued:
+                await self._save_groups()
+            if batch:
+                await consumer.commit()
+            if wall - last_status >= 1.0:
+                last_status = wall
+                await self._write_status()
+
+    def _take(self, value: bytes | None) -> bool:
+        self.counters.alerts_read += 1
+        try:
+            alert = decode_as(Alert, value or b"")
+        except SchemaError as exc:
+            self.counters.bad_records += 1
+            log.warning("notify: unreadable record on the alerts topic: %s", exc.reason)
+            return False
+        self.clock.observe(alert.at if alert.at is not None else alert.ends_at or alert.starts_at)
+        now = self.clock.now()
+        self.grouper.add(alert, now if now is not None else alert.starts_at)
+        return True
+
+    async def _queue(self, n: Any) -> bool:
+        assert self.outbox is not None
+        try:
+            if await self.outbox.put(n):
+                self.counters.queued += 1
+                log.info(
+                    "notify: queued %s for %s (%s, %d alert(s))",
+                    n.status,
+                    n.receiver,
+                    n.reason,
+                    len(n.alerts),
+                )
+                return True
+            self.counters.duplicates += 1
+        except RedisError as exc:
+            self._redis_failed("queue a notification", exc)
+        return False
+
+    async def _send_loop(self, stop: asyncio.Event) -> None:
+        assert self.outbox is not None
+        while not stop.is_set():
+            try:
+                due = await self.outbox.due()
+            except RedisError as exc:
+                self._redis_failed("read the outbox", exc)
+                due = []
+            by_receiver: dict[str, list[Entry]] = {}
+            for e in due:
+                by_receiver.setdefault(e.notification.receiver, []).append(e)
+            for name, entries in by_receiver.items():
+                try:
+                    await self._deliver(name, entries)
+                except Exception:  # a bug must not stop delivery to every receiver
+                    self.counters.send_errors += 1
+                    log.exception("notify: delivering to %s failed", name)
+            if not due:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), TICK_S)
+
+    async def _deliver(self, name: str, entries: list[Entry]) -> None:
+        assert self.outbox is not None
+        sender = self._senders.get(name)
+        if sender is None:
+            for e in entries:
+                await self.outbox.dead(e, f"receiver {name!r} is not configured any more")
+                self.counters.dead += 1
+            return
+        outcomes = await sender.send([e.notification for e in entries])
+        for e, outcome in zip(entries, outcomes, strict=True):
+            try:
+                if isinstance(outcome, Delivered):
+                    await self.outbox.delivered(e)
+                    self.counters.delivered += 1
+                    log.info("notify: delivered %s to %s", e.notification.status, name)
+                elif isinstance(outcome, Retry):
+                    if await self.outbox.retry(e, outcome.reason, outcome.after_s):
+                        self.counters.retried += 1
+                        log.info("notify: %s will retry (%s)", name, outcome.reason)
+                    else:
+                        self.counters.dead += 1
+                        log.error(
+                            "notify: %s gave up on %s: %s", name, e.notification.key, outcome.reason
+                        )
+                elif isinstance(outcome, Failed):
+                    await self.outbox.dead(e, outcome.reason)
+                    self.counters.dead += 1
+                    log.error("notify: %s refused %s: %s", name, e.notification.key, outcome.reason)
+            except RedisError as exc:
+                self._redis_failed("record a delivery", exc)
+
+    # ---------------------------------------------------------------- state
+
+    def _silenced(self, alert: Alert) -> bool:
+        wall = time.time()
+        return any(s.active(wall) and s.matches(alert.labels) for s in self.silences)
+
+    async def _refresh_silences(self) -> None:
+        try:
+            self.silences = decode_all(await self._redis.hgetall(self.keys.silences))
+        except RedisError as exc:
+            self._redis_failed("read silences", exc)
+
+    async def _observe_workers(self) -> None:
+        """The workers' event-time watermark moves the clock when no alert does."""
+        try:
+            raw = await self._redis.hvals(self.keys.workers)
+        except RedisError as exc:
+            self._redis_failed("read worker watermarks", exc)
+            return
+        marks = [orjson.loads(v).get("watermark") for v in raw]
+        self.clock.observe(max((m for m in marks if isinstance(m, int | float)), default=None))
+
+    async def _save_groups(self) -> None:
+        try:
+            await self._redis.set(f"{self.keys.notifier}:groups", self.grouper.dumps())
+        except RedisError as exc:
+            self._redis_failed("save groups", exc)
+
+    async def _restore(self) -> None:
+        try:
+            data = await self._redis.get(f"{self.keys.notifier}:groups")
+        except RedisError as exc:
+            self._redis_failed("restore groups", exc)
+            return
+        if data:
+            n = self.grouper.loads(data)
+            log.info("notify: restored %d alert group(s) from Redis", n)
+
+    async def _write_status(self) -> None:
+        stats = {
+            **asdict(self.counters),
+            **{f"groups_{k}": v for k, v in asdict(self.grouper.stats).items()},
+            "groups": len(self.grouper.groups),
+            "receivers": {n: asdict(s.stats) for n, s in self._senders.items()},
+        }
+        try:
+            await self._redis.hset(
+                self.keys.notifier,
+                mapping={"counters": orjson.dumps(stats), "seen": orjson.dumps(time.time())},
+            )
+        except RedisError as exc:
+            self._redis_failed("write status", exc)
+
+    def _redis_failed(self, what: str, exc: Exception) -> None:
+        self.counters.redis_errors += 1
+        log.warning(
+            "notify: redis %s failed (%s); errors so far: %d", what, exc, self.counters.redis_errors
+        )
