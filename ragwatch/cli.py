@@ -1,4 +1,4 @@
-"""The ``ragwatch`` command line: worker, agent, status, demo, dev.
+"""The ``ragwatch`` command line: worker, agent, notify, status, serve, silence, demo, dev.
 
 ``main()`` is the only place that reads the environment and configures logging.
 Errors ragwatch can explain (bad settings, a missing binary, an unreachable service)
@@ -43,6 +43,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="hosts, GPUs, slopes and alerts, read from Redis")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    s.add_argument(
+        "--interval", type=_duration, default=2.0, help="refresh period with --watch (2s)"
+    )
+
+    v = sub.add_parser("serve", help="HTTP API, /metrics and the live status page")
+    v.add_argument("--host", default=None, help="bind address (default RAGWATCH_SERVE_HOST)")
+    v.add_argument("--port", type=int, default=None, help="port (default RAGWATCH_SERVE_PORT)")
+
+    sub.add_parser("notify", help="route, group and deliver alerts to Slack, PagerDuty, webhooks")
+
+    sil = sub.add_parser("silence", help="add, list or expire silences (stored in Redis)")
+    sil_sub = sil.add_subparsers(dest="action", required=True)
+    add = sil_sub.add_parser("add", help="silence alerts whose labels match")
+    add.add_argument(
+        "--match",
+        action="append",
+        required=True,
+        metavar="LABEL=VALUE",
+        help="label matcher (repeatable; LABEL=~REGEX for a regular expression)",
+    )
+    add.add_argument("--duration", type=_duration, default=None, help="e.g. 2h (default 1h)")
+    add.add_argument(
+        "--cron",
+        default=None,
+        help="recurring window: a cron expression for its start, e.g. '0 2 * * 6' (with "
+        "--duration: how long each window lasts)",
+    )
+    add.add_argument("--comment", required=True, help="why (shown in status)")
+    add.add_argument("--author", default=None, help="who (default: $USER)")
+    lst = sil_sub.add_parser("list", help="active, pending and recurring silences")
+    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--all", action="store_true", help="include expired silences")
+    exp = sil_sub.add_parser("expire", help="end a silence now")
+    exp.add_argument("id")
 
     d = sub.add_parser("demo", help="replay the GPU memory-leak incident end to end")
     d.add_argument(
@@ -80,7 +115,27 @@ def cmd_agent(args: argparse.Namespace, settings: Settings, environ: Mapping[str
 def cmd_status(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
     from ragwatch.status import show_status
 
-    return show_status(settings, as_json=args.json, out=sys.stdout)
+    return show_status(
+        settings, as_json=args.json, out=sys.stdout, watch=args.watch, interval_s=args.interval
+    )
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.serve import serve
+
+    return serve(settings, host=args.host, port=args.port)
+
+
+def cmd_notify(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.notify_command import run_notifier
+
+    return run_notifier(settings)
+
+
+def cmd_silence(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.notify_command import silence_command
+
+    return silence_command(args, settings, environ, out=sys.stdout)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
@@ -130,6 +185,9 @@ COMMANDS: dict[str, Any] = {
     "demo": cmd_demo,
     "dev": cmd_dev,
     "settings": cmd_settings,
+    "serve": cmd_serve,
+    "notify": cmd_notify,
+    "silence": cmd_silence,
 }
 
 
