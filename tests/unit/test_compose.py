@@ -1,6 +1,6 @@
 """docker-compose.yml, Dockerfile and .dockerignore, checked without Docker.
 
-The files are only parsed: the four services exist, Kafka is the official image in KRaft
+The files are only parsed: the six services exist, Kafka is the official image in KRaft
 mode and advertises the address the ragwatch containers use, every ``RAGWATCH_*`` variable
 is a real setting that :meth:`Settings.from_env` accepts (with Compose's ``${VAR:-default}``
 defaults), the ``command`` of each ragwatch service parses with the real CLI parser, and the
@@ -34,8 +34,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 PYPROJECT = ROOT / "pyproject.toml"
 
-SERVICES = ("kafka", "redis", "worker", "agent")
-RAGWATCH_SERVICES = ("worker", "agent")
+SERVICES = ("kafka", "redis", "worker", "notify", "serve", "agent")
+RAGWATCH_SERVICES = ("worker", "notify", "serve", "agent")
 
 
 # ---------------------------------------------------------------- helpers
@@ -229,7 +229,7 @@ def test_kafka_listeners_are_consistent() -> None:
         assert inter in advertised
 
 
-@pytest.mark.parametrize("name", RAGWATCH_SERVICES)
+@pytest.mark.parametrize("name", ("worker", "notify", "agent"))  # serve reads Redis only
 def test_ragwatch_services_bootstrap_from_an_advertised_kafka_listener(name: str) -> None:
     advertised = set(
         _listeners(environment(service("kafka"))["KAFKA_ADVERTISED_LISTENERS"]).values()
@@ -297,21 +297,31 @@ def test_ragwatch_variables_parse_as_settings(name: str) -> None:
     assert len(settings.explicit) == len(env)
 
 
-def test_worker_is_wired_to_the_compose_services() -> None:
-    env = ragwatch_env("worker")
+def test_worker_and_notifier_are_wired_to_the_compose_services() -> None:
+    worker = ragwatch_env("worker")
     assert {
         "RAGWATCH_KAFKA_BOOTSTRAP",
         "RAGWATCH_REDIS_URL",
         "RAGWATCH_APP_ID",
-        "RAGWATCH_WEBHOOK_URLS",
         "RAGWATCH_LOG_LEVEL",
         "RAGWATCH_KAFKA_SESSION_TIMEOUT",
-    } <= set(env)
-    settings = Settings.from_env(env)
-    assert settings.kafka_bootstrap == "kafka:9092"
-    assert urlsplit(settings.redis_url).hostname == "redis"
+    } <= set(worker)
+    notify = ragwatch_env("notify")
+    assert notify["RAGWATCH_APP_ID"] == worker["RAGWATCH_APP_ID"]  # same topic, own group
+    for env in (worker, notify):
+        settings = Settings.from_env(env)
+        assert settings.kafka_bootstrap == "kafka:9092"
+        assert urlsplit(settings.redis_url).hostname == "redis"
+    settings = Settings.from_env(notify)
     assert settings.webhook_urls, "the default webhook URL must be a valid http(s) URL"
     assert all(urlsplit(u).scheme in ("http", "https") for u in settings.webhook_urls)
+
+
+def test_serve_publishes_its_port_on_loopback_only() -> None:
+    svc = service("serve")
+    settings = Settings.from_env(ragwatch_env("serve"))
+    assert urlsplit(settings.redis_url).hostname == "redis"
+    assert svc["ports"] == [f"127.0.0.1:{settings.serve_port}:{settings.serve_port}"]
 
 
 def test_agent_is_wired_to_kafka() -> None:
