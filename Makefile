@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis demo test unit lint typecheck bench clean
+.PHONY: help setup redis chromium demo test unit lint typecheck bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -17,6 +17,11 @@ redis: ## install redis-server from Debian packages if it is missing (needs root
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+chromium: ## install Debian's chromium (the live page's browser test) if it is missing (needs root)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +33,7 @@ setup: redis $(STAMP) ## create .venv and install ragwatch with all extras
 demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert delivered)
 	$(VENV)/bin/ragwatch demo
 
-test: setup lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
+test: setup chromium lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
 	$(PY) -m pytest
 
 unit: setup ## only the fast tests (no broker, no Redis)

@@ -1,19 +1,30 @@
-"""``ragwatch status``: hosts, GPUs, memory, slopes and alerts, read from Redis only."""
+"""``ragwatch status``: the fleet at a glance in the terminal, read from Redis only.
+
+Hosts and their GPUs (memory, growth, time to exhaustion, utilisation, the top GPUs and
+scraped engines), service instances (tokens/request against its forecast, tokens/s,
+P95/P99 per stage, queueing, errors), firing and pending alerts with their root-cause
+hint, silences, and the notifier's backlog (the view: :mod:`ragwatch.status_view`).
+``--json`` prints :func:`~ragwatch.streams.state.read_status`'s dict; ``--watch``
+redraws until Ctrl-C.
+"""
 
 from __future__ import annotations
 
-import math
+import sys
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import orjson
+from rich.console import Console, Group
+from rich.text import Text
 
 from ragwatch.config import Settings, redact_url
 from ragwatch.errors import ConfigError
+from ragwatch.status_view import clean, render
 
-GB = 1e9
 
-
-def fetch_status(settings: Settings) -> dict[str, Any]:
+def fetch_status(settings: Settings, now: float | None = None) -> dict[str, Any]:
     import redis
     from redis.exceptions import RedisError
 
@@ -21,7 +32,7 @@ def fetch_status(settings: Settings) -> dict[str, Any]:
 
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
     try:
-        return read_status(client, settings.redis_prefix)
+        return read_status(client, settings.redis_prefix, now=now)
     except RedisError as exc:
         raise ConfigError(
             f"cannot read status from Redis at {redact_url(settings.redis_url)}: {exc}"
@@ -30,62 +41,78 @@ def fetch_status(settings: Settings) -> dict[str, Any]:
         client.close()
 
 
-def _gb(v: float | None) -> str:
-    return "-" if v is None else f"{v / GB:.1f}"
+# ---------------------------------------------------------------------------- command
 
 
-def _rate(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.2f}"
-
-
-def _hours(v: float | None) -> str:
-    return "-" if v is None or not math.isfinite(v) else f"{v:.1f}h"
-
-
-def render_text(status: dict[str, Any]) -> str:
-    lines = ["HOST            GPU  MEM USED/TOTAL GB  GB/H    OOM IN   UTIL%  TOP PROCESS"]
-    for host in status["hosts"]:
-        for g in host["gpus"]:
-            top = max(g["procs"], key=lambda p: p.get("gb_per_hour") or 0.0, default=None)
-            top_s = (
-                f"{top['name']} pid {top['pid']} ({_rate(top.get('gb_per_hour'))} GB/h)"
-                if top
-                else "-"
-            )
-            gpu = str(g["index"]) + (f"/{g['mig']}" if g.get("mig") else "")
-            util = "-" if g.get("gpu_util") is None else f"{g['gpu_util']:.0f}"
-            lines.append(
-                f"{host['host']:<15} {gpu:<4} {_gb(g.get('fb_used_bytes')):>6}/"
-                f"{_gb(g.get('fb_total_bytes')):<10} {_rate(g.get('gb_per_hour')):>6}"
-                f"  {_hours(g.get('tte_h')):>7}  {util:>5}  {top_s}"
-            )
-    if not status["hosts"]:
-        lines.append("(no hosts reported yet: is a worker running and an agent publishing?)")
-    lines.append("")
-    alerts = status["alerts"]
-    lines.append(
-        f"ALERTS ({sum(a['status'] == 'firing' for a in alerts)} firing, "
-        f"{sum(a['status'] == 'pending' for a in alerts)} pending)"
-    )
-    for a in alerts:
-        lab = a["labels"]
-        where = " ".join(f"{k}={lab[k]}" for k in ("host", "gpu", "pid", "process") if k in lab)
-        lines.append(f"  {a['status'].upper():<8} {a['severity']:<9} {a['rule']}  {where}")
-        if a["annotations"].get("summary"):
-            lines.append(f"           {a['annotations']['summary']}")
-    for wid, w in sorted(status["workers"].items()):
-        lines.append(
-            f"worker {wid}: messages={w.get('messages', 0)} "
-            f"deadletter={w.get('deadletter', 0)} series={w.get('series', 0)} "
-            f"webhook sent={w.get('webhook_sent', 0)} failed={w.get('webhook_failed', 0)}"
-        )
-    return "\n".join(lines)
-
-
-def show_status(settings: Settings, *, as_json: bool, out: TextIO) -> int:
-    status = fetch_status(settings)
+def show_status(
+    settings: Settings,
+    *,
+    as_json: bool,
+    out: TextIO,
+    watch: bool = False,
+    interval_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.time,
+) -> int:
+    """Print the status once, or with ``watch`` until Ctrl-C (exit 0). Redis unreachable at
+    the start: ``ConfigError`` (one line, exit 2); later, the view says so and keeps trying.
+    ``--json --watch`` prints one compact JSON object per line and refresh."""
+    status = fetch_status(settings, clock())
     if as_json:
-        out.write(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        out.write(render_text(status) + "\n")
-    return 0
+        option = orjson.OPT_NON_STR_KEYS | (0 if watch else orjson.OPT_INDENT_2)
+
+        def emit(s: dict[str, Any], error: str | None = None) -> None:
+            if error is not None:  # stdout stays one status object per line
+                print(f"ragwatch: warning: {error}", file=sys.stderr, flush=True)
+                return
+            out.write(orjson.dumps(s, option=option).decode() + "\n")
+            out.flush()
+
+        emit(status)
+        return _watch(settings, status, emit, interval_s, sleep, clock) if watch else 0
+    console = Console(
+        file=out,
+        width=None if out.isatty() else 160,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
+    unicode = console.encoding.lower().startswith("utf")
+    if not watch:
+        console.print(render(status, clock(), unicode=unicode))
+        return 0
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False) as live:
+
+        def draw(s: dict[str, Any], error: str | None = None) -> None:
+            view = render(s, clock(), unicode=unicode)
+            if error:
+                view = Group(Text(clean(error), "bold red"), view)
+            live.update(view, refresh=True)
+
+        draw(status)
+        return _watch(settings, status, draw, interval_s, sleep, clock)
+
+
+def _watch(
+    settings: Settings,
+    status: dict[str, Any],
+    show: Callable[[dict[str, Any], str | None], None],
+    interval_s: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> int:
+    """Refresh every ``interval_s`` (at least 0.1 s) until Ctrl-C; a failed read keeps the
+    last status and says why."""
+    try:
+        while True:
+            sleep(max(interval_s, 0.1))
+            try:
+                status = fetch_status(settings, clock())
+            except ConfigError as exc:
+                show(status, f"{exc} (showing the last status; retrying)")
+                continue
+            show(status, None)
+    except KeyboardInterrupt:
+        return 0

@@ -27,8 +27,9 @@ key                       type    content
 ``P:notifier``            hash    notifier counters (per receiver) and last-seen wall time
 ========================  ======  ==========================================================
 
-The worker writes with :class:`RedisState` (asyncio); ``ragwatch status`` reads with
-:func:`read_status` (blocking client), from Redis only.
+The worker writes with :class:`RedisState` (asyncio); ``ragwatch status`` and ``ragwatch
+serve`` read with :func:`read_status` and the other ``read_*`` functions (blocking client),
+from Redis only.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import orjson
 from ragwatch.codec import encode, from_dict
 from ragwatch.schema import Alert
 from ragwatch.streams.engine import Transition
+from ragwatch.streams.silences import decode_all
 
 HISTORY_MAX = 10_000
 SERIES_POINTS = 1440  # a day of 1-minute points per series
@@ -139,18 +141,122 @@ class RedisState:
         return [a for a in (from_dict(orjson.loads(v)) for v in raw) if isinstance(a, Alert)]
 
 
-def read_status(client: Any, prefix: str, history: int = 20) -> dict[str, Any]:
-    """Everything ``ragwatch status`` shows, from Redis only (blocking client)."""
+def _json(raw: Any) -> Any:
+    """A stored JSON value, or None if it does not decode (a reader never crashes on one)."""
+    try:
+        return orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        return None
+
+
+def _json_hash(client: Any, key: str) -> dict[str, Any]:
+    """field -> decoded JSON object of a hash, skipping values that are not JSON objects."""
+    out = {}
+    for k, v in client.hgetall(key).items():
+        value = _json(v)
+        if isinstance(value, dict):
+            out[k.decode(errors="replace")] = value
+    return out
+
+
+def _float(raw: Any) -> float | None:
+    try:
+        return float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def read_silences(
+    client: Any, prefix: str, *, now: float, include_expired: bool = False
+) -> list[dict[str, Any]]:
+    """Stored silences (as ``ragwatch silence list`` sees them) with their ``state`` at
+    wall time ``now`` (active, pending or expired), oldest first; unreadable ones skipped."""
+    out = []
+    for s in decode_all(client.hgetall(Keys(prefix).silences)):
+        state = s.state(now)
+        if include_expired or state != "expired":
+            out.append({**s.to_dict(), "state": state})
+    return out
+
+
+def read_notifier(client: Any, prefix: str) -> dict[str, Any]:
+    """The notifier's backlog and counters: outbox size, dead letters, last-seen wall time."""
     keys = Keys(prefix)
-    hosts = {k.decode(): orjson.loads(v) for k, v in client.hgetall(keys.hosts).items()}
-    active = [orjson.loads(v) for v in client.hvals(keys.active)]
-    recent = [orjson.loads(v) for v in client.lrange(keys.history, 0, history - 1)]
-    workers = {k.decode(): orjson.loads(v) for k, v in client.hgetall(keys.workers).items()}
-    services = {k.decode(): orjson.loads(v) for k, v in client.hgetall(keys.services).items()}
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zcard(keys.outbox_due)
+        pipe.llen(keys.outbox_dead)
+        pipe.hmget(keys.notifier, ["counters", "seen"])
+        pending, dead, (counters, seen) = pipe.execute()
+    counters = _json(counters) if counters is not None else None
     return {
-        "hosts": [hosts[h] for h in sorted(hosts)],
-        "services": [services[s] for s in sorted(services)],
-        "alerts": sorted(active, key=lambda a: (a["status"] != "firing", a["starts_at"])),
-        "history": recent,
-        "workers": workers,
+        "outbox_pending": int(pending),
+        "dead_letters": int(dead),
+        "counters": counters if isinstance(counters, dict) else {},
+        "seen": _float(seen),
+    }
+
+
+def read_alerts(client: Any, prefix: str) -> list[dict[str, Any]]:
+    """Active (pending and firing) alerts, firing first, oldest first."""
+    active = [a for a in map(_json, client.hvals(Keys(prefix).active)) if isinstance(a, dict)]
+    return sorted(
+        active, key=lambda a: (a.get("status") != "firing", _float(a.get("starts_at")) or 0.0)
+    )
+
+
+def read_series_index(client: Any, prefix: str) -> dict[str, dict[str, Any]]:
+    """series id -> {kind, labels, signal, unit}."""
+    return _json_hash(client, Keys(prefix).series_index)
+
+
+def read_series(
+    client: Any, prefix: str, series_id: str, limit: int = SERIES_POINTS
+) -> tuple[dict[str, Any], list[list[Any]]] | None:
+    """A series' index entry and its newest ``limit`` points, oldest first; None if unknown."""
+    keys = Keys(prefix)
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hget(keys.series_index, series_id)
+        pipe.lrange(f"{keys.series}:{series_id}", 0, max(0, limit - 1))
+        meta, raw = pipe.execute()
+    if meta is None:
+        return None
+    points = [p for p in map(_json, reversed(raw)) if isinstance(p, list) and len(p) >= 2]
+    meta = _json(meta)
+    return (meta if isinstance(meta, dict) else {}), points
+
+
+def read_last_points(client: Any, prefix: str, series_ids: list[str]) -> dict[str, list[Any]]:
+    """The newest point of each of ``series_ids`` that has one."""
+    if not series_ids:
+        return {}
+    keys = Keys(prefix)
+    with client.pipeline(transaction=False) as pipe:
+        for sid in series_ids:
+            pipe.lindex(f"{keys.series}:{sid}", 0)
+        raw = pipe.execute()
+    points = {sid: _json(r) for sid, r in zip(series_ids, raw, strict=True) if r is not None}
+    return {sid: p for sid, p in points.items() if isinstance(p, list) and len(p) >= 2}
+
+
+def read_status(
+    client: Any, prefix: str, history: int = 20, *, now: float | None = None
+) -> dict[str, Any]:
+    """Everything ``ragwatch status`` shows, from Redis only (blocking client).
+
+    Values that do not decode are skipped, never raised: a status read works on whatever
+    the worker and the notifier wrote, including snapshots of older versions.
+    """
+    keys = Keys(prefix)
+    now = time.time() if now is None else now
+    hosts = _json_hash(client, keys.hosts)
+    services = _json_hash(client, keys.services)
+    recent = [_json(v) for v in client.lrange(keys.history, 0, history - 1)] if history > 0 else []
+    return {
+        "hosts": [{"host": h, **hosts[h]} for h in sorted(hosts)],
+        "services": [{"service": s, **services[s]} for s in sorted(services)],
+        "alerts": read_alerts(client, prefix),
+        "history": [r for r in recent if isinstance(r, dict)],
+        "workers": _json_hash(client, keys.workers),
+        "silences": read_silences(client, prefix, now=now),
+        "notifier": read_notifier(client, prefix),
     }

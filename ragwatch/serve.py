@@ -1,0 +1,330 @@
+"""``ragwatch serve``: the HTTP API, ``/metrics`` and the live status page (aiohttp).
+
+Everything is read from Redis on each request (:mod:`ragwatch.streams.state` knows the
+keys), with a blocking client in a worker thread, so the server holds no state of its own
+and any number of them can run. Routes (documented in :mod:`ragwatch.openapi`):
+
+=========================  ==============================================================
+``/api/v1/status``         what ``ragwatch status --json`` prints
+``/api/v1/alerts``         active alerts (``?state=firing|pending``, ``?limit=``)
+``/api/v1/series``         the chart series index (``?kind=``, ``?limit=``)
+``/api/v1/series/{id}``    points of one series, oldest first (``?limit=``); 404 unknown
+``/api/v1/silences``       silences (``?all=true`` with expired ones)
+``/healthz``               200 if Redis answers a PING, else 503 with the reason
+``/metrics``               Prometheus exposition (:mod:`ragwatch.exporter`)
+``/openapi.json``          the OpenAPI 3.0 document
+``/``, ``/static/...``     the live page, its script and the vendored uPlot
+=========================  ==============================================================
+
+With ``RAGWATCH_SERVE_TOKEN`` set, every route but ``/healthz``, the page and its static
+files (no data in them) needs ``Authorization: Bearer <token>``, compared in constant
+time. The page takes the token once from ``?token=``, keeps it in ``sessionStorage`` and
+drops it from the address bar. The token is never logged: the access log (DEBUG) writes
+the path without the query string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+from ragwatch.config import Settings, redact_url
+from ragwatch.errors import ConfigError
+from ragwatch.exporter import METRIC_NAMES, METRICS, RedisCollector
+from ragwatch.openapi import spec
+from ragwatch.streams.state import (
+    SERIES_POINTS,
+    read_alerts,
+    read_series,
+    read_series_index,
+    read_silences,
+    read_status,
+)
+
+__all__ = ["METRICS", "METRIC_NAMES", "build_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).parent / "web"
+INDEX_MAX = 10_000  # series index entries per response
+ALERTS_MAX = 10_000  # alerts per response
+SERIES_ID_MAX = 512  # characters
+PUBLIC_PATHS = frozenset({"/", "/healthz"})
+SERIES_KINDS = ("gpu", "process", "service", "engine")
+PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CLIENT_KEY: web.AppKey[Any] = web.AppKey("redis")  # a blocking redis.Redis
+SETTINGS_KEY = web.AppKey("settings", Settings)
+REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("clock")
+
+
+class BadRequest(ValueError):
+    """A query parameter that is unknown or out of range (400)."""
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    body = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status)
+
+
+def _params(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
+    query = request.query
+    unknown = sorted(set(query) - set(allowed))
+    if unknown:
+        raise BadRequest(f"unknown query parameter(s): {', '.join(unknown)}")
+    if any(len(query.getall(k)) > 1 for k in query):
+        raise BadRequest("repeated query parameter")
+    return {k: query[k] for k in query}
+
+
+def _int(params: dict[str, str], name: str, lo: int, hi: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return hi
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or not lo <= int(raw) <= hi:
+        raise BadRequest(f"{name} must be an integer in {lo}..{hi}")
+    return int(raw)
+
+
+def _choice(params: dict[str, str], name: str, choices: tuple[str, ...]) -> str | None:
+    raw = params.get(name)
+    if raw is not None and raw not in choices:
+        raise BadRequest(f"{name} must be one of {', '.join(choices)}")
+    return raw
+
+
+async def _read(request: web.Request, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``fn(client, prefix, *args)`` in a worker thread (the client is blocking)."""
+    settings = request.app[SETTINGS_KEY]
+    return await asyncio.to_thread(fn, request.app[CLIENT_KEY], settings.redis_prefix, *args, **kw)
+
+
+# ---------------------------------------------------------------------------- handlers
+
+
+async def status(request: web.Request) -> web.Response:
+    _params(request, ())
+    return _json(await _read(request, read_status))
+
+
+async def alerts(request: web.Request) -> web.Response:
+    params = _params(request, ("state", "limit"))
+    state = _choice(params, "state", ("firing", "pending"))
+    limit = _int(params, "limit", 1, ALERTS_MAX)
+    active = await _read(request, read_alerts)
+    if state is not None:
+        active = [a for a in active if a.get("status") == state]
+    return _json({"alerts": active[:limit], "total": len(active), "truncated": len(active) > limit})
+
+
+async def series_index(request: web.Request) -> web.Response:
+    params = _params(request, ("kind", "limit"))
+    kind = _choice(params, "kind", SERIES_KINDS)
+    limit = _int(params, "limit", 1, INDEX_MAX)
+    index = await _read(request, read_series_index)
+    ids = sorted(i for i, m in index.items() if kind is None or m.get("kind") == kind)
+    entries = [{**index[i], "id": i} for i in ids[:limit]]
+    return _json({"series": entries, "total": len(ids), "truncated": len(ids) > limit})
+
+
+async def series(request: web.Request) -> web.Response:
+    params = _params(request, ("limit",))
+    limit = _int(params, "limit", 1, SERIES_POINTS)
+    sid = request.match_info["id"]
+    if len(sid) > SERIES_ID_MAX:
+        raise BadRequest(f"series id longer than {SERIES_ID_MAX} characters")
+    found = await _read(request, read_series, sid, limit)
+    if found is None:
+        return _error(404, f"no series {sid!r}")
+    meta, points = found
+    return _json(
+        {
+            **meta,
+            "id": sid,
+            "columns": ["ts", "value", "forecast", "score"],
+            "points": [[*p, None, None][:4] for p in points],
+        }
+    )
+
+
+async def silences(request: web.Request) -> web.Response:
+    params = _params(request, ("all",))
+    every = _choice(params, "all", ("true", "false", "1", "0")) in ("true", "1")
+    now = request.app[CLOCK_KEY]()
+    found = await _read(request, read_silences, now=now, include_expired=every)
+    return _json({"silences": found})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    from redis.exceptions import RedisError
+
+    try:
+        await asyncio.to_thread(request.app[CLIENT_KEY].ping)
+    except RedisError as exc:
+        return _json({"status": "unavailable", "reason": f"redis: {exc}"}, 503)
+    return _json({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    _params(request, ())
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = await asyncio.to_thread(encoder, request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    _params(request, ())
+    return _json(spec(series_points=SERIES_POINTS, index_max=INDEX_MAX, alerts_max=ALERTS_MAX))
+
+
+async def page(request: web.Request) -> web.FileResponse:
+    """The page; its script reads ``?token=`` itself (the server ignores the query)."""
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+# ---------------------------------------------------------------------------- middleware
+
+
+def _authorized(request: web.Request, token: bytes) -> bool:
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    given = credentials.strip().encode()
+    return scheme.lower() == "bearer" and hmac.compare_digest(given, token)
+
+
+def auth_middleware(token: str) -> Any:
+    expected = token.encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        public = request.path in PUBLIC_PATHS or request.path.startswith("/static/")
+        if expected and not public and not _authorized(request, expected):
+            resp = _error(401, "missing or wrong bearer token")
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="ragwatch"'
+            return resp
+        return await handler(request)
+
+    return auth
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """JSON errors for the API, security headers everywhere."""
+    from redis.exceptions import RedisError
+
+    try:
+        resp = await handler(request)
+    except BadRequest as exc:
+        resp = _error(400, str(exc))
+    except RedisError as exc:
+        url = redact_url(request.app[SETTINGS_KEY].redis_url)
+        resp = _error(503, f"cannot read from Redis at {url}: {exc}")
+    except web.HTTPException as exc:
+        if not request.path.startswith("/api/"):
+            raise
+        resp = _error(exc.status, exc.reason)
+    resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+    resp.headers.setdefault("Referrer-Policy", "no-referrer")
+    if request.path == "/":
+        resp.headers["Content-Security-Policy"] = PAGE_CSP
+        resp.headers["Cache-Control"] = "no-store"
+    elif not request.path.startswith("/static/"):
+        resp.headers.setdefault("Cache-Control", "no-store")
+    return resp
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One DEBUG line per request: method, path without the query (no token), status."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.debug(
+            "%s %s %d %.1fms", request.method, request.path, response.status, time * 1000
+        )
+
+
+# ---------------------------------------------------------------------------- app and run
+
+
+def build_app(
+    settings: Settings, client: Any, *, clock: Callable[[], float] = time.time
+) -> web.Application:
+    """The aiohttp application over one blocking Redis client (``redis.Redis``); ``clock``
+    is the wall clock that decides which silences are active."""
+    app = web.Application(
+        middlewares=[errors_middleware, auth_middleware(settings.serve_token.get())],
+        client_max_size=64 * 1024,  # GET only: no body worth reading
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RedisCollector(client, settings.redis_prefix))
+    app[CLIENT_KEY] = client
+    app[SETTINGS_KEY] = settings
+    app[REGISTRY_KEY] = registry
+    app[CLOCK_KEY] = clock
+    app.router.add_get("/", page)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_get("/api/v1/alerts", alerts)
+    app.router.add_get("/api/v1/series", series_index)
+    app.router.add_get("/api/v1/series/{id:.+}", series)
+    app.router.add_get("/api/v1/silences", silences)
+    app.router.add_static("/static/", WEB_DIR, follow_symlinks=False)
+    return app
+
+
+def serve(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
+    """Serve until SIGINT or SIGTERM; 0 when stopped, ``ConfigError`` if it cannot listen."""
+    host = host or settings.serve_host
+    port = settings.serve_port if port is None else port
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {port}")
+    return asyncio.run(_serve(settings, host, port))
+
+
+async def _serve(settings: Settings, host: str, port: int) -> int:
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3)
+    runner = web.AppRunner(build_app(settings, client), access_log_class=AccessLogger)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        auth = "bearer token required" if settings.serve_token else "no token (open)"
+        log.info("serving on http://%s:%d/ (API /api/v1, /metrics; %s)", host, port, auth)
+        if not settings.serve_token and host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning("no RAGWATCH_SERVE_TOKEN: anyone who reaches %s reads the status", host)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await runner.cleanup()
+        client.close()
+    return 0

@@ -1,0 +1,178 @@
+"""``ragwatch status`` over a real Redis: the full view, --json, --watch, and whatever
+partial or old data a Redis may hold. (Redis unreachable: ``test_cli.py``.)"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+import uuid
+
+import orjson
+import pytest
+import redis
+
+from ragwatch.embedded import EmbeddedStack
+from ragwatch.streams.state import Keys
+from tests.integration.conftest import clean_environ, run_ragwatch
+from tests.integration.fleet_data import Fleet, write_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet_env(stack: EmbeddedStack) -> tuple[dict[str, str], Fleet]:
+    env = {**stack.env(), "RAGWATCH_REDIS_PREFIX": f"status-{uuid.uuid4().hex[:8]}"}
+    return env, write_fleet(env["RAGWATCH_REDIS_URL"], env["RAGWATCH_REDIS_PREFIX"])
+
+
+def test_status_shows_fleet_services_alerts_silences_and_notifier(
+    fleet_env: tuple[dict[str, str], Fleet],
+) -> None:
+    env, fleet = fleet_env
+    out = run_ragwatch("status", env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for section in ("HOSTS", "GPUS", "SERVICES", "ALERTS (2 firing, 1 pending)", "SILENCES"):
+        assert section in text, section
+    # the leaking GPU: growth, time to exhaustion and its top process
+    row = next(line.split() for line in text.splitlines() if line.startswith("gpu-node-01  1 "))
+    growth, oom_in = float(row[4]), row[5]
+    assert growth > 0.8 and oom_in.endswith("h") and 5 < float(oom_in[:-1]) < 20
+    assert row[-5:-2] == ["rag-worker", "pid", "4011"]
+    assert "growth GPU1 +1.1" in text  # the host's top GPUs
+    assert "http://vllm-0:8000/metrics" in text  # its scraped engine
+    # per instance: tokens/request vs forecast, stages, queue
+    row = next(line for line in text.splitlines() if line.startswith("rag-api  rag-api-1 "))
+    assert "-28%" in row and "retriever " in row  # tokens/s vs forecast, the first stage
+    assert "FIRING" in text and "GpuMemoryLeak" in text and "pid=4011" in text
+    assert "hint: " + fleet.leak.annotations["hint"][:60] in text
+    active, pending, expired = fleet.silences
+    assert active in text and pending in text and expired not in text
+    assert "cron '0 0 29 2 *' UTC" in text and "deploy of rag-api" in text
+    assert "NOTIFIER outbox 2 due, 1 dead letters, last seen" in text
+    assert "receivers.slack.sent=3" in text
+    assert "\x1b" not in text  # a hostile process name cannot drive the terminal
+
+
+def test_status_json_has_silences_and_notifier(fleet_env: tuple[dict[str, str], Fleet]) -> None:
+    env, fleet = fleet_env
+    out = run_ragwatch("status", "--json", env=env)
+    status = json.loads(out.stdout)
+    assert set(status) == {
+        "hosts", "services", "alerts", "history", "workers", "silences", "notifier",
+    }  # fmt: skip
+    assert [a["fingerprint"] for a in status["alerts"] if a["status"] == "firing"] == [
+        fleet.leak.fingerprint,
+        fleet.hostile.fingerprint,
+    ]
+    assert status["notifier"]["outbox_pending"] == 2
+    assert [s["id"] for s in status["silences"]] == fleet.silences[1::-1]
+
+
+def test_status_watch_redraws_in_a_terminal_until_ctrl_c(
+    fleet_env: tuple[dict[str, str], Fleet],
+) -> None:
+    env, _ = fleet_env
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 120, 200, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragwatch", "status", "--watch", "--interval", "0.2s"],
+        env={**clean_environ(), **env, "TERM": "xterm-256color"},
+        stdin=slave,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+    )
+    os.close(slave)
+    screen = b""
+    deadline = time.monotonic() + 20
+    interrupted = False
+    while proc.poll() is None and time.monotonic() < deadline:  # keep reading: a full pty
+        if select.select([master], [], [], 0.2)[0]:  # buffer would block the redraws
+            try:
+                screen += os.read(master, 1 << 16)
+            except OSError:  # EIO: the child closed the terminal
+                break
+        if not interrupted and screen.count(b"ALERTS (2 firing, 1 pending)") >= 3:
+            proc.send_signal(signal.SIGINT)
+            interrupted = True
+    os.close(master)
+    assert interrupted and proc.wait(5) == 0, proc.stderr.read() if proc.stderr else ""
+    assert screen.count(b"ALERTS (2 firing, 1 pending)") >= 3  # drawn, then redrawn
+    assert b"\x1b[2J" not in screen  # the hostile name's escape is shown, not obeyed
+
+
+def test_status_watch_json_prints_a_line_per_refresh(
+    fleet_env: tuple[dict[str, str], Fleet],
+) -> None:
+    env, fleet = fleet_env
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragwatch", "status", "--watch", "--json", "--interval", "0.2s"],
+        env={**clean_environ(), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 0, stderr
+    for line in lines:
+        assert json.loads(line)["alerts"][0]["fingerprint"] == fleet.leak.fingerprint
+
+
+def test_status_survives_empty_partial_and_old_data(
+    stack: EmbeddedStack, redis_client: redis.Redis
+) -> None:
+    env = {**stack.env(), "RAGWATCH_REDIS_PREFIX": f"partial-{uuid.uuid4().hex[:8]}"}
+    empty = run_ragwatch("status", env=env)
+    assert empty.returncode == 0, empty.stderr
+    assert (
+        "no hosts reported yet" in empty.stdout and "ALERTS (0 firing, 0 pending)" in empty.stdout
+    )
+    status = json.loads(run_ragwatch("status", "--json", env=env).stdout)
+    assert status["silences"] == [] and status["notifier"] == {
+        "outbox_pending": 0,
+        "dead_letters": 0,
+        "counters": {},
+        "seen": None,
+    }
+
+    keys = Keys(env["RAGWATCH_REDIS_PREFIX"])
+    old_gpu = {"index": 0, "mig": None, "procs": [{"pid": 7, "name": "p"}],
+               "fb_used_bytes": 1e9, "fb_total_bytes": 8e10, "gb_per_hour": None}  # fmt: skip
+    redis_client.hset(
+        keys.hosts,
+        mapping={
+            "no-gpus": orjson.dumps({"host": "no-gpus", "gpus": [], "top_gpus": {}}),
+            "old": orjson.dumps({"host": "old", "gpus": [old_gpu]}),  # before top_gpus/engines
+            "bare": orjson.dumps({"host": "bare"}),
+            "garbage": b"{not json",
+        },
+    )
+    redis_client.hset(
+        keys.services,
+        mapping={
+            "svc": orjson.dumps({"service": "svc", "instances": [{"instance": "i0"}]}),
+            "nosig": orjson.dumps(
+                {"service": "nosig", "instances": [{"instance": "i", "signals": {}}]}
+            ),
+        },
+    )
+    partial = {"rule": "X", "status": "firing", "labels": {}, "annotations": {}}
+    redis_client.hset(keys.active, mapping={"fp": orjson.dumps(partial), "bad": b"["})
+    redis_client.hset(keys.silences, mapping={"s1": b'{"matchers": []}', "s2": b"x"})
+    redis_client.hset(keys.notifier, "counters", b"not json")
+    for args in (["status"], ["status", "--json"]):
+        out = run_ragwatch(*args, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "Traceback" not in out.stderr
+    text = run_ragwatch("status", env=env).stdout
+    assert "ALERTS (1 firing, 0 pending)" in text and "old" in text and "no-gpus" in text
