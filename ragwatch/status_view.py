@@ -386,8 +386,8 @@ def workers_lines(status: Mapping[str, Any], now: float) -> list[Text]:
             Text("WORKER ", "bold")
             + _t(
                 f"{wid}: messages={w.get('messages', 0)} deadletter={w.get('deadletter', 0)} "
-                f"series={w.get('series', 0)} webhook sent={w.get('webhook_sent', 0)} "
-                f"failed={w.get('webhook_failed', 0)}"
+                f"series={w.get('series', 0)} transitions={w.get('transitions', 0)} "
+                f"duplicates={w.get('duplicates', 0)} redis_errors={w.get('redis_errors', 0)}"
                 + ("" if seen is None else f", last seen {_ago(now - seen)}")
             )
         )

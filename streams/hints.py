@@ -204,10 +204,13 @@ class Correlator:
 
     # ------------------------------------------------------------------ facts
 
-    def _now(self) -> float:
-        marks = [s.last_ts for s in self.gpus.series.values()]
-        marks += [s.bucket_end for s in self.requests.series.values() if s.bucket_end]
-        return max(marks, default=0.0)
+    def _requests_now(self) -> float:
+        """The newest closed request bucket: instances are fresh relative to the request
+        stream itself (in a fast replay, GPU and request topics are consumed at different
+        paces, and GPU event time can run hours ahead)."""
+        return max(
+            (s.bucket_end for s in self.requests.series.values() if s.bucket_end), default=0.0
+        )
 
     def _leaks(self, host: str) -> list[_Leak]:
         out = []
@@ -257,7 +260,7 @@ class Correlator:
 
     def _instances_on(self, host: str) -> list[tuple[str, list[str]]]:
         """(instance, its symptoms) of every fresh service instance running on ``host``."""
-        now = self._now()
+        now = self._requests_now()
         out = []
         for (_, inst), s in sorted(self.requests.series.items()):
             if s.host == host and s.bucket_end is not None and now - s.bucket_end <= self.window_s:
