@@ -26,7 +26,7 @@ def run_notifier(settings: Settings, environ: Mapping[str, str] | None = None) -
 
     from ragwatch.kafka_admin import ensure_topics
     from ragwatch.streams.notifier import Notifier
-    from ragwatch.streams.routing import load_config
+    from ragwatch.streams.routing import default_config, load_config
 
     env = os.environ if environ is None else environ
     config = load_config(settings.notify_file, env, urls=settings.webhook_urls)

@@ -272,25 +272,32 @@ def parse_config(d: Any, env: Mapping[str, str], source: str = "<dict>") -> Noti
     return NotifyConfig(receivers, route, tuple(rules), attempts, source)
 
 
-def default_config(urls: Sequence[str], *, hmac_secret: str = "") -> NotifyConfig:
+def default_config(
+    urls: Sequence[str],
+    *,
+    hmac_secret: str = "",
+    timeout_s: float = 10.0,
+    max_attempts: int = 10,
+) -> NotifyConfig:
     """No notify file: every transition at once to one webhook receiver per URL."""
     receivers = {
         f"webhook-{i + 1}": {
             "name": f"webhook-{i + 1}",
             "type": "webhook",
             "url": url,
+            "timeout_s": timeout_s,
             **({"hmac_secret": hmac_secret} if hmac_secret else {}),
         }
         for i, url in enumerate(urls)
     }
     if not receivers:
-        return NotifyConfig({}, Route("", (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0), (), 10)
+        return NotifyConfig({}, Route("", (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0), (), max_attempts)
     children = tuple(
         Route(name, (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0, continue_=True, path=f"0.{i}")
         for i, name in enumerate(receivers)
     )
     root = Route(next(iter(receivers)), (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0, routes=children)
-    return NotifyConfig(receivers, root, (), 10)
+    return NotifyConfig(receivers, root, (), max_attempts)
 
 
 def load_config(

@@ -5,12 +5,17 @@ units and env files line by line, as systemd reads them) and held against the co
 configure. Every ``RAGWATCH_*`` name is a real setting and every value set passes
 :meth:`Settings.from_env`; the argument lists parse with the real CLI parser and select
 the intended command and source; the agent sees the host's PIDs and ``/proc``, spools
-on the host and gets enough time after SIGTERM for the publisher's flush.
+on the host and gets enough time after SIGTERM for the publisher's flush; secrets come
+only from the one Secret; exactly one notifier runs (one replica, ``Recreate``) and only
+it gets the webhook settings; serve listens where its Service and probes look, on
+loopback under systemd, and needs a token wherever it does not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import ipaddress
 import re
 import shlex
 from functools import cache
@@ -22,7 +27,7 @@ import yaml
 
 from ragwatch.agents.publisher import KafkaPublisher
 from ragwatch.cli import build_parser
-from ragwatch.config import PREFIX, Settings, env_names
+from ragwatch.config import PREFIX, Secret, Settings, env_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -31,14 +36,40 @@ KUBERNETES = DEPLOY / "kubernetes"
 
 NAMESPACE = "ragwatch"
 CONFIGMAP = "ragwatch-config"
+NOTIFY_CONFIGMAP = "ragwatch-notify"
 NODE_NAME = "gpu-node-7"
 # Values a Secret would hold, by the variable they are given to (the Secret is not in git).
 SECRET_VALUES = {
     "RAGWATCH_KAFKA_SASL_PASSWORD": "s3cret",
     "RAGWATCH_REDIS_URL": "redis://:pw@redis.ragwatch.svc:6379/0",
     "RAGWATCH_WEBHOOK_URLS": "https://hooks.example.internal/a,https://hooks.example.internal/b",
+    "RAGWATCH_WEBHOOK_HMAC_SECRET": "hmac-s3cret",
+    "RAGWATCH_SERVE_TOKEN": "t0ken",
 }
-SECRET_SETTINGS = ("RAGWATCH_KAFKA_SASL_PASSWORD", "RAGWATCH_REDIS_URL", "RAGWATCH_WEBHOOK_URLS")
+# A ${VAR} of the notify file (not a RAGWATCH_* setting) taken from the Secret.
+NOTIFY_FILE_SECRET = "receiver-s3cret"
+# Secret settings, read off Settings: masked in its repr, or a Secret value.
+SECRET_SETTINGS = frozenset(
+    PREFIX + f.name.upper()
+    for f in dataclasses.fields(Settings)
+    if "parse" in f.metadata and (not f.repr or isinstance(f.default, Secret))
+)
+# Settings only the notifier reads: the worker no longer delivers anything.
+NOTIFY_ONLY = ("RAGWATCH_WEBHOOK_URLS", "RAGWATCH_WEBHOOK_HMAC_SECRET", "RAGWATCH_NOTIFY_FILE")
+SERVE_ONLY = ("RAGWATCH_SERVE_HOST", "RAGWATCH_SERVE_PORT", "RAGWATCH_SERVE_TOKEN")
+# role -> (kind, name) of its workload; its unit is ragwatch-<role>.service, with the
+# EnvironmentFile /etc/ragwatch/<role>.env shipped as systemd/<role>.env.example
+WORKLOADS = {
+    "agent": ("DaemonSet", "ragwatch-agent"),
+    "worker": ("Deployment", "ragwatch-worker"),
+    "notify": ("Deployment", "ragwatch-notify"),
+    "serve": ("Deployment", "ragwatch-serve"),
+}
+ROLES = tuple(WORKLOADS)
+UNITS = {role: f"ragwatch-{role}.service" for role in ROLES}
+ENV_EXAMPLES = {role: f"{role}.env.example" for role in ROLES}
+# the roles that talk to Kafka (serve reads Redis only)
+KAFKA_ROLES = ("agent", "worker", "notify")
 _NAME = re.compile(r"\bRAGWATCH_[A-Z][A-Z0-9_]*\b")
 
 
@@ -160,6 +191,13 @@ def env_file(name: str) -> tuple[dict[str, str], dict[str, str]]:
     return active, commented
 
 
+def unit_settings(role: str, *, commented: bool = False) -> Settings:
+    """The unit's settings: Environment=, then its env example (and its commented lines)."""
+    active, off = env_file(ENV_EXAMPLES[role])
+    env = {**unit_environment(UNITS[role]), **active, **(off if commented else {})}
+    return Settings.from_env(env)
+
+
 def _unquote(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
@@ -195,12 +233,17 @@ def manifest(kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
+def workload(role: str) -> dict[str, Any]:
+    return manifest(*WORKLOADS[role])
+
+
 def daemonset() -> dict[str, Any]:
-    return manifest("DaemonSet", "ragwatch-agent")
+    return workload("agent")
 
 
 def deployment() -> dict[str, Any]:
-    return manifest("Deployment", "ragwatch-worker")
+    """The worker's Deployment."""
+    return workload("worker")
 
 
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
@@ -243,7 +286,7 @@ def container_environment(container: dict[str, Any]) -> dict[str, str]:
             continue
         ref = entry["valueFrom"]
         if "secretKeyRef" in ref:
-            env[name] = SECRET_VALUES[name]
+            env[name] = SECRET_VALUES[name] if name.startswith(PREFIX) else NOTIFY_FILE_SECRET
         elif ref.get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
             env[name] = NODE_NAME
         else:
@@ -279,6 +322,10 @@ def container_args(workload: dict[str, Any]) -> list[str]:
     return [expand(str(a), env) for a in c["args"]]
 
 
+def container_settings(role: str) -> Settings:
+    return Settings.from_env(ragwatch_only(container_environment(main_container(workload(role)))))
+
+
 def volume_of(workload: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(volumeMount, volume) of the mount that holds ``path`` (the deepest one)."""
     mounts = [
@@ -290,6 +337,27 @@ def volume_of(workload: dict[str, Any], path: Path) -> tuple[dict[str, Any], dic
     mount = max(mounts, key=lambda m: len(Path(m["mountPath"]).parts))
     volumes = {v["name"]: v for v in pod_spec(workload).get("volumes", [])}
     return mount, volumes[mount["name"]]
+
+
+def container_port(workload: dict[str, Any], port: int | str) -> int:
+    """A probe's or Service's port (a number, or the name of a containerPort) as a number."""
+    ports = main_container(workload).get("ports", [])
+    if isinstance(port, str):
+        named = [p["containerPort"] for p in ports if p.get("name") == port]
+        assert len(named) == 1, f"no containerPort named {port!r}: {ports}"
+        return int(named[0])
+    assert any(p["containerPort"] == port for p in ports), f"{port} is no containerPort"
+    return port
+
+
+def commented_notify_file(path: Path) -> str | None:
+    """The value of a commented-out ``# - name: RAGWATCH_NOTIFY_FILE`` env entry."""
+    m = re.search(
+        r"^\s*#\s*-\s*name:\s*RAGWATCH_NOTIFY_FILE\s*\n\s*#\s*value:\s*(\S+)\s*$",
+        path.read_text(),
+        re.M,
+    )
+    return m[1] if m else None
 
 
 _QUANTITY = {"m": 1e-3, "": 1.0, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 1e3, "M": 1e6}
@@ -311,9 +379,17 @@ def test_deploy_has_the_expected_files() -> None:
         "systemd/agent.env.example",
         "systemd/ragwatch-worker.service",
         "systemd/worker.env.example",
+        "systemd/ragwatch-notify.service",
+        "systemd/notify.env.example",
+        "systemd/ragwatch-serve.service",
+        "systemd/serve.env.example",
+        "kubernetes/namespace.yaml",
+        "kubernetes/kustomization.yaml",
         "kubernetes/agent-daemonset.yaml",
         "kubernetes/configmap.yaml",
         "kubernetes/worker-deployment.yaml",
+        "kubernetes/notify-deployment.yaml",
+        "kubernetes/serve-deployment.yaml",
     }
     present = {str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*") if p.is_file()}
     assert expected <= present, sorted(expected - present)
@@ -345,11 +421,14 @@ def test_kustomization_lists_every_manifest() -> None:
     assert namespaces and kust["resources"][0] == namespaces[0]
 
 
-def test_workloads_find_their_selector_labels() -> None:
-    for workload in (daemonset(), deployment()):
-        selector = workload["spec"]["selector"]["matchLabels"]
-        labels = workload["spec"]["template"]["metadata"]["labels"]
-        assert selector.items() <= labels.items(), workload["metadata"]["name"]
+@pytest.mark.parametrize("role", ROLES)
+def test_workloads_find_their_selector_labels(role: str) -> None:
+    obj = workload(role)
+    selector = obj["spec"]["selector"]["matchLabels"]
+    labels = obj["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items(), obj["metadata"]["name"]
+    others = [workload(r)["spec"]["template"]["metadata"]["labels"] for r in ROLES if r != role]
+    assert not any(selector.items() <= o.items() for o in others), "selects another's pods"
 
 
 def test_every_ragwatch_name_in_deploy_is_a_setting() -> None:
@@ -364,14 +443,13 @@ def test_every_ragwatch_name_in_deploy_is_a_setting() -> None:
         if m["kind"] == "ConfigMap":
             for k in m.get("data") or {}:
                 named.setdefault(k, set()).add(f"ConfigMap {m['metadata']['name']}")
-    for workload in (daemonset(), deployment()):
-        for container in pod_spec(workload)["containers"] + pod_spec(workload).get(
-            "initContainers", []
-        ):
+    for role in ROLES:
+        spec = pod_spec(workload(role))
+        for container in spec["containers"] + spec.get("initContainers", []):
             for e in container.get("env", []):
                 if e["name"].startswith(PREFIX):
                     named.setdefault(e["name"], set()).add("container env")
-    for name in ("agent.env.example", "worker.env.example"):
+    for name in ENV_EXAMPLES.values():
         active, commented = env_file(name)
         for k in (*active, *commented):
             named.setdefault(k, set()).add(f"systemd/{name}")
@@ -391,27 +469,53 @@ def test_configmap_settings_are_valid() -> None:
     assert not leaked, f"secrets belong in the Secret, not the ConfigMap: {leaked}"
 
 
-@pytest.mark.parametrize("workload", ["agent", "worker"])
-def test_container_settings_are_valid(workload: str) -> None:
-    obj = daemonset() if workload == "agent" else deployment()
-    container = main_container(obj)
+def test_every_secret_setting_has_a_test_value() -> None:
+    assert set(SECRET_VALUES) == SECRET_SETTINGS, "SECRET_VALUES is out of date"
+    Settings.from_env(SECRET_VALUES)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_container_settings_are_valid(role: str) -> None:
+    container = main_container(workload(role))
     refs = [s["configMapRef"]["name"] for s in container.get("envFrom", [])]
     assert refs == [CONFIGMAP]
-    settings = Settings.from_env(ragwatch_only(container_environment(container)))
+    settings = container_settings(role)
     assert settings.kafka_bootstrap == configmap_data()["RAGWATCH_KAFKA_BOOTSTRAP"]
 
 
 def test_secrets_come_from_one_secret_never_from_literals() -> None:
     secret_names = set()
-    for workload in (daemonset(), deployment()):
-        for name, entry in env_entries(main_container(workload)).items():
+    for role in ROLES:
+        for name, entry in env_entries(main_container(workload(role))).items():
             ref = entry.get("valueFrom", {}).get("secretKeyRef")
             if name in SECRET_SETTINGS:
-                assert ref, f"{name} must come from a secretKeyRef, not a literal value"
-            if ref:
-                assert name in SECRET_SETTINGS, f"{name} from a Secret but not a secret"
-                secret_names.add(ref["name"])
+                assert ref, f"{role}: {name} must come from a secretKeyRef, not a literal"
+            if not ref:
+                continue
+            if name.startswith(PREFIX):
+                assert name in SECRET_SETTINGS, f"{role}: {name} from a Secret but not a secret"
+            else:  # a ${VAR} of the notify file
+                assert role == "notify", f"{role}: {name} from a Secret but not a setting"
+            secret_names.add(ref["name"])
     assert len(secret_names) == 1, secret_names
+
+
+def test_the_secret_is_the_one_the_worker_uses() -> None:
+    worker_secret = env_entries(main_container(deployment()))["RAGWATCH_REDIS_URL"]
+    expected = worker_secret["valueFrom"]["secretKeyRef"]["name"]
+    for role in ("notify", "serve"):
+        for name, entry in env_entries(main_container(workload(role))).items():
+            ref = entry.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                assert ref["name"] == expected, f"{role}: {name} from {ref['name']}"
+
+
+@pytest.mark.parametrize("role", ["worker", "notify", "serve"])
+def test_redis_url_comes_from_the_secret_and_is_required(role: str) -> None:
+    entry = env_entries(main_container(workload(role)))["RAGWATCH_REDIS_URL"]
+    ref = entry["valueFrom"]["secretKeyRef"]
+    assert not ref.get("optional", False), f"{role} cannot run without its Redis URL"
+    assert container_settings(role).redis_url == SECRET_VALUES["RAGWATCH_REDIS_URL"]
 
 
 def test_agent_sasl_password_comes_from_the_secret() -> None:
@@ -419,11 +523,53 @@ def test_agent_sasl_password_comes_from_the_secret() -> None:
     assert entry["valueFrom"]["secretKeyRef"]["key"]
 
 
-def test_worker_gets_redis_and_webhooks_from_the_secret() -> None:
-    env = env_entries(main_container(deployment()))
-    redis = env["RAGWATCH_REDIS_URL"]["valueFrom"]["secretKeyRef"]
-    assert not redis.get("optional", False), "the worker cannot run without its Redis URL"
-    assert env["RAGWATCH_WEBHOOK_URLS"]["valueFrom"]["secretKeyRef"]["key"]
+def test_only_the_notifier_gets_the_webhook_settings() -> None:
+    for role in ROLES:
+        env = env_entries(main_container(workload(role)))
+        given = sorted(set(env) & set(NOTIFY_ONLY))
+        if role != "notify":
+            assert not given, f"{role} delivers nothing, yet gets {given}"
+    assert not set(configmap_data()) & set(NOTIFY_ONLY), "the notifier's own, not shared"
+    env = env_entries(main_container(workload("notify")))
+    for name in ("RAGWATCH_WEBHOOK_URLS", "RAGWATCH_WEBHOOK_HMAC_SECRET"):
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert ref["key"] and ref.get("optional") is True, f"{name}: optional Secret key"
+    settings = container_settings("notify")
+    assert settings.webhook_urls == tuple(SECRET_VALUES["RAGWATCH_WEBHOOK_URLS"].split(","))
+    assert settings.webhook_hmac_secret.get() == SECRET_VALUES["RAGWATCH_WEBHOOK_HMAC_SECRET"]
+
+
+def test_only_serve_gets_the_serve_settings() -> None:
+    assert not set(configmap_data()) & set(SERVE_ONLY), "serve's own, not shared"
+    for role in ROLES:
+        given = sorted(set(env_entries(main_container(workload(role)))) & set(SERVE_ONLY))
+        if role != "serve":
+            assert not given, f"{role} gets {given}"
+
+
+@pytest.mark.parametrize("role", ["worker", "notify", "serve"])
+def test_cluster_pods_meet_the_restricted_pod_security_level(role: str) -> None:
+    obj = workload(role)
+    spec = pod_spec(obj)
+    for key in ("hostPID", "hostNetwork", "hostIPC"):
+        assert not spec.get(key), f"{role}: {key}"
+    assert spec.get("automountServiceAccountToken") is False, "no Kubernetes API needed"
+    for v in spec.get("volumes", []):
+        assert set(v) - {"name"} <= {"emptyDir", "configMap", "secret", "projected"}, v
+    pod_sc = spec.get("securityContext", {})
+    for c in spec["containers"] + spec.get("initContainers", []):
+        sc = {**pod_sc, **c.get("securityContext", {})}
+        assert sc.get("runAsNonRoot") is True, c["name"]
+        assert sc.get("runAsUser", 1) != 0, c["name"]
+        assert sc.get("allowPrivilegeEscalation") is False, c["name"]
+        assert sc.get("privileged") is not True, c["name"]
+        assert sc.get("readOnlyRootFilesystem") is True, c["name"]
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], c["name"]
+        assert not sc.get("capabilities", {}).get("add"), c["name"]
+        assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", c["name"]
+    res = main_container(obj)["resources"]
+    for r in ("cpu", "memory"):
+        assert quantity(res["requests"][r]) <= quantity(res["limits"][r]), (role, r)
 
 
 # ---------------------------------------------------------------- the agent DaemonSet
@@ -525,12 +671,113 @@ def test_worker_deployment_runs_the_worker() -> None:
     assert pod_spec(deployment())["terminationGracePeriodSeconds"] >= 30
 
 
+def test_worker_deployment_does_not_deliver() -> None:
+    text = (KUBERNETES / "worker-deployment.yaml").read_text().lower()
+    assert "webhook" not in text, "the worker publishes to ragwatch.alerts; notify delivers"
+
+
 def test_worker_state_dir_is_writable() -> None:
     env = container_environment(main_container(deployment()))
     state = Settings.from_env(ragwatch_only(env)).state_dir
     assert state.is_absolute()
     mount, _ = volume_of(deployment(), state)
     assert not mount.get("readOnly", False)
+
+
+# ---------------------------------------------------------------- the notify Deployment
+
+
+def test_notify_deployment_runs_exactly_one_notifier() -> None:
+    obj = workload("notify")
+    args = build_parser().parse_args(container_args(obj))
+    assert args.command == "notify"
+    assert obj["spec"]["replicas"] == 1, "two notifiers split the alerts and their state"
+    strategy = obj["spec"]["strategy"]
+    assert strategy["type"] == "Recreate", "a rolling update runs two at once"
+    assert "rollingUpdate" not in strategy
+    autoscaled = [
+        m
+        for m in manifests()
+        if m["kind"] == "HorizontalPodAutoscaler"
+        and m["spec"]["scaleTargetRef"]["name"] == obj["metadata"]["name"]
+    ]
+    assert not autoscaled, "never scale the notifier"
+    assert pod_spec(obj)["terminationGracePeriodSeconds"] >= 30
+
+
+def test_notify_file_is_an_optional_configmap_mounted_read_only() -> None:
+    obj = workload("notify")
+    env = env_entries(main_container(obj))
+    path = env["RAGWATCH_NOTIFY_FILE"]["value"] if "RAGWATCH_NOTIFY_FILE" in env else None
+    path = path or commented_notify_file(KUBERNETES / "notify-deployment.yaml")
+    assert path, "set RAGWATCH_NOTIFY_FILE, or show it commented out, in the notifier's env"
+    notify_file = Settings.from_env({"RAGWATCH_NOTIFY_FILE": path}).notify_file
+    assert notify_file is not None and notify_file.is_absolute()
+    mount, volume = volume_of(obj, notify_file)
+    assert mount.get("readOnly") is True
+    assert notify_file.parent == Path(mount["mountPath"]), "a ConfigMap key is a file there"
+    assert volume["configMap"]["name"] == NOTIFY_CONFIGMAP
+    assert volume["configMap"].get("optional") is True, "the pod starts without a notify file"
+
+
+# ---------------------------------------------------------------- the serve Deployment
+
+
+def serve_args() -> Any:
+    return build_parser().parse_args(container_args(workload("serve")))
+
+
+def serve_listen() -> tuple[str, int]:
+    """(host, port) serve binds in its pod: ``--host``/``--port`` win over the settings."""
+    args, settings = serve_args(), container_settings("serve")
+    return (
+        args.host or settings.serve_host,
+        settings.serve_port if args.port is None else args.port,
+    )
+
+
+def test_serve_deployment_runs_serve_on_the_pods_address() -> None:
+    assert serve_args().command == "serve"
+    host, port = serve_listen()
+    assert ipaddress.ip_address(host).is_unspecified, "127.0.0.1 is unreachable from outside"
+    assert container_port(workload("serve"), "http") == port
+    assert container_settings("serve").serve_token, "reachable by every pod: a token"
+    ref = env_entries(main_container(workload("serve")))["RAGWATCH_SERVE_TOKEN"]
+    assert not ref["valueFrom"]["secretKeyRef"].get("optional", False)
+
+
+@pytest.mark.parametrize("probe", ["readinessProbe", "livenessProbe"])
+def test_serve_probes_hit_healthz(probe: str) -> None:
+    from ragwatch.serve import PUBLIC_PATHS
+
+    obj = workload("serve")
+    get = main_container(obj)[probe]["httpGet"]
+    assert get["path"] == "/healthz"
+    assert get["path"] in PUBLIC_PATHS, "probes carry no bearer token"
+    assert container_port(obj, get["port"]) == serve_listen()[1]
+    assert get.get("scheme", "HTTP") == "HTTP"
+
+
+def test_serve_liveness_is_more_patient_than_readiness() -> None:
+    c = main_container(workload("serve"))
+
+    def window(probe: dict[str, Any]) -> int:
+        return int(probe.get("periodSeconds", 10)) * int(probe.get("failureThreshold", 3))
+
+    # /healthz fails while Redis is down; a restart does not bring Redis back
+    assert window(c["livenessProbe"]) >= max(window(c["readinessProbe"]), 60)
+
+
+def test_serve_service_reaches_the_serve_pods_on_8080() -> None:
+    svc = manifest("Service", "ragwatch-serve")
+    assert svc["spec"].get("type", "ClusterIP") == "ClusterIP"
+    labels = workload("serve")["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == 8080
+    target = port.get("targetPort", port["port"])
+    assert container_port(workload("serve"), target) == serve_listen()[1]
+    assert port.get("protocol", "TCP") == "TCP"
 
 
 # ---------------------------------------------------------------- systemd
@@ -553,12 +800,13 @@ def test_agent_unit_runs_the_nvml_agent_with_a_spool_in_its_state_dir() -> None:
     ), f"the spool must be writable under ProtectSystem=strict: ReadWritePaths={writable}"
 
 
-def test_worker_unit_runs_the_worker() -> None:
-    args = build_parser().parse_args(exec_argv("ragwatch-worker.service"))
-    assert args.command == "worker"
+@pytest.mark.parametrize("role", ["worker", "notify", "serve"])
+def test_unit_runs_its_command(role: str) -> None:
+    args = build_parser().parse_args(exec_argv(UNITS[role]))
+    assert args.command == role
 
 
-@pytest.mark.parametrize("name", ["ragwatch-agent.service", "ragwatch-worker.service"])
+@pytest.mark.parametrize("name", UNITS.values())
 def test_unit_restarts_stops_gracefully_and_runs_unprivileged(name: str) -> None:
     assert unit_value(name, "Restart") == "always"
     assert unit_value(name, "RestartSec")
@@ -584,14 +832,32 @@ def test_agent_unit_flushes_and_keeps_the_gpus_visible() -> None:
     assert unit_value(name, "ProcSubset") in (None, "all"), "the agent reads /proc/<pid>"
 
 
-@pytest.mark.parametrize(
-    ("unit_name", "example"),
-    [
-        ("ragwatch-agent.service", "agent.env.example"),
-        ("ragwatch-worker.service", "worker.env.example"),
-    ],
-)
-def test_env_example_is_the_units_environment_file(unit_name: str, example: str) -> None:
+# [Service] keys of the worker unit that are not sandboxing (its command, restarts,
+# environment and state directory); every other one is, and the other units copy it.
+_NOT_SANDBOXING = frozenset(
+    {
+        "Type", "User", "Group", "Environment", "EnvironmentFile", "ExecStart", "Restart",
+        "RestartSec", "KillSignal", "TimeoutStopSec", "StateDirectory", "StateDirectoryMode",
+        "WorkingDirectory", "ReadWritePaths",
+    }
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("role", ["notify", "serve"])
+def test_network_only_units_are_hardened_like_the_worker(role: str) -> None:
+    worker = unit(UNITS["worker"])["Service"]
+    mine = unit(UNITS[role])["Service"]
+    for key, values in worker.items():
+        if key not in _NOT_SANDBOXING:
+            assert mine.get(key) == values, f"{UNITS[role]}: {key}={mine.get(key)}, worker {values}"
+    # it writes no file: nothing writable under ProtectSystem=strict, no state directory
+    for key in ("StateDirectory", "ReadWritePaths", "RuntimeDirectory", "CacheDirectory"):
+        assert key not in mine, f"{UNITS[role]}: {key}= (it keeps its state in Redis)"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_env_example_is_the_units_environment_file(role: str) -> None:
+    unit_name, example = UNITS[role], ENV_EXAMPLES[role]
     files = unit(unit_name)["Service"].get("EnvironmentFile", [])
     assert len(files) == 1, f"{unit_name}: one EnvironmentFile"
     path = PurePosixPath(files[0].lstrip("-"))
@@ -599,14 +865,9 @@ def test_env_example_is_the_units_environment_file(unit_name: str, example: str)
     assert f"{path.name}.example" == example
 
 
-@pytest.mark.parametrize(
-    ("unit_name", "example"),
-    [
-        ("ragwatch-agent.service", "agent.env.example"),
-        ("ragwatch-worker.service", "worker.env.example"),
-    ],
-)
-def test_env_example_settings_are_valid(unit_name: str, example: str) -> None:
+@pytest.mark.parametrize("role", KAFKA_ROLES)
+def test_env_example_settings_are_valid(role: str) -> None:
+    unit_name, example = UNITS[role], ENV_EXAMPLES[role]
     active, commented = env_file(example)
     assert "RAGWATCH_KAFKA_BOOTSTRAP" in active
     # EnvironmentFile= overrides Environment=, as in systemd
@@ -625,3 +886,59 @@ def test_worker_unit_keeps_its_state_in_its_state_directory() -> None:
     state_dirs = (unit_value(name, "StateDirectory") or "").split()
     assert any(state == Path("/var/lib") / d for d in state_dirs), (state, state_dirs)
     assert Settings.from_env(env).redis_url.startswith(("redis://", "rediss://"))
+
+
+@pytest.mark.parametrize("role", ["worker", "notify", "serve"])
+def test_redis_users_get_a_redis_url(role: str) -> None:
+    assert "RAGWATCH_REDIS_URL" in env_file(ENV_EXAMPLES[role])[0]
+    assert unit_settings(role).redis_url.startswith(("redis://", "rediss://"))
+
+
+def test_notifier_and_workers_agree_on_topics_group_and_keys() -> None:
+    worker, notify = unit_settings("worker"), unit_settings("notify")
+    for field in ("topic_prefix", "topic_partitions", "app_id", "redis_prefix"):
+        assert getattr(notify, field) == getattr(worker, field), field
+    assert unit_settings("serve").redis_prefix == worker.redis_prefix
+
+
+def test_webhook_settings_moved_from_the_worker_to_the_notifier() -> None:
+    for role in ROLES:
+        active, commented = env_file(ENV_EXAMPLES[role])
+        given = sorted((set(active) | set(commented)) & set(NOTIFY_ONLY))
+        if role != "notify":
+            assert not given, f"{ENV_EXAMPLES[role]}: {given} are the notifier's"
+    assert "RAGWATCH_WEBHOOK_URLS" in env_file("notify.env.example")[0]
+    assert unit_settings("notify").webhook_urls
+    text = (SYSTEMD / UNITS["worker"]).read_text().lower()
+    assert "webhook" not in text, "the worker publishes to ragwatch.alerts; notify delivers"
+
+
+def test_notify_unit_can_read_its_notify_file() -> None:
+    """The notify file (set, or commented out in the example) is readable in the sandbox."""
+    name = UNITS["notify"]
+    notify_file = unit_settings("notify", commented=True).notify_file
+    assert notify_file is not None, "show RAGWATCH_NOTIFY_FILE in notify.env.example"
+    assert notify_file.is_absolute() and notify_file.parent == Path("/etc/ragwatch")
+    hidden = (
+        {Path("/tmp"), Path("/var/tmp")} if systemd_bool(unit_value(name, "PrivateTmp")) else set()
+    )
+    if unit_value(name, "ProtectHome") in ("yes", "true", "tmpfs"):
+        hidden |= {Path("/home"), Path("/root"), Path("/run/user")}
+    for key in ("InaccessiblePaths", "TemporaryFileSystem"):
+        hidden |= {
+            Path(p.lstrip("-+").split(":")[0]) for p in (unit_value(name, key) or "").split()
+        }
+    assert not hidden & {notify_file, *notify_file.parents}, (notify_file, hidden)
+
+
+def test_serve_unit_binds_loopback() -> None:
+    args = build_parser().parse_args(exec_argv(UNITS["serve"]))
+    host = args.host or unit_settings("serve").serve_host
+    assert ipaddress.ip_address(host).is_loopback, f"{host}: a TLS proxy or a token first"
+
+
+def test_serve_unit_needs_no_kafka() -> None:
+    active, commented = env_file(ENV_EXAMPLES["serve"])
+    kafka = sorted(k for k in (*active, *commented) if k.startswith("RAGWATCH_KAFKA_"))
+    assert not kafka, f"serve reads Redis only: {kafka}"
+    assert unit_settings("serve", commented=True).serve_token, "show the token, commented out"
