@@ -316,6 +316,9 @@ def alerts_section(status: Mapping[str, Any]) -> Group:
         head = Text("  ") + Text(f"{state.upper():<8} ", style) + _t(f"{a.get('severity', '?'):<9}")
         head += _t(f"{a.get('rule', '?')}  ", "bold") + _t(_where(a.get("labels") or {}))
         head += Text(f"  since {_when(a.get('starts_at'))}", "dim")
+        muted = a.get("silenced_by") or []
+        if muted:
+            head += Text(f"  SILENCED ({', '.join(clean(m) for m in muted)})", "bold magenta")
         lines.append(head)
         ann = a.get("annotations") or {}
         if ann.get("summary"):

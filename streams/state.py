@@ -251,10 +251,16 @@ def read_status(
     hosts = _json_hash(client, keys.hosts)
     services = _json_hash(client, keys.services)
     recent = [_json(v) for v in client.lrange(keys.history, 0, history - 1)] if history > 0 else []
+    active = [s for s in decode_all(client.hgetall(keys.silences)) if s.active(now)]
+    alerts = read_alerts(client, prefix)
+    for a in alerts:  # silenced alerts still show, with the silences that mute them
+        raw = a.get("labels")
+        labels: dict[str, str] = raw if isinstance(raw, dict) else {}
+        a["silenced_by"] = [s.id for s in active if s.matches(labels)]
     return {
         "hosts": [{"host": h, **hosts[h]} for h in sorted(hosts)],
         "services": [{"service": s, **services[s]} for s in sorted(services)],
-        "alerts": read_alerts(client, prefix),
+        "alerts": alerts,
         "history": [r for r in recent if isinstance(r, dict)],
         "workers": _json_hash(client, keys.workers),
         "silences": read_silences(client, prefix, now=now),

@@ -74,6 +74,30 @@ def test_status_json_has_silences_and_notifier(fleet_env: tuple[dict[str, str], 
     ]
     assert status["notifier"]["outbox_pending"] == 2
     assert [s["id"] for s in status["silences"]] == fleet.silences[1::-1]
+    # silenced alerts still show, with the active silences that mute them
+    muted = {a["labels"]["alertname"]: a["silenced_by"] for a in status["alerts"]}
+    assert muted.pop("ThroughputDrop") == [fleet.silences[0]]  # the pending one, silenced
+    assert all(ids == [] for ids in muted.values())
+
+
+def test_silenced_alerts_still_show_with_their_silence(
+    fleet_env: tuple[dict[str, str], Fleet],
+) -> None:
+    env, fleet = fleet_env
+    host = fleet.leak.labels["host"]
+    out = run_ragwatch(
+        "silence", "add", "--match", f"host={host}", "--match", "alertname=GpuMemoryLeak",
+        "--duration", "1h", "--comment", "test", env=env,
+    )  # fmt: skip
+    sid = out.stdout.split()[0]
+    try:
+        status = json.loads(run_ragwatch("status", "--json", env=env).stdout)
+        by_fp = {a["fingerprint"]: a["silenced_by"] for a in status["alerts"]}
+        assert by_fp[fleet.leak.fingerprint] == [sid]
+        assert by_fp[fleet.hostile.fingerprint] == []
+        assert "SILENCED" in run_ragwatch("status", env=env).stdout
+    finally:
+        assert run_ragwatch("silence", "expire", sid, env=env).returncode == 0
 
 
 def test_status_watch_redraws_in_a_terminal_until_ctrl_c(
