@@ -15,7 +15,8 @@ load, ~1 for a leak) and, given a capacity, the time to exhaustion. ``score_one`
 data) and for flat or shrinking memory.
 
 Parameters: ``window_s`` (7200), ``bucket_s`` (``window_s / 60``), ``min_span_s`` (600),
-``min_points`` (5), ``scale_bytes`` (1e9).
+``min_points`` (5), ``scale_bytes`` (1e9), ``recent_s`` (1800: the recent slope and
+steadiness, :attr:`LeakEstimate.recent_gb_per_hour`, are fitted over the last half hour).
 
 >>> det = LeakDetector(window_s=7200)
 >>> for i in range(0, 3 * 3600, 10):          # 1.2 GB/h for three hours, 10 s samples
@@ -56,16 +57,27 @@ class LeakEstimate:
     level_bytes: float
     points: int
     steadiness: float = 1.0
+    recent_slope_bytes_per_s: float | None = None  # the same fit over the last recent_s
+    recent_steadiness: float | None = None
 
     @property
     def gb_per_hour(self) -> float:
         return self.slope_bytes_per_s * 3600 / GB
 
+    @property
+    def recent_gb_per_hour(self) -> float | None:
+        r = self.recent_slope_bytes_per_s
+        return None if r is None else r * 3600 / GB
+
     def time_to_exhaustion(self, free_bytes: float) -> float | None:
-        """Seconds until ``free_bytes`` are used up at this slope; None if not growing."""
-        if self.slope_bytes_per_s <= 0:
+        """Seconds until ``free_bytes`` are used up at the recent slope (the window's if
+        there is no recent one); None if not growing."""
+        slope = self.slope_bytes_per_s
+        if self.recent_slope_bytes_per_s is not None:
+            slope = self.recent_slope_bytes_per_s
+        if slope <= 0:
             return None
-        return max(0.0, free_bytes) / self.slope_bytes_per_s
+        return max(0.0, free_bytes) / slope
 
 
 def theil_sen(ts: list[float], vs: list[float]) -> float:
@@ -95,8 +107,13 @@ class LeakDetector:
         min_span_s: float = 600.0,
         min_points: int = 5,
         scale_bytes: float = GB,
+        recent_s: float = 1800.0,
     ) -> None:
-        for name, v in (("window_s", window_s), ("scale_bytes", scale_bytes)):
+        for name, v in (
+            ("window_s", window_s),
+            ("scale_bytes", scale_bytes),
+            ("recent_s", recent_s),
+        ):
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {v!r}")
         if not (math.isfinite(min_span_s) and min_span_s >= 0) or min_points < 2:
@@ -108,6 +125,7 @@ class LeakDetector:
         self.min_span_s = float(min_span_s)
         self.min_points = int(min_points)
         self.scale_bytes = float(scale_bytes)
+        self.recent_s = float(recent_s)
         self._points: deque[tuple[float, float]] = deque()
         self._bucket: int | None = None
         self._mean = 0.0
@@ -118,7 +136,12 @@ class LeakDetector:
 
     def clone(self) -> LeakDetector:
         return LeakDetector(
-            self.window_s, self.bucket_s, self.min_span_s, self.min_points, self.scale_bytes
+            self.window_s,
+            self.bucket_s,
+            self.min_span_s,
+            self.min_points,
+            self.scale_bytes,
+            self.recent_s,
         )
 
     @property
@@ -172,4 +195,22 @@ class LeakDetector:
         vs = [p[1] for p in self._points]
         slope = theil_sen(ts, vs)
         rising = sum(b > a for a, b in itertools.pairwise(vs))
-        return LeakEstimate(slope, slope * span, span, vs[-1], len(ts), rising / (len(vs) - 1))
+        # The same over the recent part of the window: a leak that started an hour into
+        # a flat window shows at its own rate there long before the whole window's slope
+        # (dragged down by the flat part) reaches it.
+        k = next(i for i, t in enumerate(ts) if t >= ts[-1] - self.recent_s)
+        recent = recent_steady = None
+        if len(ts) - k >= self.min_points:
+            rts, rvs = ts[k:], vs[k:]
+            recent = theil_sen(rts, rvs)
+            recent_steady = sum(b > a for a, b in itertools.pairwise(rvs)) / (len(rvs) - 1)
+        return LeakEstimate(
+            slope,
+            slope * span,
+            span,
+            vs[-1],
+            len(ts),
+            rising / (len(vs) - 1),
+            recent,
+            recent_steady,
+        )

@@ -372,11 +372,23 @@ def _check_receivers(
     )
     problems = [f"webhook got {k[1]} of {k[0]} {n} times" for k, n in seen.items() if n > 1]
     problems += [f"PagerDuty got {k[1]} {k[0]} {n} times" for k, n in events.items() if n > 1]
-    if healed:
-        open_ = {k for (k, act) in events if act == "trigger"} - {
-            k for (k, act) in events if act == "resolve"
+    if healed:  # every alert that resolved at the webhook was resolved at PagerDuty too
+        resolved_fps = {
+            a["fingerprint"] for b in hook.bodies for a in b["alerts"] if a["status"] == "resolved"
         }
-        problems += [f"PagerDuty incident {k} was never resolved" for k in sorted(open_)]
+        fp_of = {
+            e.get("dedup_key", ""): (e.get("payload") or {})
+            .get("custom_details", {})
+            .get("fingerprint")
+            for e in pager.bodies
+            if e.get("event_action") == "trigger"
+        }
+        resolved_keys = {k for (k, act) in events if act == "resolve"}
+        problems += [
+            f"PagerDuty incident {k} was never resolved"
+            for k, fp in sorted(fp_of.items())
+            if fp in resolved_fps and k not in resolved_keys
+        ]
     if wanted and not slack.bodies:
         problems.append("Slack got no message")
     for p in problems:

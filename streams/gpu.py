@@ -248,8 +248,10 @@ class GpuPipeline:
         fb_used = gpu.fb_used
         free = gpu.fb_total - fb_used
         tte = est.time_to_exhaustion(free) if est else None
-        if est and tte is None:
-            tte = math.inf  # not growing: never (a full GPU that still grows is 0, not never)
+        if est and free <= 0:
+            tte = 0.0  # full: nothing left, whatever the recent slope says
+        elif est and tte is None:
+            tte = math.inf  # not growing: never
         s.signals.update(
             fb_used_bytes=float(fb_used),
             fb_total_bytes=float(gpu.fb_total),
@@ -260,6 +262,8 @@ class GpuPipeline:
             window_h=est.span_s / 3600 if est else None,
             leak_score=s.detector.score_one({"value": value, "t": ts}),
             mem_steadiness=est.steadiness if est else None,
+            recent_gb_per_hour=est.recent_gb_per_hour if est else None,
+            recent_steadiness=est.recent_steadiness if est else None,
             tte_s=tte,
             tte_h=None if tte is None else tte / 3600,
         )

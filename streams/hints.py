@@ -219,7 +219,9 @@ class Correlator:
                 continue
             sig = s.signals
             inc, steady = sig.get("mem_increase_bytes"), sig.get("mem_steadiness")
-            rate = sig.get("gb_per_hour")
+            rate = sig.get("recent_gb_per_hour")
+            if rate is None:
+                rate = sig.get("gb_per_hour")
             if inc is None or steady is None or rate is None:
                 continue
             if inc >= LEAK_MIN_BYTES and steady >= LEAK_MIN_STEADINESS and rate > 0:

@@ -15,9 +15,9 @@ replay feeds it envelopes directly, in event-time order, and gets the same trans
 >>> leak.rule, leak.labels["pid"]
 ('GpuMemoryLeak', '4001')
 >>> print(leak.annotations["hint"])  # doctest: +NORMALIZE_WHITESPACE
-GPU 0 memory +1.12 GB/h in pid 4001 (rag-worker, container 68335d6694bb) on gpu-node-01:
+GPU 0 memory +1.00 GB/h in pid 4001 (rag-worker, container 68335d6694bb) on gpu-node-01:
 services on gpu-node-01 (rag-api-0, rag-api-1) are not degraded yet: restart pid 4001
-before the CUDA OOM killer does (GPU 0 full in ~12.2 h)
+before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
 """
 
 from __future__ import annotations

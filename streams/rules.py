@@ -56,6 +56,8 @@ _MEMORY_SIGNALS = (
     "mem_increase_gb",
     "mem_slope_bytes_per_s",
     "mem_steadiness",
+    "recent_gb_per_hour",
+    "recent_steadiness",
     "gb_per_hour",
     "leak_score",
     "window_h",

@@ -8,6 +8,8 @@ process and the degraded instance on the same host.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ragwatch.agents.scenario import build
@@ -44,7 +46,7 @@ def test_the_leak_hint_names_the_process_and_the_instance_it_degrades(
     leak = incident["GpuMemoryLeak"]
     hint = leak.annotations["hint"]
     lab = leak.labels
-    assert hint.startswith(f"GPU {lab['gpu']} memory +1.")
+    assert re.match(rf"GPU {lab['gpu']} memory \+[01]\.\d\d GB/h", hint), hint
     assert f"in pid {lab['pid']} (rag-worker, container {lab['container']})" in hint
     assert "rag-api-1 on the same host shows tokens/request -" in hint
     assert hint.endswith("suspect a leak in that process degrading rag-api-1")

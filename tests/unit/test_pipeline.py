@@ -74,7 +74,7 @@ def test_leak_fires_for_exactly_the_leaking_process(leak_run: Run) -> None:
     assert proc_key(t.alert.labels) == (host, str(gpu), str(pid), name)
     leak_start = leak_run.sim.config.leak_start_s
     assert leak_start < leak_run.elapsed(ts) <= leak_start + 90 * 60
-    assert ts - t.alert.starts_at >= 600  # the rule's for: 10m
+    assert ts - t.alert.starts_at >= 300  # the rule's for: 5m
 
 
 def test_nothing_else_fires_or_even_pends(leak_run: Run) -> None:
@@ -91,7 +91,7 @@ def test_nothing_else_fires_or_even_pends(leak_run: Run) -> None:
 def test_firing_alert_describes_the_leak(leak_run: Run) -> None:
     (alert,) = leak_run.pipe.engine.active.values()
     assert alert.status == "firing"
-    assert alert.value > 1e9  # mem_increase_bytes
+    assert 0.9 < alert.value < 1.5  # recent_gb_per_hour
     assert alert.expected == 0.0
     assert alert.labels["team"] == "ml-platform" and alert.labels["severity"] == "critical"
     summary = alert.annotations["summary"]

@@ -331,13 +331,14 @@ def test_default_rules_load() -> None:
     by_name = {r.name: r for r in rules}
     leak = by_name["GpuMemoryLeak"]
     assert leak.series == "process"
-    assert leak.for_s == 600.0
+    assert leak.for_s == 300.0
     assert leak.severity == "critical"
     assert leak.expected == 0.0
-    assert leak.conditions == (
-        Condition("mem_increase_bytes", ">", 1e9),
-        Condition("mem_steadiness", ">", 0.7),
+    assert leak.conditions == (  # > 1 GB per 2 h at the steady recent rate
+        Condition("recent_gb_per_hour", ">", 0.5),
+        Condition("recent_steadiness", ">", 0.75),
     )
+    assert leak.resolve == (Condition("recent_gb_per_hour", "<", 0.2),)
     assert leak.labels == {"team": "ml-platform"}
     assert {"summary", "description", "runbook"} <= set(leak.annotations)
 
@@ -353,7 +354,13 @@ def test_default_leak_rule_renders_an_actionable_summary() -> None:
         "process": "rag-worker",
         "container": "abc",
     }
-    signals = {"gb_per_hour": 1.2, "mem_increase_gb": 2.4, "window_h": 2.0, "tte_h": 11.5}
+    signals = {
+        "recent_gb_per_hour": 1.2,
+        "gb_per_hour": 1.1,
+        "mem_increase_gb": 2.4,
+        "window_h": 2.0,
+        "tte_h": 11.5,
+    }
     out = leak.render(labels, signals)
     assert out["summary"] == (
         "GPU memory leak: rag-worker (pid 4011) on gpu-node-01 GPU 1 grows 1.20 GB/h"
