@@ -18,7 +18,7 @@ computed and the service rules are evaluated once, at ``ts`` = the bucket's end:
   ``e2e_p99_ms``, ``<stage>_p50_ms``, ``<stage>_p95_ms``, ``<stage>_p99_ms`` and
   ``<stage>_share`` (stage time / end-to-end time) for the stages retriever, reranker
   and llm, ``ttft_p95_ms``, ``queue_p95_ms``. P50 is the bucket's own; the tails (P95,
-  P99) are taken over the last ``tail_buckets`` buckets (3 minutes by default): a minute
+  P99) are taken over the last ``tail_buckets`` buckets (2 minutes by default): a minute
   of a sampled stream holds a hundred requests, whose P99 is one or two of them and
   jumps from bucket to bucket;
 - Holt-Winters baselines (``direction="down"``) on tokens/request and output tokens/s:
@@ -248,7 +248,7 @@ class RequestPipeline:
         engine: AlertEngine | None = None,
         *,
         bucket_s: float = 60.0,
-        grace_s: float = 120.0,
+        grace_s: float = 60.0,
         max_series: int = 10_000,
         stale_s: float = 600.0,
         reservoir: int = 5000,
@@ -257,7 +257,7 @@ class RequestPipeline:
         new_cluster_size: int = 10,
         baseline_hold: float = 1.5,
         hold_max_s: float = 21600.0,
-        tail_buckets: int = 3,
+        tail_buckets: int = 2,
         outliers: RequestOutliers | None = None,
         seed: int = 0,
     ) -> None:

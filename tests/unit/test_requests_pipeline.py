@@ -186,7 +186,7 @@ def test_a_gap_empties_the_tail_window() -> None:
 
 
 def test_out_of_order_within_grace_counts_in_its_bucket_and_beyond_grace_is_dropped() -> None:
-    pipe = RequestPipeline([])
+    pipe = RequestPipeline([], grace_s=120.0)
     pipe.process(env([rec(T0 + 1.0), rec(T0 + 2.0)]))  # bucket 0
     pipe.process(env([rec(T0 + 100.0)]))  # bucket 1, watermark 100
     pipe.process(env([rec(T0 + 30.0), rec(T0 + 70.0)], ts=T0 + 101.0))  # late, within grace
@@ -242,7 +242,7 @@ def test_a_36_percent_tokens_per_request_drop_fires_after_five_minutes() -> None
 
 
 def test_first_drop_bucket_deviates_by_36_percent() -> None:
-    pipe = RequestPipeline([])
+    pipe = RequestPipeline([], grace_s=120.0)
     traffic = Traffic(random.Random(3))
     play(pipe, T0, 30 * MIN, traffic, rps=5)
     traffic.output_scale = 0.64
@@ -291,7 +291,7 @@ def test_sustained_faults_stay_firing_until_they_end() -> None:
 
 
 def test_long_context_short_output_requests_are_outliers_and_a_new_cluster() -> None:
-    pipe = RequestPipeline([rule("NewCluster", "new_outlier_cluster", ">=", 1.0)])
+    pipe = RequestPipeline([rule("NewCluster", "new_outlier_cluster", ">=", 1.0)], grace_s=120.0)
     traffic = Traffic(random.Random(5))
     assert play(pipe, T0, 10 * MIN, traffic) == []
     odd = [rec(T0 + 10 * MIN + 1 + 0.1 * i, ctx=12000 + i, out=20) for i in range(3)]
