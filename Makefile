@@ -52,6 +52,7 @@ lint: setup typecheck ## ruff + mypy (strict)
 bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/pipeline.py
 	$(PY) bench/agents.py
+	$(PY) bench/throughput.py
 	$(PY) bench/quality.py
 
 clean: ## remove the venv, build and cache folders
