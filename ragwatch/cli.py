@@ -1,4 +1,5 @@
-"""The ``ragwatch`` command line: worker, agent, notify, status, serve, silence, demo, dev.
+"""The ``ragwatch`` command line: worker, agent, notify, status, serve, silence, demo, dev,
+replay, record.
 
 ``main()`` is the only place that reads the environment and configures logging.
 Errors ragwatch can explain (bad settings, a missing binary, an unreachable service)
@@ -12,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ragwatch import __version__, agent_command
@@ -98,8 +100,47 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="embedded Tansu broker + redis-server for development")
     dev.add_argument("action", choices=("up", "down", "status"))
 
+    _add_replay_parsers(sub)
+
     sub.add_parser("settings", help="list every RAGWATCH_* setting with its current value")
     return p
+
+
+def _add_replay_parsers(sub: Any) -> None:
+    r = sub.add_parser(
+        "replay",
+        help="recorded telemetry through the worker's pipelines and rules, offline, in event time",
+    )
+    r.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="FILE|DIR",
+        help="JSONL of envelopes (.jsonl, .jsonl.gz) or timestamp,value CSV; a DIR = its "
+        "*.jsonl, *.jsonl.gz and *.csv",
+    )
+    r.add_argument(
+        "--rules", type=Path, default=None, help="rules file (default: RAGWATCH_RULES_FILE)"
+    )
+    r.add_argument("--json", action="store_true", help="one JSON object per transition")
+    r.add_argument(
+        "--pending", action="store_true", help="also print pending alerts and dropped ones"
+    )
+    r.add_argument("--detector", default="default", help="scores CSV series (default: default)")
+    r.add_argument(
+        "--threshold", type=float, default=0.5, help="CSV score that fires (default 0.5)"
+    )
+
+    rec = sub.add_parser("record", help="write the telemetry topics to a JSONL file for replay")
+    rec.add_argument("--out", type=Path, required=True, help="JSONL file (gzip if it ends .gz)")
+    rec.add_argument(
+        "--topics", default="gpu,requests,events,metrics", help="comma-separated topic names"
+    )
+    stop = rec.add_mutually_exclusive_group()
+    stop.add_argument("--duration", type=_duration, default=None, help="stop after this long")
+    stop.add_argument(
+        "--max-messages", type=int, default=None, help="stop after N envelopes written"
+    )
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
@@ -171,6 +212,56 @@ def cmd_dev(args: argparse.Namespace, settings: Settings, environ: Mapping[str, 
     return 0 if all(s.alive for s in services.values()) else 1
 
 
+def cmd_replay(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.replay import replay
+    from ragwatch.streams.rules import load_rules
+
+    if not 0.0 < args.threshold <= 1.0:
+        raise ConfigError(f"--threshold must be in (0, 1]: {args.threshold}")
+    rules = load_rules(args.rules or settings.rules_file)
+    try:
+        return replay(
+            args.paths,
+            rules,
+            sys.stdout,
+            as_json=args.json,
+            pending=args.pending,
+            detector=args.detector,
+            threshold=args.threshold,
+        )
+    except BrokenPipeError:  # piped into head: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def cmd_record(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    import signal
+    import threading
+
+    from ragwatch.replay import record
+
+    if args.max_messages is not None and args.max_messages < 1:
+        raise ConfigError(f"--max-messages must be at least 1: {args.max_messages}")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+    stats = record(
+        settings,
+        args.out,
+        topics=topics,
+        duration_s=args.duration,
+        max_messages=args.max_messages,
+        stop=stop,
+    )
+    print(
+        f"recorded {stats.written} envelopes to {args.out} ({stats.consumed} messages, "
+        f"{stats.invalid} invalid skipped)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
     docs = env_names()
     for name, value in settings.describe().items():
@@ -188,6 +279,8 @@ COMMANDS: dict[str, Any] = {
     "serve": cmd_serve,
     "notify": cmd_notify,
     "silence": cmd_silence,
+    "replay": cmd_replay,
+    "record": cmd_record,
 }
 
 

@@ -1,0 +1,325 @@
+"""``ragwatch replay`` without Kafka: CSV and JSONL inputs, event-time merging, bad lines,
+detector mode, and the same transitions as :class:`Pipelines` in-process."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from ragwatch.agents.scenario import build
+from ragwatch.cli import main
+from ragwatch.codec import encode, to_dict
+from ragwatch.errors import ConfigError
+from ragwatch.replay import (
+    Point,
+    Tally,
+    input_files,
+    merged,
+    parse_time,
+    read_csv,
+    replay,
+)
+from ragwatch.schema import EventEnvelope, GpuEnvelope
+from ragwatch.streams.pipelines import Pipelines
+from ragwatch.streams.rules import load_rules
+
+T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
+
+
+def write_jsonl(path: Path, lines: list[bytes]) -> Path:
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def gpu(host: str, ts: float) -> bytes:
+    return encode(GpuEnvelope(host=host, ts=ts, gpus=()))
+
+
+def run_replay(paths: list[Path], **kw: Any) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """Transitions, the summary and stderr of a JSON replay."""
+    out, err = io.StringIO(), io.StringIO()
+    code = replay(paths, load_rules(), out, as_json=True, err=err, **kw)
+    objs = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert objs[-1]["kind"] == "summary"
+    assert code == (0 if objs[-1]["envelopes"] + objs[-1]["points"] else 2)
+    return objs[:-1], objs[-1], err.getvalue()
+
+
+# ---------------------------------------------------------------- CSV
+
+
+@pytest.mark.parametrize(
+    ("text", "ts"),
+    [
+        ("1396310700", 1396310700.0),
+        ("1396310700.5", 1396310700.5),
+        ("2014-04-01 00:05:00", 1396310700.0),
+        ("2014-04-01T00:05:00", 1396310700.0),
+        ("2014-04-01T02:05:00+02:00", 1396310700.0),
+    ],
+)
+def test_parse_time_reads_epoch_seconds_and_iso_8601_as_utc(text: str, ts: float) -> None:
+    assert parse_time(text) == ts
+
+
+@pytest.mark.parametrize("text", ["", "yesterday", "nan", "inf", "2014-13-01 00:00:00"])
+def test_parse_time_rejects_what_is_not_a_time(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_time(text)
+
+
+def test_csv_with_header_and_bad_rows(tmp_path: Path) -> None:
+    f = tmp_path / "s.csv"
+    f.write_text(
+        "timestamp,value\n"
+        "2014-04-01 00:00:00,1.5\n"
+        "\n"
+        "2014-04-01 00:05:00,oops\n"
+        "not a time,3\n"
+        "2014-04-01 00:10:00\n"
+        "1396311000,nan\n"
+        "1396311300,4\n"
+    )
+    tally = Tally()
+    points = list(read_csv(f, 7, tally))
+    assert points == [Point(7, 1396310400.0, 1.5), Point(7, 1396311300.0, 4.0)]
+    assert tally.points == 2 and tally.bad == 4
+    assert [(b.line, b.reason.split(":")[0]) for b in tally.first_bad] == [
+        (4, "value"),
+        (5, "timestamp"),
+        (6, "expected timestamp,value"),
+        (7, "value"),
+    ]
+    assert str(tally.first_bad[0]) == f"{f}:4: value: not a number: 'oops'"
+
+
+def test_csv_columns_by_header_name_or_position(tmp_path: Path) -> None:
+    swapped = tmp_path / "a.csv"
+    swapped.write_text("value,timestamp\n2.0,60\n")
+    bare = tmp_path / "b.csv"
+    bare.write_text("60,2.0\n120,3.0\n")
+    wrong = tmp_path / "c.csv"
+    wrong.write_text("time,v\n60,2\n")
+    tally = Tally()
+    assert list(read_csv(swapped, 0, tally)) == [Point(0, 60.0, 2.0)]
+    assert list(read_csv(bare, 1, tally)) == [Point(1, 60.0, 2.0), Point(1, 120.0, 3.0)]
+    assert list(read_csv(wrong, 2, tally)) == []
+    assert [(b.path, b.line) for b in tally.first_bad] == [(str(wrong), 1)]
+    assert "expected timestamp,value" in tally.first_bad[0].reason
+
+
+def level_shift_csv(path: Path) -> Path:
+    """200 noisy values around 10, then a lasting shift to 20 (5-minute samples)."""
+    rng = random.Random(7)
+    rows = ["timestamp,value"]
+    for i in range(400):
+        value = 10.0 + rng.gauss(0.0, 0.5) + (10.0 if i >= 200 else 0.0)
+        rows.append(f"{T0 + 300 * i:.0f},{value:.4f}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+SHIFT_TS = T0 + 300 * 200
+
+
+def test_detector_mode_fires_at_a_level_shift_then_resolves(tmp_path: Path) -> None:
+    """``default`` scores the start of a shift high; once the new level is familiar the
+    score falls back under the threshold and the alert resolves."""
+    csv_file = level_shift_csv(tmp_path / "shift.csv")
+    transitions, summary, _ = run_replay([csv_file], threshold=0.6)
+    assert [(t["status"], t["previous"]) for t in transitions] == [
+        ("firing", "inactive"),
+        ("resolved", "firing"),
+    ]
+    fired, resolved = transitions
+    assert fired["starts_at"] == fired["at"] == SHIFT_TS  # the first shifted value
+    assert fired["labels"] == {
+        "alertname": "AnomalyScore",
+        "severity": "warning",
+        "series": "shift.csv",
+        "detector": "default",
+    }
+    assert float(fired["annotations"]["score"]) >= 0.6 > float(resolved["annotations"]["score"])
+    assert resolved["starts_at"] == SHIFT_TS < resolved["ends_at"] == resolved["at"]
+    assert summary["points"] == 400 and summary["rules"]["AnomalyScore"] == {
+        "fired": 1,
+        "resolved": 1,
+        "firing_at_end": 0,
+        "first_firing": SHIFT_TS,
+    }
+
+
+def test_detector_and_threshold_choose_what_fires(tmp_path: Path) -> None:
+    csv_file = level_shift_csv(tmp_path / "shift.csv")
+    default, _, _ = run_replay([csv_file])  # threshold 0.5
+    assert default[0]["status"] == "firing" and default[0]["at"] == SHIFT_TS
+    assert [t["status"] for t in default] == ["firing", "resolved"] * (len(default) // 2)
+    assert run_replay([csv_file], threshold=0.999)[0] == []
+    mad, _, _ = run_replay([csv_file], detector="mad")
+    assert mad and {t["labels"]["detector"] for t in mad} == {"mad"}
+    with pytest.raises(ConfigError, match="unknown detector 'nope'"):
+        run_replay([csv_file], detector="nope")
+
+
+# ---------------------------------------------------------------- merging and bad lines
+
+
+def test_files_are_merged_by_event_time_stably(tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", [gpu("a", 10), gpu("a", 30), gpu("a", 30)])
+    b = write_jsonl(tmp_path / "b.jsonl.gz", [gpu("b", 5), gpu("b", 30), gpu("b", 40)])
+    c = tmp_path / "c.csv"
+    c.write_text("timestamp,value\n20,1\n30,2\n")
+    items = list(merged([a, b, c], Tally()))
+    got = [(getattr(i, "host", "csv"), i.ts) for i in items]
+    assert got == [
+        ("b", 5),
+        ("a", 10),
+        ("csv", 20),
+        ("a", 30),  # ties: the earlier file first, each file in its own order
+        ("a", 30),
+        ("b", 30),
+        ("csv", 30),
+        ("b", 40),
+    ]
+
+
+def test_one_file_keeps_its_own_order(tmp_path: Path) -> None:
+    """Kafka keeps order per key, not across keys: a recording is replayed as consumed."""
+    f = write_jsonl(tmp_path / "rec.jsonl", [gpu("a", 30), gpu("b", 10), gpu("a", 40)])
+    assert [(e.host, e.ts) for e in merged([f], Tally())] == [("a", 30), ("b", 10), ("a", 40)]
+
+
+def test_a_dir_means_its_inputs_sorted(tmp_path: Path) -> None:
+    for name in ("b.csv", "a.jsonl.gz", "c.jsonl", "notes.txt", "d.json"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "sub.csv").mkdir()
+    assert [p.name for p in input_files([tmp_path])] == ["a.jsonl.gz", "b.csv", "c.jsonl"]
+    with pytest.raises(ConfigError, match="no such file"):
+        input_files([tmp_path / "missing.jsonl"])
+
+
+def test_bad_lines_are_counted_with_file_line_and_reason(tmp_path: Path) -> None:
+    alert = b'{"v":1,"kind":"alert","rule":"R","severity":"info","status":"firing",'
+    alert += b'"labels":{},"annotations":{},"value":1,"expected":null,"starts_at":1,'
+    alert += b'"ends_at":null,"fingerprint":"x"}'
+    lines = [
+        gpu("h", 10),
+        b"{not json",
+        b"",
+        b'{"v":1,"kind":"gpu","host":"h","ts":"soon","gpus":[]}',
+        b'{"v":2,"kind":"gpu"}',
+        alert,
+        b"\xff\xfe",
+        gpu("h", 20),
+    ]
+    f = write_jsonl(tmp_path / "mixed.jsonl", lines)
+    _, summary, err = run_replay([f])
+    assert summary["envelopes"] == 2 and summary["bad_lines"] == 5
+    assert [(b["file"], b["line"]) for b in summary["bad"]] == [
+        (str(f), 2),
+        (str(f), 4),
+        (str(f), 5),
+        (str(f), 6),
+        (str(f), 7),
+    ]
+    reasons = [b["reason"] for b in summary["bad"]]
+    assert reasons[0].startswith("malformed JSON")
+    assert reasons[1].startswith("ts:")
+    assert reasons[2].startswith("v: unsupported schema version 2")
+    assert reasons[3] == "kind 'alert' is an output, not telemetry"
+    assert f"{f}:2: malformed JSON" in err
+
+
+def test_a_truncated_gzip_is_reported_and_the_rest_replayed(tmp_path: Path) -> None:
+    good = write_jsonl(tmp_path / "good.jsonl", [gpu("a", 10)])
+    whole = gzip.compress(b"".join(gpu("b", float(t)) + b"\n" for t in range(1000)))
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(whole[: len(whole) // 2])
+    _, summary, _ = run_replay([good, broken])
+    assert summary["envelopes"] > 1 and summary["bad_lines"] == 1
+    assert summary["bad"][0]["file"] == str(broken)
+    assert summary["bad"][0]["reason"].startswith("unreadable:")
+
+
+def test_exit_code_2_when_nothing_could_be_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junk = write_jsonl(tmp_path / "junk.jsonl", [b"nope", b"[]"])
+    assert main(["replay", str(junk)], environ={}) == 2
+    captured = capsys.readouterr()
+    assert "no alert fired" in captured.out and "0 envelopes" in captured.out
+    assert f"{junk}:1: malformed JSON" in captured.err
+    assert f"{junk}:2: message: expected a JSON object" in captured.err
+    assert main(["replay", str(tmp_path / "none.csv")], environ={}) == 2
+    assert "no such file" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["replay", str(empty)], environ={}) == 2
+
+
+# ---------------------------------------------------------------- the worker's pipelines
+
+
+def test_jsonl_replay_gives_the_pipelines_transitions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelopes = list(build("leak", hosts=1, gpus=1, services=0, interval_s=60).envelopes(hours=2.0))
+    f = write_jsonl(tmp_path / "leak.jsonl", [encode(e) for e in envelopes])
+    expected = [
+        {**to_dict(t.alert), "previous": t.previous} for t in Pipelines(load_rules()).run(envelopes)
+    ]
+    assert main(["replay", str(f), "--json", "--pending"], environ={}) == 0
+    *got, summary = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert got == orjson.loads(orjson.dumps(expected))  # hints and values included
+    fired = [t for t in got if t["status"] == "firing"]
+    assert [(t["rule"], t["labels"]["pid"]) for t in fired] == [("GpuMemoryLeak", "4001")]
+    assert summary["envelopes"] == len(envelopes) and summary["bad_lines"] == 0
+    assert summary["rules"] == {
+        "GpuMemoryLeak": {
+            "fired": 1,
+            "resolved": 0,
+            "firing_at_end": 1,
+            "first_firing": fired[0]["at"],
+        }
+    }
+    # Without --pending: only what receivers hear about.
+    assert main(["replay", str(f), "--json"], environ={}) == 0
+    lines = capsys.readouterr().out.splitlines()[:-1]
+    assert [orjson.loads(line)["status"] for line in lines] == ["firing"]
+
+
+def test_text_output_names_the_alert_its_values_and_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelopes = build("leak", hosts=1, gpus=1, services=1, interval_s=60).envelopes(hours=2.0)
+    write_jsonl(tmp_path / "leak.jsonl.gz", [encode(e) for e in envelopes])
+    oom = EventEnvelope(host="gpu-node-01", ts=T0 + 7300, type="oom_kill", attrs={"pid": 4001})
+    write_jsonl(tmp_path / "oom.jsonl", [encode(oom)])
+    assert main(["replay", str(tmp_path)], environ={}) == 0
+    out = capsys.readouterr().out
+    firing = [line for line in out.splitlines() if " FIRING " in line]
+    assert any("GpuMemoryLeak" in line and "pid=4001" in line for line in firing), out
+    assert any("GpuOomKill" in line and "pid=4001" in line for line in firing), out
+    assert "    hint: GPU 0 memory +" in out
+    assert "FIRED  RESOLVED  FIRING AT END  FIRST FIRING" in out
+    assert "from 2 file(s)" in out and "0 bad line(s)" in out
+
+
+def test_csv_series_are_named_by_file_or_by_path_where_names_clash(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    files = [level_shift_csv(tmp_path / d / "s.csv") for d in ("a", "b")]
+    files.append(level_shift_csv(tmp_path / "other.csv"))
+    transitions, summary, _ = run_replay(files, threshold=0.6)
+    assert sorted({t["labels"]["series"] for t in transitions}) == sorted(
+        [str(files[0]), str(files[1]), "other.csv"]
+    )
+    assert summary["rules"]["AnomalyScore"]["fired"] == 3
