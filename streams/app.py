@@ -95,8 +95,10 @@ class Delivery(mode.Service):
         self.counters = WorkerCounters()
         self.redis = aioredis.from_url(settings.redis_url)
         self.store = RedisState(self.redis, settings.redis_prefix)
+        self.closed = False
 
     async def on_stop(self) -> None:
+        self.closed = True  # the 1-second status timer may still fire while Faust stops
         await self.redis.aclose()
 
     async def send(self, t: Transition, alerts_topic: Any) -> None:
@@ -313,6 +315,8 @@ def register_processors(
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
+        if delivery.closed:
+            return
         hosts = dirty["gpu"] | dirty["metrics"]
         event_hosts, services = set(dirty["events"]), set(dirty["requests"])
         for d in dirty.values():

@@ -82,10 +82,10 @@ def test_leak_alert_reaches_webhook_redis_alerts_topic_and_status(
     assert labels["process"] == "rag-worker" and labels["severity"] == "critical"
     assert re.fullmatch(r"[0-9a-f]{12}", labels["container"])
     assert RFC3339.match(alert["startsAt"]) and alert["endsAt"] == "0001-01-01T00:00:00Z"
-    assert alert["value"] > 1e9 and alert["expected"] == 0.0
+    assert 0.5 < alert["value"] < 1.5 and alert["expected"] == 0.0  # recent GB/h
     summary = alert["annotations"]["summary"]
     rate = float(re.search(r"grows ([0-9.]+) GB/h", summary).group(1))  # type: ignore[union-attr]
-    assert 0.9 <= rate <= 1.3, summary
+    assert 0.7 <= rate <= 1.5, summary
     assert "runs out of memory in ~" in alert["annotations"]["description"]
     # Event time: the alert starts when the window first shows > 1 GB (leak starts at +20 min,
     # 1.2 GB/h), which is well inside the published two hours.
