@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from ragwatch.agents.spool import Spool
 
@@ -69,6 +69,25 @@ class Sink(Protocol):
     def flush(self, timeout: float = 30.0) -> int: ...
 
     def close(self, timeout: float = 30.0) -> None: ...
+
+
+class StreamSink:
+    """A sink that writes each envelope as one JSON line to a text stream (``--json``)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.written = 0
+
+    def write(self, topic: str, key: str, value: bytes) -> None:
+        self.out.write(value.decode() + "\n")
+        self.written += 1
+
+    def flush(self, timeout: float = 30.0) -> int:
+        self.out.flush()
+        return 0
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.out.flush()
 
 
 class ListSink:

@@ -54,7 +54,8 @@ def add_parser(sub: Any) -> None:
     a.add_argument(
         "--json",
         action="store_true",
-        help="with --once: print the envelopes instead of publishing them",
+        help="print the envelopes (JSON lines) instead of publishing them: one sample with "
+        "--once, or with --source sim all of --duration (a recording for 'ragwatch replay')",
     )
     a.add_argument("--host", default=None, help="host name in envelopes (default: hostname)")
     a.add_argument(
@@ -130,8 +131,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    if args.json and not args.once:
-        raise ConfigError("--json prints one sample: use it with --once")
+    if args.json and not args.once and not (args.source == "sim" and args.duration):
+        raise ConfigError("--json prints one sample (--once), or with --source sim a --duration")
     topics = {name: settings.topic(name) for name in ("gpu", "events", "metrics", "requests")}
     interval = args.interval or DEFAULT_INTERVAL[args.source]
     stop = threading.Event()
@@ -199,7 +200,7 @@ def _run_sim(
     interval: float,
     stop: threading.Event,
 ) -> int:
-    from ragwatch.agents.publisher import ListSink
+    from ragwatch.agents.publisher import StreamSink
     from ragwatch.agents.runner import run_simulation
     from ragwatch.agents.scenario import build
 
@@ -222,9 +223,13 @@ def _run_sim(
     cfg, requests = world.fleet.config, world.requests
     duration = interval if args.once else args.duration
     if args.json:
-        sink = ListSink()
-        run_simulation(world.fleet, sink, topics=topics, duration_s=duration, requests=requests)
-        sys.stdout.write("".join(v.decode() + "\n" for _, _, v in sink.records))
+        run_simulation(
+            world.fleet,
+            StreamSink(sys.stdout),
+            topics=topics,
+            duration_s=duration,
+            requests=requests,
+        )
         return 0
     publisher = _publisher(args, settings)
     log.info(

@@ -127,3 +127,20 @@ def test_nvml_source_publishes_through_the_publisher(
     event = codec.decode_as(EventEnvelope, start)
     assert event.type == "agent_start" and event.attrs["gpu_count"] == 2
     assert json.loads(start)["source"] == "nvml"
+
+
+def test_sim_json_with_a_duration_prints_a_replayable_recording(tmp_path: Path) -> None:
+    out = ragwatch(
+        "agent", "--source", "sim", "--scenario", "leak", "--hosts", "1", "--gpus", "1",
+        "--services", "0", "--interval", "60", "--duration", "2h", "--start", "1767225600",
+        "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 120  # one host envelope a minute for two hours
+    f = tmp_path / "leak.jsonl"
+    f.write_text(out.stdout)
+    replay = ragwatch("replay", str(f), "--json")
+    assert replay.returncode == 0, replay.stderr
+    fired = [json.loads(x) for x in replay.stdout.splitlines()]
+    assert any(r.get("status") == "firing" and r.get("rule") == "GpuMemoryLeak" for r in fired)
