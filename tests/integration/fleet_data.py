@@ -117,12 +117,37 @@ def hostile_alert(leak: Alert) -> Alert:
     )
 
 
+def pending_throughput_drop(leak: Alert) -> Alert:
+    """A pending service alert, so status has one of each state whatever the rules' timing."""
+    labels = {
+        "alertname": "ThroughputDrop",
+        "severity": "warning",
+        "service": "rag-api",
+        "instance": "rag-api-1",
+    }
+    return Alert(
+        rule="ThroughputDrop",
+        severity="warning",
+        status="pending",
+        labels=labels,
+        annotations={"summary": "rag-api (rag-api-1): 180 output tokens/s, -28% vs the forecast"},
+        value=-0.28,
+        expected=250.0,
+        starts_at=leak.starts_at + 900,
+        ends_at=None,
+        fingerprint="pending000000001",
+        at=leak.starts_at + 900,
+    )
+
+
 def write_fleet(url: str, prefix: str, now: float | None = None) -> Fleet:
     run = simulate()
     leak = next(t.alert for t in run.transitions if t.alert.status == "firing")
     assert leak.rule == "GpuMemoryLeak", leak
     hostile = hostile_alert(leak)
     run.transitions.append(Transition(hostile, "pending"))
+    if not any(a.rule == "ThroughputDrop" for a in run.pipes.engine.active.values()):
+        run.transitions.append(Transition(pending_throughput_drop(leak), "inactive"))
     asyncio.run(_write(url, prefix, run))
 
     now = time.time() if now is None else now
