@@ -10,14 +10,33 @@ import signal
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import orjson
 
 from ragwatch.config import Settings, redact_url
 from ragwatch.errors import ConfigError
+from ragwatch.status import blocking_redis
+
+if TYPE_CHECKING:
+    from ragwatch.streams.routing import NotifyConfig
 
 log = logging.getLogger("ragwatch.notify")
+
+
+def notify_config(settings: Settings, env: Mapping[str, str]) -> NotifyConfig:
+    """The notify file if one is set; else one webhook receiver per RAGWATCH_WEBHOOK_URLS,
+    with the webhook timeout, attempts and HMAC secret of the settings."""
+    from ragwatch.streams.routing import default_config, load_config
+
+    if settings.notify_file is not None:
+        return load_config(settings.notify_file, env)
+    return default_config(
+        settings.webhook_urls,
+        hmac_secret=settings.webhook_hmac_secret.get(),
+        timeout_s=settings.webhook_timeout,
+        max_attempts=settings.webhook_max_attempts,
+    )
 
 
 def run_notifier(settings: Settings, environ: Mapping[str, str] | None = None) -> int:
@@ -26,16 +45,8 @@ def run_notifier(settings: Settings, environ: Mapping[str, str] | None = None) -
 
     from ragwatch.kafka_admin import ensure_topics
     from ragwatch.streams.notifier import Notifier
-    from ragwatch.streams.routing import default_config, load_config
 
-    env = os.environ if environ is None else environ
-    config = load_config(settings.notify_file, env, urls=settings.webhook_urls)
-    if settings.webhook_hmac_secret.get() and settings.notify_file is None:
-        from ragwatch.streams.routing import default_config
-
-        config = default_config(
-            settings.webhook_urls, hmac_secret=settings.webhook_hmac_secret.get()
-        )
+    config = notify_config(settings, os.environ if environ is None else environ)
     if not config.receivers:
         log.warning("notify: no receivers (set RAGWATCH_WEBHOOK_URLS or RAGWATCH_NOTIFY_FILE)")
     ensure_topics(settings)
@@ -49,12 +60,6 @@ def run_notifier(settings: Settings, environ: Mapping[str, str] | None = None) -
 
     asyncio.run(main())
     return 0
-
-
-def _client(settings: Settings) -> Any:
-    import redis
-
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
 
 
 def _when(ts: float | None) -> str:
@@ -72,7 +77,7 @@ def silence_command(
     from ragwatch.streams.state import Keys
 
     keys = Keys(settings.redis_prefix)
-    client = _client(settings)
+    client = blocking_redis(settings)
     now = time.time()
     try:
         if args.action == "add":

@@ -24,13 +24,19 @@ from ragwatch.errors import ConfigError
 from ragwatch.status_view import clean, render
 
 
-def fetch_status(settings: Settings, now: float | None = None) -> dict[str, Any]:
+def blocking_redis(settings: Settings) -> Any:
+    """A blocking Redis client for the CLI: 5 s to connect and per command."""
     import redis
+
+    return redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def fetch_status(settings: Settings, now: float | None = None) -> dict[str, Any]:
     from redis.exceptions import RedisError
 
     from ragwatch.streams.state import read_status
 
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client = blocking_redis(settings)
     try:
         return read_status(client, settings.redis_prefix, now=now)
     except RedisError as exc:

@@ -214,8 +214,8 @@ class Correlator:
 
     def _leaks(self, host: str) -> list[_Leak]:
         out = []
-        for key, s in self.gpus.series.items():
-            if key[0] != host or key[3] < 0:
+        for key, s in self.gpus.host_series(host).items():
+            if key[3] < 0:
                 continue
             sig = s.signals
             inc, steady = sig.get("mem_increase_bytes"), sig.get("mem_steadiness")
@@ -240,9 +240,9 @@ class Correlator:
 
     def _causes(self, host: str, skip_pid: str | None = None) -> list[str]:
         out = [lk.describe(host) for lk in self._leaks(host) if lk.pid != skip_pid][:2]
-        for key, s in sorted(self.gpus.series.items()):
+        for key, s in sorted(self.gpus.host_series(host).items()):
             ratio = s.signals.get("fb_used_ratio")
-            if key[0] == host and key[3] < 0 and ratio is not None and ratio >= GPU_FULL_RATIO:
+            if key[3] < 0 and ratio is not None and ratio >= GPU_FULL_RATIO:
                 out.append(f"GPU {s.labels['gpu']} at {ratio:.0%} memory")
         for a in self._active_events(host, "oom_kill"):
             lab = a.labels

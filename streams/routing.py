@@ -300,13 +300,9 @@ def default_config(
     return NotifyConfig(receivers, root, (), max_attempts)
 
 
-def load_config(
-    path: Path | None, env: Mapping[str, str] | None = None, *, urls: Sequence[str] = ()
-) -> NotifyConfig:
-    """The notify file at ``path``, or :func:`default_config` for ``urls`` without one."""
+def load_config(path: Path, env: Mapping[str, str] | None = None) -> NotifyConfig:
+    """The notify file at ``path``; ``${VAR}`` read from ``env`` (default: the process's)."""
     env = os.environ if env is None else env
-    if path is None:
-        return default_config(urls)
     try:
         d = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:

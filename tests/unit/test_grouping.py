@@ -226,3 +226,29 @@ def test_silence_windows_and_validation() -> None:
     with pytest.raises(ConfigError, match="bad matcher"):
         parse_matchers(["novalue"])
     assert parse_matchers(["alertname=~Gpu.*"]) == {"alertname": "=~Gpu.*"}
+
+
+def test_without_a_notify_file_the_webhook_settings_make_the_receivers(tmp_path: Path) -> None:
+    from ragwatch.config import Settings
+    from ragwatch.notify_command import notify_config
+    from ragwatch.streams.webhook import WebhookConfig
+
+    settings = Settings.from_env(
+        {
+            "RAGWATCH_WEBHOOK_URLS": "http://a/1,http://b/2",
+            "RAGWATCH_WEBHOOK_TIMEOUT": "2.5",
+            "RAGWATCH_WEBHOOK_MAX_ATTEMPTS": "3",
+            "RAGWATCH_WEBHOOK_HMAC_SECRET": "s3cret",
+        }
+    )
+    cfg = notify_config(settings, {})
+    assert cfg.max_attempts == 3
+    hooks = [WebhookConfig.from_mapping(n, r) for n, r in cfg.receivers.items()]
+    assert [(h.url, h.timeout_s) for h in hooks] == [("http://a/1", 2.5), ("http://b/2", 2.5)]
+    assert all(h.hmac_secret is not None and h.hmac_secret.get() == "s3cret" for h in hooks)
+    f = tmp_path / "notify.yaml"
+    f.write_text("receivers: [{name: w, type: webhook, url: 'http://x/h'}]\nroute: {receiver: w}\n")
+    with_file = Settings.from_env(
+        {"RAGWATCH_NOTIFY_FILE": str(f), "RAGWATCH_WEBHOOK_URLS": "http://a/1"}
+    )
+    assert list(notify_config(with_file, {}).receivers) == ["w"]
