@@ -275,20 +275,25 @@ def _keep(env: Envelope, only: str | None) -> bool:
 
 
 def _firing_eval_times(engine: AlertEngine) -> dict[str, float]:
-    """Wraps ``engine.evaluate`` to note, by fingerprint, the ts of the last evaluation that
-    made an alert fire (an Alert keeps only ``starts_at``, when it went pending)."""
+    """Wraps ``engine.evaluate_key`` (every evaluation goes through it) to note, by
+    fingerprint, the ts of the last evaluation that made an alert fire (an Alert keeps only
+    ``starts_at``, when it went pending)."""
     times: dict[str, float] = {}
-    evaluate = engine.evaluate
+    evaluate = engine.evaluate_key
 
     def recording(
-        rule: Rule, series_labels: Mapping[str, str], signals: Mapping[str, float | None], ts: float
+        rule: Rule,
+        labels: dict[str, str],
+        fp: str,
+        signals: Mapping[str, float | None],
+        ts: float,
     ) -> Transition | None:
-        t = evaluate(rule, series_labels, signals, ts)
+        t = evaluate(rule, labels, fp, signals, ts)
         if t is not None and t.alert.status == "firing":
             times[t.alert.fingerprint] = ts
         return t
 
-    engine.evaluate = recording  # type: ignore[method-assign]
+    engine.evaluate_key = recording  # type: ignore[method-assign]
     return times
 
 

@@ -277,9 +277,8 @@ def run_worker(env: dict[str, str], n: int, timeout: float) -> dict[str, Any]:
 
 
 def profile(data: list[tuple[bytes, bytes]], top: int) -> dict[str, Any]:
-    """cProfile of decode + Pipelines.gpu over the envelopes, in process, no Kafka."""
-    from ragwatch.codec import decode_as
-    from ragwatch.schema import GpuEnvelope
+    """cProfile of decode_gpu_wire + Pipelines.gpu_wire over the envelopes, in process, no Kafka."""
+    from ragwatch.codec import decode_gpu_wire
     from ragwatch.streams.pipelines import Pipelines
     from ragwatch.streams.rules import load_rules
 
@@ -289,7 +288,7 @@ def profile(data: list[tuple[bytes, bytes]], top: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     prof.enable()
     for v in values:
-        pipes.gpu(decode_as(GpuEnvelope, v))
+        pipes.gpu_wire(decode_gpu_wire(v))
     prof.disable()
     wall = time.perf_counter() - t0
     out: dict[str, Any] = {"envelopes": len(values), "profiled_wall_s": round(wall, 2)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -54,8 +55,10 @@ def score_then_learn(det: Detector, x: dict[str, Any]) -> float:
     return score
 
 
+@functools.cache
 def _load_builtin() -> None:
-    """Import every module of this package once: their @register decorators fill REGISTRY."""
+    """Import every module of this package once: their @register decorators fill REGISTRY.
+    (Cached: pipelines make a detector per new series, thousands a second on a replay.)"""
     import importlib
     import pkgutil
 

@@ -31,11 +31,14 @@ steadiness, :attr:`LeakEstimate.recent_gb_per_hour`, are fitted over the last ha
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from ragwatch.detectors.base import register
 
@@ -80,20 +83,37 @@ class LeakEstimate:
         return max(0.0, free_bytes) / slope
 
 
+@functools.cache
+def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Indices (i, j), i < j, of every pair of ``n`` points (cached: n <= window points)."""
+    i, j = np.triu_indices(n, 1)
+    return i, j
+
+
 def theil_sen(ts: list[float], vs: list[float]) -> float:
     """Median of pairwise slopes ``(v_j - v_i) / (t_j - t_i)``; 0.0 for fewer than 2 points."""
-    n = len(ts)
-    slopes = [
-        (vs[j] - vs[i]) / (ts[j] - ts[i])
-        for i in range(n)
-        for j in range(i + 1, n)
-        if ts[j] != ts[i]
-    ]
-    if not slopes:
+    return _theil_sen(np.asarray(ts, dtype=np.float64), np.asarray(vs, dtype=np.float64))
+
+
+def _theil_sen(t: npt.NDArray[np.float64], v: npt.NDArray[np.float64]) -> float:
+    # Vectorised: a full window (61 points) has 1,830 slopes, which cost ~250 us as a
+    # Python loop and sort on every bucket close of every series.
+    n = len(t)
+    if n < 2:
         return 0.0
-    slopes.sort()
-    mid = len(slopes) // 2
-    return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
+    i, j = _pairs(n)
+    dt = t[j] - t[i]
+    with np.errstate(all="ignore"):  # overflowing values give inf / NaN slopes
+        keep = dt != 0
+        slopes = (v[j] - v[i]) / dt if keep.all() else (v[j] - v[i])[keep] / dt[keep]
+        m = len(slopes)
+        if not m:
+            return 0.0
+        mid = m // 2
+        if m % 2:
+            return float(np.partition(slopes, mid)[mid])
+        part = np.partition(slopes, (mid - 1, mid))
+        return (float(part[mid - 1]) + float(part[mid])) / 2
 
 
 @register("leak")
@@ -153,6 +173,11 @@ class LeakDetector:
         t, v = float(x["t"]), float(x["value"])
         if not (math.isfinite(t) and math.isfinite(v)):
             raise ValueError(f"leak detector needs finite t and value, got t={t!r} value={v!r}")
+        self.learn(t, v)
+
+    def learn(self, t: float, v: float) -> None:
+        """:meth:`learn_one` for a finite time and value the caller has already checked
+        (a pipeline's per-sample path: no dict, no checks)."""
         bucket = math.floor(t / self.bucket_s)
         if self._bucket is not None and bucket < self._bucket:
             self.late += 1  # older than the open bucket: its bucket is already closed
@@ -186,31 +211,31 @@ class LeakDetector:
         self._estimate = self._fit()
 
     def _fit(self) -> LeakEstimate | None:
-        if len(self._points) < self.min_points:
+        n = len(self._points)
+        if n < self.min_points:
             return None
-        ts = [p[0] for p in self._points]
-        span = ts[-1] - ts[0]
+        span = self._points[-1][0] - self._points[0][0]
         if span < self.min_span_s:
             return None
-        vs = [p[1] for p in self._points]
-        slope = theil_sen(ts, vs)
-        rising = sum(b > a for a, b in itertools.pairwise(vs))
+        tv = np.array(self._points, dtype=np.float64)
+        ts, vs = tv[:, 0], tv[:, 1]
+        slope = _theil_sen(ts, vs)
+        up = vs[1:] > vs[:-1]
         # The same over the recent part of the window: a leak that started an hour into
         # a flat window shows at its own rate there long before the whole window's slope
         # (dragged down by the flat part) reaches it.
-        k = next(i for i, t in enumerate(ts) if t >= ts[-1] - self.recent_s)
+        k = int(np.searchsorted(ts, ts[-1] - self.recent_s, side="left"))
         recent = recent_steady = None
-        if len(ts) - k >= self.min_points:
-            rts, rvs = ts[k:], vs[k:]
-            recent = theil_sen(rts, rvs)
-            recent_steady = sum(b > a for a, b in itertools.pairwise(rvs)) / (len(rvs) - 1)
+        if n - k >= self.min_points:
+            recent = _theil_sen(ts[k:], vs[k:])
+            recent_steady = int(np.count_nonzero(up[k:])) / (n - k - 1)
         return LeakEstimate(
             slope,
             slope * span,
             span,
-            vs[-1],
-            len(ts),
-            rising / (len(vs) - 1),
+            self._points[-1][1],
+            n,
+            int(np.count_nonzero(up)) / (n - 1),
             recent,
             recent_steady,
         )

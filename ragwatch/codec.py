@@ -16,6 +16,7 @@ ragwatch.errors.SchemaError: v: unsupported schema version 2 (this build reads v
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
 import orjson
@@ -23,6 +24,7 @@ import orjson
 from ragwatch.errors import SchemaError
 from ragwatch.schema import (
     KINDS,
+    MAX_UINT,
     SCHEMA_VERSION,
     Alert,
     Envelope,
@@ -80,6 +82,109 @@ def from_dict(obj: dict[str, Any]) -> Envelope:
 def decode(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Envelope:
     """Parse and validate one message of any kind. Raises SchemaError with a reason."""
     return from_dict(loads(data, max_bytes=max_bytes))
+
+
+_NO_PROCS: list[Any] = []  # a GPU without "procs" (never mutated)
+
+
+def _opt_count(v: Any) -> bool:
+    return v is None or (type(v) is int and 0 <= v <= MAX_UINT)
+
+
+def _opt_number(v: Any, low: float) -> bool:
+    # NaN fails the comparison; bool is not int here (type(True) is bool); ints stay
+    # within 64 bits (the strict decoder refuses those beyond float range).
+    if type(v) is float:
+        return low <= v < math.inf
+    return v is None or (type(v) is int and low <= v <= MAX_UINT)
+
+
+def _gpu_wire_ok(d: dict[str, Any]) -> bool:
+    """Cheap, conservative check of a ``gpu`` envelope dict: True only if
+    :meth:`GpuEnvelope.from_dict` accepts it (a property test holds the two together);
+    False sends the message through the strict decoder for its error."""
+    ts = d.get("ts")
+    gpus = d.get("gpus")
+    host = d.get("host")
+    if not (
+        type(d.get("v")) is int
+        and d["v"] == SCHEMA_VERSION
+        and d.get("kind") == "gpu"
+        and type(host) is str
+        and host
+        and (
+            (type(ts) is float and 0.0 <= ts < math.inf)
+            or (type(ts) is int and 0 <= ts <= MAX_UINT)
+        )
+        and type(gpus) is list
+    ):
+        return False
+    for g in gpus:
+        if type(g) is not dict:
+            return False
+        used, total, index, uuid = (
+            g.get("fb_used"),
+            g.get("fb_total"),
+            g.get("index"),
+            g.get("uuid"),
+        )
+        mig, procs = g.get("mig"), g.get("procs", _NO_PROCS)
+        if not (
+            type(used) is int
+            and type(total) is int
+            and 0 <= used <= total <= MAX_UINT
+            and type(index) is int
+            and 0 <= index <= MAX_UINT
+            and type(uuid) is str
+            and uuid
+            and type(g.get("name")) is str
+            and (mig is None or type(mig) is str)
+            and _opt_count(g.get("fb_reserved"))
+            and _opt_number(g.get("gpu_util"), 0.0)
+            and _opt_number(g.get("mem_copy_util"), 0.0)
+            and _opt_number(g.get("power_w"), 0.0)
+            and _opt_number(g.get("temp_c"), -math.inf)
+            and (procs is _NO_PROCS or type(procs) is list)
+        ):
+            return False
+        for p in procs:
+            if type(p) is not dict:
+                return False
+            pid, mem, container = p.get("pid"), p.get("gpu_mem"), p.get("container")
+            if not (
+                type(pid) is int
+                and 0 <= pid <= MAX_UINT
+                and type(mem) is int
+                and 0 <= mem <= MAX_UINT
+                and type(p.get("name")) is str
+                and _opt_count(p.get("rss"))
+                and (container is None or type(container) is str)
+                and type(p.get("dead", False)) is bool
+            ):
+                return False
+    return True
+
+
+def decode_gpu_wire(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
+    """Parse and validate one ``gpu`` message, but keep it a plain dict (the hot path of
+    the worker: building ~90 frozen records per host envelope cost more than the whole
+    analysis). Accepts and rejects exactly what :func:`decode_as` does for
+    :class:`GpuEnvelope`; raises SchemaError with the same reason.
+
+    >>> d = decode_gpu_wire(b'{"v":1,"kind":"gpu","host":"h1","ts":10.0,"gpus":[]}')
+    >>> d["host"], d["gpus"]
+    ('h1', [])
+    """
+    d = loads(data, max_bytes=max_bytes)
+    if not _gpu_wire_ok(d):
+        GpuEnvelope.from_dict(d)  # raises the precise error; if not, the dict is valid
+    return d
+
+
+def gpu_wire(env: GpuEnvelope) -> dict[str, Any]:
+    """The wire dict of a GpuEnvelope (what :func:`decode_gpu_wire` returns for its bytes)."""
+    d: dict[str, Any] = orjson.loads(encode(env))
+    return d
 
 
 def decode_as(cls: type[_E], data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> _E:

@@ -224,6 +224,12 @@ class Settings:
     max_series: int = _setting(
         100_000, _positive_int, "cap on tracked series per worker (new ones are dropped)"
     )
+    snapshot_interval: float = _setting(
+        10.0,
+        _positive_float,
+        "seconds between two state snapshots of a changing host or service in Redis "
+        "(what a restarted worker resumes from)",
+    )
     log_level: str = _setting(
         "INFO", _choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level of ragwatch"
     )

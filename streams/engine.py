@@ -79,6 +79,17 @@ class AlertEngine:
         """Pending and firing alerts by fingerprint."""
         return {fp: s.alert for fp, s in self._states.items()}
 
+    @staticmethod
+    def alert_key(rule: Rule, series_labels: Mapping[str, str]) -> tuple[dict[str, str], str]:
+        """The labels and fingerprint of ``rule``'s alert on a series: a pipeline computes
+        them once per (series, rule) and passes them to :meth:`evaluate_key`."""
+        labels = {"alertname": rule.name, "severity": rule.severity, **series_labels, **rule.labels}
+        return labels, fingerprint(rule.name, labels)
+
+    def is_active(self, fp: str) -> bool:
+        """Whether the alert with fingerprint ``fp`` is pending or firing."""
+        return fp in self._states
+
     def evaluate(
         self,
         rule: Rule,
@@ -86,8 +97,18 @@ class AlertEngine:
         signals: Mapping[str, float | None],
         ts: float,
     ) -> Transition | None:
-        labels = {"alertname": rule.name, "severity": rule.severity, **series_labels, **rule.labels}
-        fp = fingerprint(rule.name, labels)
+        labels, fp = self.alert_key(rule, series_labels)
+        return self.evaluate_key(rule, labels, fp, signals, ts)
+
+    def evaluate_key(
+        self,
+        rule: Rule,
+        labels: dict[str, str],
+        fp: str,
+        signals: Mapping[str, float | None],
+        ts: float,
+    ) -> Transition | None:
+        """:meth:`evaluate` with the alert's labels and fingerprint already computed."""
         state = self._states.get(fp)
         if state is not None and ts < state.last_ts:
             self.out_of_order += 1
@@ -194,7 +215,7 @@ class AlertEngine:
             rule=rule.name,
             severity=rule.severity,
             status=status,
-            labels=labels,
+            labels=dict(labels),  # the caller's dict is reused across evaluations
             annotations=rule.render(labels, signals),
             value=0.0 if value != value else value,
             expected=rule.expected_value(signals),

@@ -34,9 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragwatch.codec import gpu_wire
 from ragwatch.detectors import make
-from ragwatch.detectors.leak import GB, LeakDetector
-from ragwatch.schema import GpuEnvelope, GpuSample, ProcessSample
+from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
+from ragwatch.schema import GpuEnvelope
 from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.rules import Rule
 
@@ -62,14 +63,84 @@ def _leak() -> LeakDetector:
     return det
 
 
-@dataclass
+# Signals that change with every sample; the others come from the leak detector's
+# estimate and change only when it closes a bucket (every 2 min by default).
+SAMPLE_SIGNALS = frozenset(
+    {
+        "fb_used_bytes",
+        "fb_total_bytes",
+        "tte_s",
+        "tte_h",
+        "gpu_mem_bytes",
+        "rss_bytes",
+        "fb_used_ratio",
+        "gpu_util",
+        "mem_copy_util",
+        "temp_c",
+        "power_w",
+    }
+)
+
+
+@dataclass(slots=True)
 class Series:
-    """One tracked series: its labels, detector and latest raw values."""
+    """One tracked series: its labels, detector and latest raw values.
+
+    ``signals`` is computed when read (rules, status, hints), not on every sample.
+    """
 
     labels: dict[str, str]
     detector: LeakDetector
     last_ts: float = 0.0
-    signals: dict[str, float | None] = field(default_factory=dict)
+    gpu: bool = True  # a GPU's series; False for one process on it
+    value: float = 0.0  # the memory fed to the detector: fb_used, or the process's gpu_mem
+    fb_used: int = 0  # of the GPU (a process's series too: time to exhaustion)
+    fb_total: int = 0
+    gpu_util: float | None = None
+    mem_copy_util: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    rss: int | None = None
+    estimate: LeakEstimate | None = None  # the detector's, as of the last evaluation
+    watch: bool = True  # an alert of a rule that reads only the estimate may be active
+    keys: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)  # rule -> alert
+
+    @property
+    def signals(self) -> dict[str, float | None]:
+        """Every signal the rules of this series can read."""
+        est = self.detector.estimate
+        fb_used, total = self.fb_used, self.fb_total
+        free = total - fb_used
+        tte = est.time_to_exhaustion(free) if est else None
+        if est and free <= 0:
+            tte = 0.0  # full: nothing left, whatever the recent slope says
+        elif est and tte is None:
+            tte = math.inf  # not growing: never
+        out: dict[str, float | None] = {
+            "fb_used_bytes": float(fb_used),
+            "fb_total_bytes": float(total),
+            "mem_increase_bytes": est.increase_bytes if est else None,
+            "mem_increase_gb": est.increase_bytes / GB if est else None,
+            "mem_slope_bytes_per_s": est.slope_bytes_per_s if est else None,
+            "gb_per_hour": est.gb_per_hour if est else None,
+            "window_h": est.span_s / 3600 if est else None,
+            "leak_score": self.detector.score_one({"value": self.value, "t": self.last_ts}),
+            "mem_steadiness": est.steadiness if est else None,
+            "recent_gb_per_hour": est.recent_gb_per_hour if est else None,
+            "recent_steadiness": est.recent_steadiness if est else None,
+            "tte_s": tte,
+            "tte_h": None if tte is None else tte / 3600,
+        }
+        if self.gpu:
+            out["fb_used_ratio"] = fb_used / total if total else None
+            out["gpu_util"] = self.gpu_util
+            out["mem_copy_util"] = self.mem_copy_util
+            out["temp_c"] = self.temp_c
+            out["power_w"] = self.power_w
+        else:
+            out["gpu_mem_bytes"] = self.value
+            out["rss_bytes"] = None if self.rss is None else float(self.rss)
+        return out
 
 
 @dataclass
@@ -82,7 +153,15 @@ class PipelineStats:
 
 
 class GpuPipeline:
-    """Tracks every GPU and process series and evaluates the rules on them."""
+    """Tracks every GPU and process series and evaluates the rules on them.
+
+    Cost per sample is a dict lookup, a detector update and a few attribute stores. Rules
+    that read only the leak detector's output (``GpuMemoryLeak``) are evaluated when the
+    detector closes a bucket, or while their alert is active; rules that read a per-sample
+    signal (``fb_used_ratio``, ``gpu_util`` ...) on every sample. Both give the transitions
+    of evaluating every rule on every sample: an inactive rule whose inputs did not change
+    cannot start. A host's series are scanned for staleness only when its oldest one may be.
+    """
 
     def __init__(
         self,
@@ -92,58 +171,98 @@ class GpuPipeline:
         detector_factory: Callable[[], LeakDetector] = _leak,
         max_series: int = 100_000,
         stale_s: float = 300.0,
+        every_sample: bool = False,
     ) -> None:
         self.rules = {s: [r for r in rules if r.series == s] for s in ("gpu", "process")}
+        # per series kind: (rules evaluated on every sample, rules that read only the
+        # estimate); every_sample=True evaluates them all on every sample (the reference
+        # the tests hold the fast path to)
+        self._split = {
+            kind: (
+                [r for r in rs if every_sample or r.reads & SAMPLE_SIGNALS],
+                [r for r in rs if not every_sample and not r.reads & SAMPLE_SIGNALS],
+            )
+            for kind, rs in self.rules.items()
+        }
         self.engine = engine or AlertEngine()
         self._factory = detector_factory
         self.max_series = max_series
         self.stale_s = stale_s
         self.series: dict[SeriesKey, Series] = {}
         self._by_host: dict[str, set[SeriesKey]] = {}
+        self._oldest: dict[str, float] = {}  # per host, <= the oldest last_ts of its series
         self._watermark = 0.0
         self._last_sweep = 0.0
         self.stats = PipelineStats()
 
+    @property
+    def watermark(self) -> float:
+        """The newest event time seen (0 before any)."""
+        return self._watermark
+
     def process(self, env: GpuEnvelope) -> list[Transition]:
         """Update every series of one host envelope; return the alert transitions."""
-        self.stats.envelopes += 1
+        return self.process_wire(gpu_wire(env))
+
+    def process_wire(self, env: dict[str, Any]) -> list[Transition]:
+        """:meth:`process` for a validated wire dict (``codec.decode_gpu_wire``)."""
+        stats = self.stats
+        stats.envelopes += 1
         out: list[Transition] = []
-        for gpu in env.gpus:
-            self.stats.samples += 1
-            gkey: SeriesKey = (env.host, gpu.index, gpu.mig or "", -1)
-            g = self._series(gkey, env, gpu, None)
-            if g is not None and g.last_ts and env.ts <= g.last_ts:
+        host: str = env["host"]
+        ts = float(env["ts"])
+        series = self.series
+        every_process = bool(self._split["process"][0])
+        for gpu in env["gpus"]:
+            stats.samples += 1
+            mig = gpu.get("mig") or ""
+            index = gpu["index"]
+            fb_used, fb_total = gpu["fb_used"], gpu["fb_total"]
+            procs = gpu.get("procs", ())
+            g = series.get((host, index, mig, -1))
+            if g is None:
+                g = self._new((host, index, mig, -1), gpu, None)
+            elif g.last_ts and ts <= g.last_ts:
                 # Seen already: Kafka redelivers after a crash, producers retry. The GPU's
                 # processes were in the same envelope, so they are duplicates too.
-                self.stats.duplicates += 1 + len(gpu.procs)
+                stats.duplicates += 1 + len(procs)
                 continue
             if g is not None:
-                self._update(g, float(gpu.fb_used), env.ts, gpu)
-                g.signals.update(
-                    fb_used_ratio=gpu.fb_used / gpu.fb_total if gpu.fb_total else None,
-                    gpu_util=gpu.gpu_util,
-                    mem_copy_util=gpu.mem_copy_util,
-                    temp_c=gpu.temp_c,
-                    power_w=gpu.power_w,
-                )
-                self._evaluate(g, "gpu", env.ts, out)
-            for proc in gpu.procs:
-                p = self._series((env.host, gpu.index, gpu.mig or "", proc.pid), env, gpu, proc)
+                g.value = value = float(fb_used)
+                g.detector.learn(ts, value)
+                g.last_ts = ts
+                g.fb_used, g.fb_total = fb_used, fb_total
+                g.gpu_util = gpu.get("gpu_util")
+                g.mem_copy_util = gpu.get("mem_copy_util")
+                g.temp_c = gpu.get("temp_c")
+                g.power_w = gpu.get("power_w")
+                self._evaluate(g, "gpu", ts, out)
+            for proc in procs:
+                pkey = (host, index, mig, proc["pid"])
+                p = series.get(pkey)
                 if p is None:
-                    continue
-                self._update(p, float(proc.gpu_mem), env.ts, gpu)
-                p.signals.update(
-                    gpu_mem_bytes=float(proc.gpu_mem),
-                    rss_bytes=None if proc.rss is None else float(proc.rss),
-                )
-                self._evaluate(p, "process", env.ts, out)
-        out += self._evict(env.host, env.ts, self.stale_s)
-        if env.ts > self._watermark:
-            self._watermark = env.ts
+                    p = self._new(pkey, gpu, proc)
+                    if p is None:
+                        continue
+                p.value = value = float(proc["gpu_mem"])
+                det = p.detector
+                det.learn(ts, value)
+                if ts > p.last_ts:
+                    p.last_ts = ts
+                p.fb_used = fb_used
+                p.fb_total = fb_total
+                p.rss = proc.get("rss")
+                if every_process or p.watch or det.estimate is not p.estimate:
+                    self._evaluate(p, "process", ts, out)
+        oldest = self._oldest.get(host)
+        if oldest is None or ts - oldest > self.stale_s:
+            out += self._evict(host, ts, self.stale_s)
+        if ts > self._watermark:
+            self._watermark = ts
         if self._watermark - self._last_sweep >= self.stale_s:
             self._last_sweep = self._watermark
-            for host in list(self._by_host):
-                out += self._evict(host, self._watermark, SILENT_HOST_FACTOR * self.stale_s)
+            for h in list(self._by_host):
+                out += self._evict(h, self._watermark, SILENT_HOST_FACTOR * self.stale_s)
         return out
 
     def host_series(self, host: str) -> dict[SeriesKey, Series]:
@@ -157,7 +276,9 @@ class GpuPipeline:
             return 0
         room = max(0, self.max_series - len(self.series))
         keys = sorted(series)[:room]
-        self.series.update((k, series[k]) for k in keys)
+        for k in keys:
+            series[k].watch = True  # the engine may restore its alerts next
+            self.series[k] = series[k]
         if keys:
             self._by_host[host] = set(keys)
         return len(keys)
@@ -167,11 +288,12 @@ class GpuPipeline:
         gpus: dict[tuple[int, str], dict[str, Any]] = {}
         for key in sorted(self._by_host.get(host, ()), key=lambda k: (k[1], k[2], k[3])):
             s = self.series[key]
+            signals = s.signals
             g = gpus.setdefault(
                 (key[1], key[2]), {"index": key[1], "mig": key[2] or None, "procs": []}
             )
             view = {
-                k: s.signals.get(k)
+                k: signals.get(k)
                 for k in (
                     "fb_used_bytes",
                     "fb_total_bytes",
@@ -185,7 +307,7 @@ class GpuPipeline:
                     view,
                     name=s.labels.get("gpu_name"),
                     uuid=s.labels.get("uuid"),
-                    gpu_util=s.signals.get("gpu_util"),
+                    gpu_util=signals.get("gpu_util"),
                     ts=s.last_ts,
                 )
             else:
@@ -194,7 +316,7 @@ class GpuPipeline:
                         "pid": key[3],
                         "name": s.labels["process"],
                         "container": s.labels["container"],
-                        "gpu_mem_bytes": s.signals.get("gpu_mem_bytes"),
+                        "gpu_mem_bytes": signals.get("gpu_mem_bytes"),
                         "gb_per_hour": view["gb_per_hour"],
                     }
                 )
@@ -211,12 +333,9 @@ class GpuPipeline:
 
     # ------------------------------------------------------------------ internals
 
-    def _series(
-        self, key: SeriesKey, env: GpuEnvelope, gpu: GpuSample, proc: ProcessSample | None
+    def _new(
+        self, key: SeriesKey, gpu: dict[str, Any], proc: dict[str, Any] | None
     ) -> Series | None:
-        s = self.series.get(key)
-        if s is not None:
-            return s
         if len(self.series) >= self.max_series:
             self.stats.dropped_samples += 1
             if (
@@ -226,53 +345,62 @@ class GpuPipeline:
                 log.warning(
                     "series cap %d reached: dropped new series host=%s gpu=%d (dropped so far: %d)",
                     self.max_series,
-                    env.host,
-                    gpu.index,
+                    key[0],
+                    key[1],
                     self.stats.dropped_samples,
                 )
             return None
-        labels = {"host": env.host, "gpu": str(gpu.index), "uuid": gpu.uuid, "mig": gpu.mig or ""}
+        labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu["uuid"], "mig": key[2]}
         if proc is None:
-            labels["gpu_name"] = gpu.name
+            labels["gpu_name"] = gpu["name"]
         else:
-            labels.update(pid=str(proc.pid), process=proc.name, container=proc.container or "none")
-        s = Series(labels=labels, detector=self._factory())
+            labels.update(
+                pid=str(proc["pid"]),
+                process=proc["name"],
+                container=proc.get("container") or "none",
+            )
+        s = Series(labels=labels, detector=self._factory(), gpu=proc is None)
         self.series[key] = s
-        self._by_host.setdefault(env.host, set()).add(key)
+        self._by_host.setdefault(key[0], set()).add(key)
         return s
 
-    def _update(self, s: Series, value: float, ts: float, gpu: GpuSample) -> None:
-        s.detector.learn_one({"value": value, "t": ts})
-        s.last_ts = max(s.last_ts, ts)
-        est = s.detector.estimate
-        fb_used = gpu.fb_used
-        free = gpu.fb_total - fb_used
-        tte = est.time_to_exhaustion(free) if est else None
-        if est and free <= 0:
-            tte = 0.0  # full: nothing left, whatever the recent slope says
-        elif est and tte is None:
-            tte = math.inf  # not growing: never
-        s.signals.update(
-            fb_used_bytes=float(fb_used),
-            fb_total_bytes=float(gpu.fb_total),
-            mem_increase_bytes=est.increase_bytes if est else None,
-            mem_increase_gb=est.increase_bytes / GB if est else None,
-            mem_slope_bytes_per_s=est.slope_bytes_per_s if est else None,
-            gb_per_hour=est.gb_per_hour if est else None,
-            window_h=est.span_s / 3600 if est else None,
-            leak_score=s.detector.score_one({"value": value, "t": ts}),
-            mem_steadiness=est.steadiness if est else None,
-            recent_gb_per_hour=est.recent_gb_per_hour if est else None,
-            recent_steadiness=est.recent_steadiness if est else None,
-            tte_s=tte,
-            tte_h=None if tte is None else tte / 3600,
-        )
-
     def _evaluate(self, s: Series, kind: str, ts: float, out: list[Transition]) -> None:
-        for rule in self.rules[kind]:
-            t = self.engine.evaluate(rule, s.labels, s.signals, ts)
-            if t is not None:
-                out.append(t)
+        every, on_estimate = self._split[kind]
+        est = s.detector.estimate
+        changed = est is not s.estimate
+        s.estimate = est
+        signals: dict[str, float | None] | None = None
+        engine = self.engine
+        for rule in every:
+            signals = signals or s.signals
+            self._evaluate_rule(s, rule, signals, ts, out)
+        watch = False
+        for rule in on_estimate:
+            fp = self._key(s, rule)[1]
+            if changed or engine.is_active(fp):
+                signals = signals or s.signals
+                self._evaluate_rule(s, rule, signals, ts, out)
+                watch = watch or engine.is_active(fp)
+        s.watch = watch
+
+    def _key(self, s: Series, rule: Rule) -> tuple[dict[str, str], str]:
+        key = s.keys.get(rule.name)
+        if key is None:
+            key = s.keys[rule.name] = self.engine.alert_key(rule, s.labels)
+        return key
+
+    def _evaluate_rule(
+        self,
+        s: Series,
+        rule: Rule,
+        signals: dict[str, float | None],
+        ts: float,
+        out: list[Transition],
+    ) -> None:
+        labels, fp = self._key(s, rule)
+        t = self.engine.evaluate_key(rule, labels, fp, signals, ts)
+        if t is not None:
+            out.append(t)
 
     def _evict(self, host: str, now: float, stale_s: float) -> list[Transition]:
         out: list[Transition] = []
@@ -285,6 +413,9 @@ class GpuPipeline:
                 k: s.labels[k] for k in ("host", "gpu", "mig", "pid") if k in s.labels
             }
             out += self.engine.clear(match, now)
-        if not keys:
+        if keys:
+            self._oldest[host] = min(self.series[k].last_ts for k in keys)
+        else:
             self._by_host.pop(host, None)
+            self._oldest.pop(host, None)
         return out

@@ -150,6 +150,11 @@ class MetricsPipeline:
         self._last_sweep = 0.0
         self.stats = MetricsStats()
 
+    @property
+    def watermark(self) -> float:
+        """The newest event time seen (0 before any)."""
+        return max(0.0, self._watermark)
+
     def process(self, env: MetricsEnvelope) -> list[Transition]:
         """One scrape: update the target's rates and gauges; return the alert transitions."""
         self.stats.envelopes += 1

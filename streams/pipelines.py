@@ -23,7 +23,9 @@ before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
+from ragwatch.codec import gpu_wire
 from ragwatch.schema import Envelope, EventEnvelope, GpuEnvelope, MetricsEnvelope, RequestsEnvelope
 from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.events import EventPipeline
@@ -50,12 +52,16 @@ class Pipelines:
     @property
     def watermark(self) -> float:
         """The newest event time seen on any input (0 before any)."""
-        marks = (self.gpus._watermark, self.requests._watermark, self.metrics._watermark)
-        return max(0.0, *marks)
+        return max(self.gpus.watermark, self.requests.watermark, self.metrics.watermark)
 
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
+        return self.gpu_wire(gpu_wire(env))
+
+    def gpu_wire(self, env: dict[str, Any]) -> list[Transition]:
+        """:meth:`gpu` for a validated wire dict (``codec.decode_gpu_wire``): the worker's
+        hot path, without building records."""
         # GPU telemetry moves the host's event time forward: event alerts age with it.
-        out = self.gpus.process(env) + self.events.advance(env.host, env.ts)
+        out = self.gpus.process_wire(env) + self.events.advance(env["host"], float(env["ts"]))
         return self.correlator.annotate(out)
 
     def request(self, env: RequestsEnvelope) -> list[Transition]:

@@ -284,6 +284,11 @@ class RequestPipeline:
         self._last_sweep = -math.inf
         self.stats = PipelineStats()
 
+    @property
+    def watermark(self) -> float:
+        """The newest event time seen (0 before any)."""
+        return max(0.0, self._watermark)
+
     def process(self, env: RequestsEnvelope) -> list[Transition]:
         """Add one envelope's records; return the transitions of the buckets it closed."""
         self.stats.envelopes += 1

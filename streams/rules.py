@@ -155,6 +155,11 @@ class Rule:
     def holds(self, signals: Mapping[str, float | None]) -> bool:
         return all(c.holds(signals) for c in self.conditions)
 
+    @property
+    def reads(self) -> frozenset[str]:
+        """The signals whose values decide whether an inactive alert starts (``expr``)."""
+        return frozenset(c.signal for c in self.conditions)
+
     def cleared(self, signals: Mapping[str, float | None]) -> bool:
         """Whether a firing alert may resolve: its ``resolve`` condition holds (hysteresis),
         or, without one, its ``expr`` no longer holds."""

@@ -38,12 +38,18 @@ service:rag-api:rag-api-0:e2e_p95 ...
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from ragwatch.streams.pipelines import Pipelines
 
 Point = list[float | None]
+
+
+class _HasSignals(Protocol):
+    @property
+    def signals(self) -> Mapping[str, float | None]: ...
+
 
 # service signals charted: (series suffix, value, forecast or baseline, score, unit)
 SERVICE_CHARTS = (
@@ -74,19 +80,19 @@ class SeriesRecorder:
                 if pid < 0:
                     sid = f"gpu:{where}:fb_used"
                     meta = {"kind": "gpu", "labels": s.labels, "signal": "fb_used_bytes"}
-                    self._add(out, sid, meta, "bytes", s.last_ts, s.signals, "fb_used_bytes")
+                    self._add(out, sid, meta, "bytes", s.last_ts, s, "fb_used_bytes")
                 else:
                     sid = f"process:{where}:{pid}:gpu_mem"
                     meta = {"kind": "process", "labels": s.labels, "signal": "gpu_mem_bytes"}
                     self._add(
-                        out, sid, meta, "bytes", s.last_ts, s.signals, "gpu_mem_bytes",
+                        out, sid, meta, "bytes", s.last_ts, s, "gpu_mem_bytes",
                         score="leak_score",
                     )  # fmt: skip
             for (_, target), e in pipes.metrics.host_series(host).items():
                 sid = f"engine:{host}:{target}:tokens_per_s"
                 meta = {"kind": "engine", "labels": e.labels, "signal": "generation_tokens_per_s"}
                 self._add(
-                    out, sid, meta, "tokens/s", e.last_ts, e.signals, "generation_tokens_per_s",
+                    out, sid, meta, "tokens/s", e.last_ts, e, "generation_tokens_per_s",
                     forecast="tps_forecast", score="tps_score",
                 )  # fmt: skip
         for service in services:
@@ -98,7 +104,7 @@ class SeriesRecorder:
                     sid = f"service:{service}:{inst}:{suffix}"
                     meta = {"kind": "service", "labels": svc.labels, "signal": value}
                     self._add(
-                        out, sid, meta, unit, svc.bucket_end, svc.signals, value,
+                        out, sid, meta, unit, svc.bucket_end, svc, value,
                         forecast=forecast, score=score,
                     )  # fmt: skip
         return out
@@ -110,17 +116,20 @@ class SeriesRecorder:
         meta: dict[str, Any],
         unit: str,
         ts: float,
-        signals: dict[str, float | None],
+        series: _HasSignals,
         value: str,
         *,
         forecast: str | None = None,
         score: str | None = None,
     ) -> None:
-        v = signals.get(value)
         last = self._last.get(sid)
-        if v is None or (last is not None and ts - last < self.step_s):
-            return
+        if last is not None and ts - last < self.step_s:
+            return  # before reading signals: a GPU series computes them when read
         if last is None and len(self._last) >= self.max_tracked:
+            return
+        signals = series.signals
+        v = signals.get(value)
+        if v is None:
             return
         self._last[sid] = ts
         point: Point = [

@@ -48,7 +48,7 @@ from typing import Any
 from ragwatch.errors import RagwatchError
 from ragwatch.streams.pipelines import Pipelines
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: GPU series keep raw values, signals computed when read
 
 # (module, names) the unpickler may rebuild besides ragwatch's own classes
 _STDLIB: dict[str, frozenset[str]] = {

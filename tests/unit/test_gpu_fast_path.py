@@ -1,0 +1,187 @@
+"""The worker's GPU hot path: ``codec.decode_gpu_wire`` (plain dicts, checked as strictly as
+``decode_as(GpuEnvelope)``) and ``GpuPipeline.process_wire`` (rules that read only the leak
+estimate evaluated when it changes), held to the strict decoder and to evaluating every
+rule on every sample."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ragwatch.agents.scenario import build
+from ragwatch.codec import _gpu_wire_ok, decode_as, decode_gpu_wire, encode, gpu_wire
+from ragwatch.errors import SchemaError
+from ragwatch.schema import MAX_UINT, GpuEnvelope
+from ragwatch.streams.engine import AlertEngine
+from ragwatch.streams.gpu import GpuPipeline
+from ragwatch.streams.rules import load_rules, parse_rule
+
+VALID: dict[str, Any] = {
+    "v": 1,
+    "kind": "gpu",
+    "host": "h1",
+    "ts": 1_700_000_000.0,
+    "gpus": [
+        {
+            "index": 0,
+            "uuid": "GPU-0",
+            "name": "H200",
+            "fb_used": 10,
+            "fb_total": 100,
+            "mig": None,
+            "gpu_util": 50.0,
+            "temp_c": -3,
+            "procs": [{"pid": 7, "name": "w", "gpu_mem": 5, "rss": 9, "container": None}],
+        }
+    ],
+}
+
+ODD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+PATHS = [
+    (),
+    ("gpus", 0),
+    ("gpus", 0, "procs", 0),
+]
+FIELDS = {
+    (): ["v", "kind", "host", "ts", "gpus"],
+    ("gpus", 0): [
+        "index", "uuid", "name", "fb_used", "fb_total", "mig", "fb_reserved", "gpu_util",
+        "mem_copy_util", "temp_c", "power_w", "procs",
+    ],
+    ("gpus", 0, "procs", 0): ["pid", "name", "gpu_mem", "rss", "container", "dead"],
+}  # fmt: skip
+
+
+def _at(d: dict[str, Any], path: tuple[Any, ...]) -> Any:
+    for p in path:
+        d = d[p]
+    return d
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> dict[str, Any]:
+    """VALID with a few fields replaced by odd values or removed."""
+    d = copy.deepcopy(VALID)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(PATHS))
+        try:
+            obj = _at(d, path)
+        except (KeyError, IndexError, TypeError):
+            continue
+        if not isinstance(obj, dict):
+            continue
+        field = draw(st.sampled_from(FIELDS[path]))
+        if draw(st.booleans()):
+            obj.pop(field, None)
+        else:
+            obj[field] = draw(ODD_VALUES)
+    return d
+
+
+def _strict(d: dict[str, Any]) -> str | None:
+    try:
+        GpuEnvelope.from_dict(d)
+    except SchemaError as exc:
+        return exc.reason
+    return None
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_the_fast_check_accepts_only_what_the_strict_decoder_accepts(d: dict[str, Any]) -> None:
+    if _gpu_wire_ok(d):
+        assert _strict(d) is None
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_decode_gpu_wire_fails_exactly_like_decode_as(d: dict[str, Any]) -> None:
+    try:
+        data = orjson.dumps(d)
+    except TypeError:  # integers beyond 64 bits: not even JSON we can write
+        return
+    reason = _strict(orjson.loads(data))
+    if reason is None:
+        assert decode_gpu_wire(data) == orjson.loads(data)
+        decode_as(GpuEnvelope, data)
+    else:
+        with pytest.raises(SchemaError) as fast:
+            decode_gpu_wire(data)
+        with pytest.raises(SchemaError) as strict:
+            decode_as(GpuEnvelope, data)
+        assert fast.value.reason == strict.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        (("gpus", 0), "fb_used", 101),  # more than fb_total
+        (("gpus", 0), "gpu_util", math.nan),
+        (("gpus", 0), "gpu_util", 10**400),
+        (("gpus", 0), "index", True),
+        (("gpus", 0), "procs", None),
+        (("gpus", 0, "procs", 0), "dead", None),
+        (("gpus", 0, "procs", 0), "rss", MAX_UINT + 1),
+        ((), "ts", -1.0),
+        ((), "host", ""),
+    ],
+)
+def test_the_fast_check_sends_edge_cases_to_the_strict_decoder(
+    path: tuple[Any, ...], field: str, value: Any
+) -> None:
+    d = copy.deepcopy(VALID)
+    _at(d, path)[field] = value
+    assert not _gpu_wire_ok(d)
+    assert _strict(d) is not None
+
+
+def test_a_valid_envelope_takes_the_fast_path_and_round_trips() -> None:
+    assert _gpu_wire_ok(VALID)
+    env = GpuEnvelope.from_dict(VALID)
+    assert decode_gpu_wire(encode(env)) == gpu_wire(env)
+    assert _gpu_wire_ok(gpu_wire(env))
+
+
+def _transitions(pipe: GpuPipeline, scenario: str, hours: float) -> list[tuple[Any, ...]]:
+    world = build(scenario, hosts=2, gpus=2, services=1, interval_s=20.0)
+    out = []
+    for env in world.envelopes(hours=hours):
+        if isinstance(env, GpuEnvelope):
+            for t in pipe.process(env):
+                a = t.alert
+                out.append((a.fingerprint, a.status, t.previous, a.at, a.starts_at, a.value))
+    return out
+
+
+@pytest.mark.parametrize(("scenario", "hours"), [("leak", 3.0), ("oom", 5.0)])
+def test_gated_evaluation_gives_the_transitions_of_evaluating_every_sample(
+    scenario: str, hours: float
+) -> None:
+    grows = {  # reads only the estimate, resolves on it: gated
+        "name": "Grows",
+        "series": "gpu",
+        "expr": "gb_per_hour > 0.3",
+        "for": "3m",
+        "resolve": "gb_per_hour < 0.1",
+    }
+    # reads a per-sample signal on process series: evaluated on every sample
+    big = {"name": "Big", "series": "process", "expr": "gpu_mem_bytes > 20GB", "for": "1m"}
+    rules = [*load_rules(), parse_rule(grows), parse_rule(big)]
+    fast = _transitions(GpuPipeline(rules, AlertEngine()), scenario, hours)
+    reference = _transitions(GpuPipeline(rules, AlertEngine(), every_sample=True), scenario, hours)
+    assert fast == reference
+    assert {t[1] for t in fast} >= {"pending", "firing"}
