@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -74,6 +75,24 @@ def pad(gpu: Any, procs: int) -> Any:
     )
     used = min(gpu.fb_total, gpu.fb_used + sum(p.gpu_mem for p in extra))
     return dataclasses.replace(gpu, procs=gpu.procs + extra, fb_used=used)
+
+
+def request_telemetry(services: int, instances: int, ticks: int) -> list[tuple[bytes, bytes]]:
+    """(key = service, value = encoded RequestsEnvelope): one batch a second per instance
+    of every request (100 qps, sample rate 1; ~70 records, ~13 KiB per batch)."""
+    from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
+    from ragwatch.codec import encode
+
+    sim = RequestSimulator(
+        RequestSimConfig(
+            services=services, instances=instances, batch_s=1.0, base_qps=100.0, sample_rate=1.0
+        )
+    )
+    return [
+        (env.service.encode(), encode(env))
+        for _, (_, envs) in zip(range(ticks), sim.ticks(), strict=False)
+        for env in envs
+    ]
 
 
 def produce(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -> int:
@@ -184,6 +203,107 @@ def role_faust(args: argparse.Namespace) -> None:
     Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False).execute_from_commandline()
 
 
+def rss_bytes() -> int:
+    gc.collect()
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def role_memory(args: argparse.Namespace) -> None:
+    """RSS growth per tracked series once every window is full (a fresh process: GPU
+    series first, then request series), printed as JSON."""
+    from ragwatch.agents.sim import FleetSimulator, SimConfig
+    from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
+    from ragwatch.codec import gpu_wire
+    from ragwatch.streams.pipelines import Pipelines
+    from ragwatch.streams.rules import load_rules
+
+    hosts = -(-args.memory_series // (args.gpus * (args.procs + 1)))
+    base = rss_bytes()
+    pipes = Pipelines(load_rules(), max_series=1_000_000)
+    # 2 min samples for 2 h 4 min: every leak window (2 h of 2 min buckets) is full
+    sim = FleetSimulator(SimConfig(hosts=hosts, gpus=args.gpus, interval_s=120.0))
+    for _, (_, envs, _) in zip(range(62), sim.ticks(), strict=False):
+        for env in envs:
+            pipes.gpu_wire(
+                gpu_wire(dataclasses.replace(env, gpus=tuple(pad(g, args.procs) for g in env.gpus)))
+            )
+    gpu_series = len(pipes.gpus.series)
+    after_gpu = rss_bytes()
+    rsim = RequestSimulator(RequestSimConfig(services=5, instances=4))
+    for _, (_, envs) in zip(range(6 * 60 * 2), rsim.ticks(), strict=False):  # 2 h of 10 s batches
+        for renv in envs:
+            pipes.request(renv)
+    svc_series = len(pipes.requests.series)
+    after_svc = rss_bytes()
+    print(
+        json.dumps(
+            {
+                "gpu_series": gpu_series,
+                "gpu_bytes_per_series": round((after_gpu - base) / gpu_series),
+                "service_series": svc_series,
+                "service_bytes_per_series": round((after_svc - after_gpu) / svc_series),
+                "method": "RSS growth after gc / series, windows full",
+            }
+        )
+    )
+
+
+def in_process(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipelines without Kafka: the GPU path once every leak window is full (the Kafka
+    rounds above cover 25 min, so their windows are partly empty), the request path, and
+    memory per series (in a subprocess)."""
+    from ragwatch.codec import decode_as, decode_gpu_wire
+    from ragwatch.schema import RequestsEnvelope
+    from ragwatch.streams.pipelines import Pipelines
+    from ragwatch.streams.rules import load_rules
+
+    out: dict[str, Any] = {}
+    data = [v for _, v in telemetry(4, args.gpus, args.procs, 1500)]  # 4 h 10 min
+    pipes = Pipelines(load_rules())
+    warm = len(data) * 2 // 3
+    for v in data[:warm]:
+        pipes.gpu_wire(decode_gpu_wire(v))
+    t0 = time.perf_counter()
+    for v in data[warm:]:
+        pipes.gpu_wire(decode_gpu_wire(v))
+    us = 1e6 * (time.perf_counter() - t0) / (len(data) - warm)
+    out["gpu_full_window"] = {
+        "us_per_envelope": round(us, 1),
+        "envelopes_per_s": round(1e6 / us),
+        "gpu_samples_per_s": round(args.gpus * 1e6 / us),
+        "series_updates_per_s": round(args.gpus * (args.procs + 1) * 1e6 / us),
+    }
+    req = [v for _, v in request_telemetry(args.services, args.instances, 600)]
+    pipes = Pipelines(load_rules())
+    warm = len(req) // 3
+    for v in req[:warm]:
+        pipes.request(decode_as(RequestsEnvelope, v))
+    n = sum(len(orjson.loads(v)["records"]) for v in req[warm:])
+    t0 = time.perf_counter()
+    for v in req[warm:]:
+        pipes.request(decode_as(RequestsEnvelope, v))
+    out["requests"] = {"records_per_s": round(n / (time.perf_counter() - t0))}
+    mem = subprocess.run(
+        [sys.executable, __file__, "--role", "memory", "--memory-series", str(args.memory_series),
+         "--gpus", str(args.gpus), "--procs", str(args.procs)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    out["memory"] = json.loads(mem.stdout)
+    g, m = out["gpu_full_window"], out["memory"]
+    print(
+        f"\nin process, no Kafka: GPU path with full leak windows {g['us_per_envelope']:,.0f} us "
+        f"per envelope = {g['gpu_samples_per_s']:,} GPU samples/s "
+        f"({g['series_updates_per_s']:,} series updates/s); requests "
+        f"{out['requests']['records_per_s']:,} records/s"
+    )
+    print(
+        f"memory: {m['gpu_bytes_per_series'] / 1024:.1f} KiB per GPU/process series "
+        f"({m['gpu_series']:,} series), {m['service_bytes_per_series'] / 1024:.1f} KiB per "
+        f"service instance ({m['service_series']} instances), target < 64 KiB"
+    )
+    return out
+
+
 # --- parent: run each path, measure it from /proc --------------------------------------
 
 
@@ -209,7 +329,7 @@ def stop(p: subprocess.Popen[bytes]) -> None:
 
 
 def run_child(role: str, args: argparse.Namespace, topic: str, n: int, tmp: Path) -> dict[str, Any]:
-    out = tmp / f"{role}.json"
+    out = tmp / f"{role}-{uuid.uuid4().hex[:8]}.json"
     group = f"bench-{role}-{uuid.uuid4().hex[:8]}"
     cmd = [sys.executable, __file__, "--role", role, "--bootstrap", args.bootstrap]
     cmd += ["--topic", topic, "--n", str(n), "--group", group, "--out", str(out)]
@@ -232,40 +352,49 @@ def run_child(role: str, args: argparse.Namespace, topic: str, n: int, tmp: Path
     return r
 
 
-def run_worker(env: dict[str, str], n: int, timeout: float) -> dict[str, Any]:
+def run_worker(env: dict[str, str], n: int, timeout: float, workers: int = 1) -> dict[str, Any]:
+    """``workers`` worker processes in one consumer group; rate from their summed counters."""
     import redis
 
     prefix = env["RAGWATCH_REDIS_PREFIX"]
     r = redis.Redis.from_url(env["RAGWATCH_REDIS_URL"])
     t_start = time.perf_counter()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "ragwatch", "worker"],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-    )
-    samples: list[tuple[float, int, float]] = []  # (worker's seen time, messages, cpu)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ragwatch", "worker"],
+            env={**os.environ, **env, "RAGWATCH_LOG_LEVEL": "WARNING"},
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(workers)
+    ]
+    samples: list[tuple[float, int, float]] = []  # (newest counter write, messages, cpu)
     try:
         while True:
-            if p.poll() is not None:
-                raise RuntimeError(f"worker exited with {p.returncode}")
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"worker exited with {p.returncode}")
             if time.perf_counter() - t_start > timeout:
                 raise RuntimeError(f"worker: not done after {timeout} s ({samples[-1:]})")
-            for raw in r.hgetall(f"{prefix}:workers").values():
-                w = orjson.loads(raw)
-                if w["messages"] and (not samples or w["seen"] > samples[-1][0]):
-                    samples.append((w["seen"], w["messages"], proc_cpu(p.pid)))
+            rows = [orjson.loads(raw) for raw in r.hgetall(f"{prefix}:workers").values()]
+            total = sum(w["messages"] for w in rows)
+            seen = max((w["seen"] for w in rows), default=0.0)
+            if total and (not samples or total > samples[-1][1]):
+                samples.append((seen, total, sum(proc_cpu(p.pid) for p in procs)))
             if samples and samples[-1][1] >= n:
                 break
             time.sleep(0.02)
-        hwm, total_cpu = proc_hwm_mib(p.pid), proc_cpu(p.pid)
+        hwm = max(proc_hwm_mib(p.pid) for p in procs)
+        total_cpu = sum(proc_cpu(p.pid) for p in procs)
     finally:
-        stop(p)
+        for p in procs:
+            stop(p)
         r.close()
     (ta, ma, ca), (tb, mb, cb) = samples[0], samples[-1]
-    if len(samples) < 3:
+    if len(samples) < 3 or mb == ma:
         raise RuntimeError(f"worker finished within {len(samples)} counter writes: add --ticks")
     return {
         "messages": mb,
+        "workers": workers,
         # first write with messages > 0 -> first write with all of them: (mb - ma) messages
         "seconds": (tb - ta) * mb / (mb - ma),
         "cpu_s": (cb - ca) * mb / (mb - ma),
@@ -339,9 +468,13 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--procs", type=int, default=10, help="processes per GPU")
     ap.add_argument("--ticks", type=int, default=150, help="10 s ticks of the whole fleet")
+    ap.add_argument("--services", type=int, default=4)
+    ap.add_argument("--instances", type=int, default=4, help="per service")
+    ap.add_argument("--request-ticks", type=int, default=300, help="1 s request batches")
+    ap.add_argument("--memory-series", type=int, default=10_000, help="GPU series to size")
     ap.add_argument("--timeout", type=float, default=300.0, help="per path, seconds")
     ap.add_argument("--top", type=int, default=15, help="profile rows")
-    ap.add_argument("--role", choices=("kafka", "faust"), help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=("kafka", "faust", "memory"), help=argparse.SUPPRESS)
     for hidden in ("--bootstrap", "--topic", "--group", "--out", "--datadir"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -350,6 +483,8 @@ def main() -> None:
         return role_kafka(args)
     if args.role == "faust":
         return role_faust(args)
+    if args.role == "memory":
+        return role_memory(args)
 
     from ragwatch.config import Settings
     from ragwatch.embedded import EmbeddedStack
@@ -357,65 +492,104 @@ def main() -> None:
 
     t_bench = time.perf_counter()
     data = telemetry(args.hosts, args.gpus, args.procs, args.ticks)
+    req_data = request_telemetry(args.services, args.instances, args.request_ticks)
     size = sum(len(v) for _, v in data) / len(data)
+    records = sum(len(orjson.loads(v)["records"]) for _, v in req_data)
+    req_size = sum(len(v) for _, v in req_data) / len(req_data)
+    rounds: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="ragwatch-throughput-") as tmpdir:
         tmp = Path(tmpdir)
         stack = EmbeddedStack(tmp / "stack")
         try:
             stack.up()
-            run_id = uuid.uuid4().hex[:8]
-            env = {
-                **stack.env(),
-                "RAGWATCH_TOPIC_PREFIX": f"bench{run_id}.",
-                "RAGWATCH_APP_ID": f"bench-worker-{run_id}",
-                "RAGWATCH_REDIS_PREFIX": f"bench{run_id}",
-                "RAGWATCH_KAFKA_SESSION_TIMEOUT": str(SESSION_TIMEOUT),
-                "RAGWATCH_STATE_DIR": str(tmp / "state"),
-                "RAGWATCH_LOG_LEVEL": "WARNING",
-            }
-            settings = Settings.from_env(env)
-            ensure_topics(settings)
-            topic = settings.topic("gpu")
-            args.bootstrap = settings.kafka_bootstrap
-            t0 = time.perf_counter()
-            n = produce(args.bootstrap, topic, data)
-            produce_s = time.perf_counter() - t0
-            print(f"produced {n:,} envelopes to {topic} in {produce_s:.1f} s")
-            rows = {
-                "a: confluent-kafka + orjson.loads": run_child("kafka", args, topic, n, tmp),
-                "b: bare Faust agent (count)": run_child("faust", args, topic, n, tmp),
-                "c: ragwatch worker": run_worker(env, n, args.timeout),
-            }
+
+            def fresh_env() -> dict[str, str]:
+                run_id = uuid.uuid4().hex[:8]
+                return {
+                    **stack.env(),
+                    "RAGWATCH_TOPIC_PREFIX": f"bench{run_id}.",
+                    "RAGWATCH_APP_ID": f"bench-worker-{run_id}",
+                    "RAGWATCH_REDIS_PREFIX": f"bench{run_id}",
+                    "RAGWATCH_KAFKA_SESSION_TIMEOUT": str(SESSION_TIMEOUT),
+                    "RAGWATCH_STATE_DIR": str(tmp / f"state-{run_id}"),
+                }
+
+            for kind, payload in (("gpu", data), ("requests", req_data)):
+                env = fresh_env()
+                settings = Settings.from_env(env)
+                ensure_topics(settings)
+                topic = settings.topic(kind)
+                args.bootstrap = settings.kafka_bootstrap
+                t0 = time.perf_counter()
+                n = produce(args.bootstrap, topic, payload)
+                took = time.perf_counter() - t0
+                print(f"produced {n:,} {kind} envelopes to {topic} in {took:.1f} s")
+                rows = {
+                    "a: confluent-kafka + orjson.loads": run_child("kafka", args, topic, n, tmp),
+                    "b: bare Faust agent (count)": run_child("faust", args, topic, n, tmp),
+                    "c: ragwatch worker": run_worker(env, n, args.timeout),
+                }
+                if kind == "gpu":
+                    # the same topic again, by two workers of a new group sharing its partitions
+                    env2 = {**fresh_env(), "RAGWATCH_TOPIC_PREFIX": env["RAGWATCH_TOPIC_PREFIX"]}
+                    rows["c2: 2 ragwatch workers"] = run_worker(env2, n, args.timeout, workers=2)
+                rounds[kind] = rows
         finally:
             stack.down()
-    for r in rows.values():
-        r["messages_per_s"] = round(r["messages"] / r["seconds"])
-        r["gpu_samples_per_s"] = round(r["messages"] * args.gpus / r["seconds"])
-        r["cpu_us_per_message"] = round(1e6 * r["cpu_s"] / r["messages"], 1)
-        for k in ("seconds", "cpu_s", "peak_rss_mib", "process_cpu_s", "join_and_consume_s"):
-            r[k] = round(r[k], 2)
-    a, b, c = (r["messages_per_s"] for r in rows.values())
-    ratios = {"c_vs_b": round(c / b, 3), "c_vs_a": round(c / a, 3), "b_vs_a": round(b / a, 3)}
+    per_msg = {
+        "gpu": (args.gpus, "gpu_samples_per_s"),
+        "requests": (records / len(req_data), "request_records_per_s"),
+    }
+    ratios: dict[str, float] = {}
+    for kind, rows in rounds.items():
+        per, unit = per_msg[kind]
+        for r in rows.values():
+            r["messages_per_s"] = round(r["messages"] / r["seconds"])
+            r[unit] = round(r["messages"] * per / r["seconds"])
+            r["cpu_us_per_message"] = round(1e6 * r["cpu_s"] / r["messages"], 1)
+            for k in ("seconds", "cpu_s", "peak_rss_mib", "process_cpu_s", "join_and_consume_s"):
+                r[k] = round(r[k], 2)
+        a, b, c = (rows[k]["messages_per_s"] for k in list(rows)[:3])
+        pre = "" if kind == "gpu" else "requests_"
+        ratios |= {
+            f"{pre}c_vs_b": round(c / b, 3),
+            f"{pre}c_vs_a": round(c / a, 3),
+            f"{pre}b_vs_a": round(b / a, 3),
+        }
+        if "c2: 2 ragwatch workers" in rows:
+            ratios["two_workers_vs_one"] = round(
+                rows["c2: 2 ragwatch workers"]["messages_per_s"] / c, 3
+            )
 
     print(
-        f"{n:,} host envelopes ({args.hosts} hosts x {args.gpus} GPUs x {args.procs} procs, "
-        f"{size / 1024:.1f} KiB each), Python {platform.python_version()}, "
-        f"{platform.machine()}, {os.cpu_count()} CPUs"
+        f"\n{len(data):,} host envelopes ({args.hosts} hosts x {args.gpus} GPUs x {args.procs} "
+        f"procs, {size / 1024:.1f} KiB each) and {len(req_data):,} request batches "
+        f"({records / len(req_data):.0f} records, {req_size / 1024:.1f} KiB each), "
+        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
     )
-    print(
-        f"{'path':<36} {'msgs/s':>8} {'GPU samples/s':>14} {'window s':>9} {'CPU s':>7} "
-        f"{'CPU us/msg':>11} {'peak RSS MiB':>13}"
-    )
-    for name, r in rows.items():
+    for kind, rows in rounds.items():
+        unit = per_msg[kind][1]
+        label = "GPU samples/s" if kind == "gpu" else "records/s"
         print(
-            f"{name:<36} {r['messages_per_s']:>8,} {r['gpu_samples_per_s']:>14,} "
-            f"{r['seconds']:>9.2f} {r['cpu_s']:>7.2f} {r['cpu_us_per_message']:>11,.1f} "
-            f"{r['peak_rss_mib']:>13.0f}"
+            f"\n{'topic ragwatch.' + kind:<36} {'msgs/s':>8} {label:>14} {'window s':>9} "
+            f"{'CPU s':>7} {'CPU us/msg':>11} {'peak RSS MiB':>13}"
         )
+        for name, r in rows.items():
+            print(
+                f"{name:<36} {r['messages_per_s']:>8,} {r[unit]:>14,} "
+                f"{r['seconds']:>9.2f} {r['cpu_s']:>7.2f} {r['cpu_us_per_message']:>11,.1f} "
+                f"{r['peak_rss_mib']:>13.0f}"
+            )
     print(
-        f"c/b = {ratios['c_vs_b']:.2f}x (target >= 0.8x), c/a = {ratios['c_vs_a']:.3f}x, "
-        f"b/a = {ratios['b_vs_a']:.2f}x"
+        f"\ngpu: c/b = {ratios['c_vs_b']:.2f}x (target >= 0.8x), c/a = {ratios['c_vs_a']:.2f}x, "
+        f"b/a = {ratios['b_vs_a']:.2f}x; 2 workers / 1 = {ratios['two_workers_vs_one']:.2f}x"
     )
+    req_rate = rounds["requests"]["c: ragwatch worker"]["request_records_per_s"]
+    print(
+        f"requests: c/b = {ratios['requests_c_vs_b']:.2f}x; worker {req_rate:,} records/s "
+        "(target >= 50,000)"
+    )
+    inproc = in_process(args)
     prof = None
     if ratios["c_vs_b"] < 0.8:
         prof = profile(data, args.top)
@@ -427,20 +601,24 @@ def main() -> None:
     (RESULTS / "throughput.json").write_text(
         json.dumps(
             {
-                "envelopes": n,
+                "envelopes": len(data),
                 "hosts": args.hosts,
                 "gpus": args.gpus,
                 "procs_per_gpu": args.procs,
                 "bytes_per_envelope": size,
-                "produce_s": round(produce_s, 2),
+                "request_batches": len(req_data),
+                "records_per_batch": records / len(req_data),
+                "bytes_per_batch": req_size,
                 "python": platform.python_version(),
                 "machine": platform.machine(),
                 "cpus": os.cpu_count(),
                 "broker": "embedded Tansu (memory storage), 4 partitions",
                 "session_timeout_s": SESSION_TIMEOUT,
-                "results": rows,
+                "results": rounds["gpu"],
+                "requests": rounds["requests"],
                 "ratios": ratios,
                 "target_c_vs_b": 0.8,
+                "in_process": inproc,
                 "profile": prof,
                 "bench_s": round(bench_s),
             },

@@ -205,6 +205,8 @@ class RequestOutliers:
 
     def _key(self, p: Point) -> Key:
         eps = self.eps
+        if len(p) == 2:  # the request features: the hot path
+            return (math.floor(p[0] / eps), math.floor(p[1] / eps))
         return tuple(math.floor(v / eps) for v in p)
 
     # -- learning ------------------------------------------------------------------------
@@ -238,10 +240,16 @@ class RequestOutliers:
     def _touch(self, key: Key) -> None:
         """Core status may change in every occupied cell around ``key``."""
         cells, dirty = self._cells, self._dirty
-        for off in self._offsets:
-            k = tuple(a + b for a, b in zip(key, off, strict=True))
+        for k in self._around(key):
             if k in cells:
                 dirty.add(k)
+
+    def _around(self, key: Key) -> list[Key]:
+        """The cell keys next to ``key`` (itself first), in ``_offsets`` order."""
+        if len(key) == 2:  # the request features: the hot path, without a tuple() per key
+            k0, k1 = key
+            return [(k0 + a, k1 + b) for a, b in self._offsets]  # type: ignore[misc]
+        return [tuple(a + b for a, b in zip(key, off, strict=True)) for off in self._offsets]
 
     # -- density queries -----------------------------------------------------------------
 
@@ -250,8 +258,8 @@ class RequestOutliers:
         eps, cells, dist = self.eps, self._cells, math.dist
         key = self._key(q)
         n = 0
-        for off in self._offsets:
-            cell = cells.get(tuple(a + b for a, b in zip(key, off, strict=True)))
+        for k in self._around(key):
+            cell = cells.get(k)
             if cell is None:
                 continue
             for p in cell:
@@ -265,11 +273,7 @@ class RequestOutliers:
         """Recompute the cached core points of one occupied cell."""
         cells, eps, dist = self._cells, self.eps, math.dist
         need = self.min_samples + 1  # the point itself is in the window
-        blocks = [
-            cells[k]
-            for k in (tuple(a + b for a, b in zip(key, off, strict=True)) for off in self._offsets)
-            if k in cells
-        ]
+        blocks = [cells[k] for k in self._around(key) if k in cells]
         cores = []
         for q in cells[key]:
             n = 0

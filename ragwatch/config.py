@@ -225,7 +225,7 @@ class Settings:
         100_000, _positive_int, "cap on tracked series per worker (new ones are dropped)"
     )
     snapshot_interval: float = _setting(
-        10.0,
+        60.0,
         _positive_float,
         "seconds between two state snapshots of a changing host or service in Redis "
         "(what a restarted worker resumes from)",

@@ -71,6 +71,7 @@ def rw_env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
         "RAGWATCH_REDIS_PREFIX": f"rw-{run}",
         "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
         "RAGWATCH_TOPIC_PARTITIONS": "2",
+        "RAGWATCH_SNAPSHOT_INTERVAL": "1",  # the restart tests wait for snapshots
         "RAGWATCH_STATE_DIR": str(tmp_path / "state"),
     }
 

@@ -1,4 +1,5 @@
-"""The worker's GPU hot path: ``codec.decode_gpu_wire`` (plain dicts, checked as strictly as
+"""The worker's hot paths: request records decoded without the field readers when well typed;
+the GPU path: ``codec.decode_gpu_wire`` (plain dicts, checked as strictly as
 ``decode_as(GpuEnvelope)``) and ``GpuPipeline.process_wire`` (rules that read only the leak
 estimate evaluated when it changes), held to the strict decoder and to evaluating every
 rule on every sample."""
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from ragwatch.agents.scenario import build
 from ragwatch.codec import _gpu_wire_ok, decode_as, decode_gpu_wire, encode, gpu_wire
 from ragwatch.errors import SchemaError
-from ragwatch.schema import MAX_UINT, GpuEnvelope
+from ragwatch.schema import MAX_UINT, GpuEnvelope, RequestRecord
 from ragwatch.streams.engine import AlertEngine
 from ragwatch.streams.gpu import GpuPipeline
 from ragwatch.streams.rules import load_rules, parse_rule
@@ -185,3 +186,47 @@ def test_gated_evaluation_gives_the_transitions_of_evaluating_every_sample(
     reference = _transitions(GpuPipeline(rules, AlertEngine(), every_sample=True), scenario, hours)
     assert fast == reference
     assert {t[1] for t in fast} >= {"pending", "firing"}
+
+
+# ---------------------------------------------------------------- request records
+
+RECORD: dict[str, Any] = {
+    "ts": 1_700_000_000.5,
+    "status": "ok",
+    "e2e_ms": 820.0,
+    "context_tokens": 1800,
+    "output_tokens": 240,
+    "stages": {"retriever": 80.0, "llm": 700.0},
+    "queue_ms": 3.0,
+    "ttft_ms": None,
+}
+RECORD_FIELDS = [*RECORD, "stages.llm"]
+
+
+@st.composite
+def mutated_record(draw: st.DrawFn) -> dict[str, Any]:
+    d = copy.deepcopy(RECORD)
+    for _ in range(draw(st.integers(0, 3))):
+        field = draw(st.sampled_from(RECORD_FIELDS))
+        target, name = (d.get("stages"), "llm") if field == "stages.llm" else (d, field)
+        if not isinstance(target, dict):
+            continue
+        if draw(st.booleans()):
+            target.pop(name, None)
+        else:
+            target[name] = draw(ODD_VALUES)
+    return d
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_record())
+def test_request_records_decode_alike_on_the_fast_and_the_checked_path(d: dict[str, Any]) -> None:
+    try:
+        checked: RequestRecord | str = RequestRecord._checked(d, "r.")
+    except SchemaError as exc:
+        checked = exc.reason
+    try:
+        fast: RequestRecord | str = RequestRecord.from_dict(d, "r.")
+    except SchemaError as exc:
+        fast = exc.reason
+    assert fast == checked
