@@ -53,7 +53,7 @@ bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/pipeline.py
 	$(PY) bench/agents.py
 	$(PY) bench/throughput.py
-	$(PY) bench/latency.py --rate 800
+	$(PY) bench/latency.py
 	$(PY) bench/quality.py
 
 clean: ## remove the venv, build and cache folders

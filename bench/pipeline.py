@@ -4,9 +4,10 @@ Measures, in one process over the same pre-encoded simulated telemetry (host env
 ``--gpus`` GPUs with two processes each):
 
 1. ``orjson.loads`` alone (the floor any JSON consumer pays);
-2. ``codec.decode_as`` (parse + strict validation into frozen records);
-3. decode + ``GpuPipeline.process`` (leak detectors on every GPU and process series, the
-   alert engine on every rule).
+2. ``codec.decode_as`` (parse + strict validation into frozen records: replay and tests);
+3. ``codec.decode_gpu_wire`` (parse + the same validation, kept as dicts: the worker);
+4. ``decode_gpu_wire`` + ``GpuPipeline.process_wire`` (leak detectors on every GPU and
+   process series, the rules), the worker's GPU path.
 
 Prints envelopes/s and GPU samples/s for each, the ratios to the baseline, and writes
 ``bench/results/pipeline.json``. Run: ``make bench`` or ``python bench/pipeline.py``.
@@ -24,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig
-from ragwatch.codec import decode_as, encode
+from ragwatch.codec import decode_as, decode_gpu_wire, encode
 from ragwatch.schema import GpuEnvelope
 from ragwatch.streams.gpu import GpuPipeline
 from ragwatch.streams.rules import load_rules
@@ -70,13 +71,23 @@ def main() -> None:
         for d in data:
             decode_as(GpuEnvelope, d)
 
+    def wire() -> None:
+        for d in data:
+            decode_gpu_wire(d)
+
     def full() -> None:
         pipe = GpuPipeline(rules)
         for d in data:
-            pipe.process(decode_as(GpuEnvelope, d))
+            pipe.process_wire(decode_gpu_wire(d))
 
-    rows = {}
-    for name, fn in (("orjson.loads", baseline), ("decode", decode), ("decode+pipeline", full)):
+    rows: dict[str, dict[str, float]] = {}
+    paths = (
+        ("orjson.loads", baseline),
+        ("decode_as", decode),
+        ("decode_gpu_wire", wire),
+        ("decode+pipeline", full),
+    )
+    for name, fn in paths:
         per_s, cpu = rate(fn, n)
         rows[name] = {
             "envelopes_per_s": round(per_s),

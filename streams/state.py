@@ -17,8 +17,10 @@ key                       type    content
                                   starts_at T: a replay after a crash does not page twice
                                   (expires after 7 days)
 ``P:series:index``        hash    series id -> JSON {kind, labels, signal, unit}
-``P:series:ID``           list    recent points of one series, newest first, capped at
-                                  SERIES_POINTS: JSON [ts, value, forecast|null, score|null]
+``P:series:ID``           list    recent points of one series, newest first, trimmed to
+                                  SERIES_POINTS every TRIM_EVERY points (readers take the
+                                  newest SERIES_POINTS): JSON [ts, value, forecast|null,
+                                  score|null]
 ``P:silences``            hash    silence id -> JSON silence (streams/silences.py)
 ``P:outbox:due``          zset    notification key -> wall time it is due (streams/outbox.py)
 ``P:outbox:items``        hash    notification key -> JSON {notification, attempts, ...}
@@ -46,6 +48,8 @@ from ragwatch.streams.silences import decode_all
 
 HISTORY_MAX = 10_000
 SERIES_POINTS = 1440  # a day of 1-minute points per series
+TRIM_EVERY = 32  # a series list holds at most SERIES_POINTS + TRIM_EVERY - 1 points
+REINDEX_S = 600.0
 NOTIFIED_TTL_S = 7 * 86400
 
 
@@ -79,6 +83,12 @@ class RedisState:
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
         self.keys = Keys(prefix)
+        # Chart writes are the worker's most frequent Redis commands (a point per series
+        # per minute of event time, many a second on a replay): index a series once (again
+        # every REINDEX_S, in case Redis lost it) and trim its list every TRIM_EVERY points.
+        self._indexed: set[str] = set()
+        self._indexed_at = time.monotonic()
+        self._pushed: dict[str, int] = {}
 
     async def write_transition(self, t: Transition) -> None:
         data = encode(t.alert)
@@ -112,16 +122,27 @@ class RedisState:
         """Append one point per series (newest first, capped) and index the series."""
         if not points:
             return
+        now = time.monotonic()
+        if now - self._indexed_at > REINDEX_S:
+            self._indexed.clear()
+            self._indexed_at = now
+        new = {
+            sid: orjson.dumps(meta) for sid, (meta, _) in points.items() if sid not in self._indexed
+        }
+        pushed = self._pushed
         async with self.client.pipeline(transaction=False) as pipe:
-            pipe.hset(
-                self.keys.series_index,
-                mapping={sid: orjson.dumps(meta) for sid, (meta, _) in points.items()},
-            )
+            if new:
+                pipe.hset(self.keys.series_index, mapping=new)
             for sid, (_, point) in points.items():
                 key = f"{self.keys.series}:{sid}"
                 pipe.lpush(key, orjson.dumps(point))
-                pipe.ltrim(key, 0, SERIES_POINTS - 1)
+                n = pushed.get(sid, TRIM_EVERY - 1) + 1  # a series new here: trim at once
+                if n >= TRIM_EVERY:
+                    pipe.ltrim(key, 0, SERIES_POINTS - 1)
+                    n = 0
+                pushed[sid] = n
             await pipe.execute()
+        self._indexed.update(new)
 
     async def write_snapshots(self, kind: str, snapshots: dict[str, bytes]) -> None:
         if snapshots:
