@@ -53,6 +53,14 @@ import orjson
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import SESSION_TIMEOUT, proc_cpu, stop
 
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return float(sum(fields) - idle), float(sum(fields))
+
+
 RESULTS = Path(__file__).parent / "results"
 TICK_S = 10.0  # event time between two samples of a host
 TARGET_P99_S = 1.0
@@ -281,6 +289,8 @@ def main() -> None:
             flat = [e for t in ticks[1:] for e in t]
             t0 = time.time()
             cpu0 = proc_cpu(procs[0].pid)
+            broker_pid = stack.services()["kafka"].pid
+            broker0, busy0 = proc_cpu(broker_pid), machine_busy()
             i = 0
             while i < len(flat):
                 due = int((time.time() - t0) * target) + 1
@@ -292,6 +302,9 @@ def main() -> None:
             t1 = time.time()
             p.flush(30)
             worker_cpu = proc_cpu(procs[0].pid) - cpu0
+            broker_cpu = proc_cpu(broker_pid) - broker0
+            busy1 = machine_busy()
+            machine = (busy1[0] - busy0[0]) / max(1e-9, busy1[1] - busy0[1])
             produce_s = t1 - t0
             time.sleep(args.drain)
         except BaseException:
@@ -353,7 +366,8 @@ def main() -> None:
     print(
         f"produced {len(flat) + hosts:,} envelopes ({failed} failed); paced {len(flat):,} in "
         f"{produce_s:.1f} s = {achieved:,.0f} envelopes/s = {achieved * args.gpus:,.0f} GPU "
-        f"samples/s; worker processed {processed:,} (CPU {worker_cpu / produce_s:.0%} of a core)"
+        f"samples/s; worker processed {processed:,} (CPU {worker_cpu / produce_s:.0%} of a core; "
+        f"broker {broker_cpu / produce_s:.0%}; all {os.cpu_count()} cores {machine:.0%} busy)"
     )
     print(
         f"worker lag (envelopes): max {max((x for _, x in lags), default=0):,}, "
@@ -390,6 +404,8 @@ def main() -> None:
                     "samples": [[round(t, 1), x] for t, x in lags],
                 },
                 "worker_cpu_cores": round(worker_cpu / produce_s, 2),
+                "broker_cpu_cores": round(broker_cpu / produce_s, 2),
+                "machine_busy": round(machine, 3),
                 "hosts": hosts,
                 "fleets": args.leaks,
                 "gpus": args.gpus,

@@ -182,6 +182,12 @@ class Settings:
     kafka_session_timeout: float = _setting(
         10.0, _positive_float, "consumer group session timeout, seconds"
     )
+    kafka_fetch_max_wait_ms: int = _setting(
+        100,
+        _positive_int,
+        "longest a worker's or the notifier's fetch waits for data, ms (Faust's fixed 1500 "
+        "delays every alert on brokers that hold a fetch for the whole wait)",
+    )
     topic_prefix: str = _setting("", str, "prefix for every topic name, e.g. 'prod.'")
     topic_partitions: int = _setting(4, _positive_int, "partitions of topics ragwatch creates")
     app_id: str = _setting("ragwatch", str, "Faust app id = Kafka consumer group of workers")

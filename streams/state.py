@@ -17,10 +17,8 @@ key                       type    content
                                   starts_at T: a replay after a crash does not page twice
                                   (expires after 7 days)
 ``P:series:index``        hash    series id -> JSON {kind, labels, signal, unit}
-``P:series:ID``           list    recent points of one series, newest first, trimmed to
-                                  SERIES_POINTS every TRIM_EVERY points (readers take the
-                                  newest SERIES_POINTS): JSON [ts, value, forecast|null,
-                                  score|null]
+``P:series:ID``           list    recent points of one series, newest first, capped at
+                                  SERIES_POINTS: JSON [ts, value, forecast|null, score|null]
 ``P:silences``            hash    silence id -> JSON silence (streams/silences.py)
 ``P:outbox:due``          zset    notification key -> wall time it is due (streams/outbox.py)
 ``P:outbox:items``        hash    notification key -> JSON {notification, attempts, ...}
@@ -48,8 +46,18 @@ from ragwatch.streams.silences import decode_all
 
 HISTORY_MAX = 10_000
 SERIES_POINTS = 1440  # a day of 1-minute points per series
-TRIM_EVERY = 32  # a series list holds at most SERIES_POINTS + TRIM_EVERY - 1 points
 REINDEX_S = 600.0
+SERIES_CHUNK = 1000
+# KEYS: series lists; ARGV[1]: points kept; ARGV[i + 1]: the new point of KEYS[i]. One
+# Redis (not a cluster: the keys of a call may live in different slots).
+PUSH_POINTS = """
+local keep = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  redis.call('LPUSH', key, ARGV[i + 1])
+  redis.call('LTRIM', key, 0, keep - 1)
+end
+return #KEYS
+"""
 NOTIFIED_TTL_S = 7 * 86400
 
 
@@ -84,11 +92,12 @@ class RedisState:
         self.client = client
         self.keys = Keys(prefix)
         # Chart writes are the worker's most frequent Redis commands (a point per series
-        # per minute of event time, many a second on a replay): index a series once (again
-        # every REINDEX_S, in case Redis lost it) and trim its list every TRIM_EVERY points.
+        # per minute of event time, thousands a second on a replay): index a series once
+        # (again every REINDEX_S, in case Redis lost it) and push a flush's points with one
+        # script call per SERIES_CHUNK series instead of two commands per point.
         self._indexed: set[str] = set()
         self._indexed_at = time.monotonic()
-        self._pushed: dict[str, int] = {}
+        self._push = client.register_script(PUSH_POINTS)
 
     async def write_transition(self, t: Transition) -> None:
         data = encode(t.alert)
@@ -129,19 +138,15 @@ class RedisState:
         new = {
             sid: orjson.dumps(meta) for sid, (meta, _) in points.items() if sid not in self._indexed
         }
-        pushed = self._pushed
-        async with self.client.pipeline(transaction=False) as pipe:
-            if new:
-                pipe.hset(self.keys.series_index, mapping=new)
-            for sid, (_, point) in points.items():
-                key = f"{self.keys.series}:{sid}"
-                pipe.lpush(key, orjson.dumps(point))
-                n = pushed.get(sid, TRIM_EVERY - 1) + 1  # a series new here: trim at once
-                if n >= TRIM_EVERY:
-                    pipe.ltrim(key, 0, SERIES_POINTS - 1)
-                    n = 0
-                pushed[sid] = n
-            await pipe.execute()
+        if new:
+            await self.client.hset(self.keys.series_index, mapping=new)
+        items = list(points.items())
+        for i in range(0, len(items), SERIES_CHUNK):
+            chunk = items[i : i + SERIES_CHUNK]
+            await self._push(
+                keys=[f"{self.keys.series}:{sid}" for sid, _ in chunk],
+                args=[SERIES_POINTS, *(orjson.dumps(point) for _, (_, point) in chunk)],
+            )
         self._indexed.update(new)
 
     async def write_snapshots(self, kind: str, snapshots: dict[str, bytes]) -> None:
