@@ -24,6 +24,7 @@ import orjson
 from ragwatch.errors import SchemaError
 from ragwatch.schema import (
     KINDS,
+    MAX_LABEL_LEN,
     MAX_UINT,
     SCHEMA_VERSION,
     Alert,
@@ -87,6 +88,10 @@ def decode(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Envelope
 _NO_PROCS: list[Any] = []  # a GPU without "procs" (never mutated)
 
 
+def _label_ok(v: str) -> bool:
+    return len(v) <= MAX_LABEL_LEN and v.isprintable()
+
+
 def _opt_count(v: Any) -> bool:
     return v is None or (type(v) is int and 0 <= v <= MAX_UINT)
 
@@ -112,6 +117,7 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
         and d.get("kind") == "gpu"
         and type(host) is str
         and host
+        and _label_ok(host)
         and (
             (type(ts) is float and 0.0 <= ts < math.inf)
             or (type(ts) is int and 0 <= ts <= MAX_UINT)
@@ -137,8 +143,10 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
             and 0 <= index <= MAX_UINT
             and type(uuid) is str
             and uuid
+            and _label_ok(uuid)
             and type(g.get("name")) is str
-            and (mig is None or type(mig) is str)
+            and _label_ok(g["name"])
+            and (mig is None or (type(mig) is str and _label_ok(mig)))
             and _opt_count(g.get("fb_reserved"))
             and _opt_number(g.get("gpu_util"), 0.0)
             and _opt_number(g.get("mem_copy_util"), 0.0)
@@ -157,8 +165,9 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
                 and type(mem) is int
                 and 0 <= mem <= MAX_UINT
                 and type(p.get("name")) is str
+                and _label_ok(p["name"])
                 and _opt_count(p.get("rss"))
-                and (container is None or type(container) is str)
+                and (container is None or (type(container) is str and _label_ok(container)))
                 and type(p.get("dead", False)) is bool
             ):
                 return False

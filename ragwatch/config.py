@@ -230,6 +230,12 @@ class Settings:
     max_series: int = _setting(
         100_000, _positive_int, "cap on tracked series per worker (new ones are dropped)"
     )
+    max_clock_skew: float = _setting(
+        3600.0,
+        _positive_float,
+        "envelopes stamped more than this many seconds ahead of the worker's clock are "
+        "dead-lettered (event time would jump ahead)",
+    )
     snapshot_interval: float = _setting(
         60.0,
         _positive_float,

@@ -61,8 +61,14 @@ METRICS: dict[str, str] = {
     "ragwatch_notifier_last_seen_timestamp_seconds": "Wall time the notifier last reported",
     "ragwatch_silences": "Silences that are not expired, by state (active, pending)",
     "ragwatch_worker_last_seen_timestamp_seconds": "Wall time a worker last wrote its status",
+    "ragwatch_worker_messages_total": "Messages a worker consumed since it started",
+    "ragwatch_worker_deadletter_messages_total": "Messages a worker sent to the dead-letter "
+    "topic (undecodable, invalid, clock ahead, processing error) since it started",
+    "ragwatch_worker_dropped_samples_total": "Samples a worker dropped at a series cap "
+    "(RAGWATCH_MAX_SERIES, or per host) since it started",
 }
-METRIC_NAMES = frozenset(METRICS)
+# what scrapers see: counter families are named without _total, their samples with it
+METRIC_NAMES = frozenset(METRICS) | {n.removesuffix("_total") for n in METRICS}
 
 GPU_GAUGES = (
     ("fb_used_bytes", "ragwatch_gpu_memory_used_bytes", 1.0),
@@ -130,7 +136,10 @@ class _Families:
             return
         m = self.metrics.get(name)
         if m is None:
-            m = self.metrics[name] = Metric(name, METRICS[name], "gauge")
+            if name.endswith("_total"):  # a counter: the family is named without _total
+                m = self.metrics[name] = Metric(name[: -len("_total")], METRICS[name], "counter")
+            else:
+                m = self.metrics[name] = Metric(name, METRICS[name], "gauge")
         m.add_sample(name, labels, float(value) * scale)
 
 
@@ -160,6 +169,10 @@ def families(
         f.add("ragwatch_silences", {"state": state}, states.get(state, 0))
     for wid, w in sorted((status.get("workers") or {}).items()):
         f.add("ragwatch_worker_last_seen_timestamp_seconds", {"worker": wid}, w.get("seen"))
+        f.add("ragwatch_worker_messages_total", {"worker": wid}, w.get("messages"))
+        f.add("ragwatch_worker_deadletter_messages_total", {"worker": wid}, w.get("deadletter"))
+        dropped = (w.get("dropped_samples") or 0) + (w.get("dropped_host_cap") or 0)
+        f.add("ragwatch_worker_dropped_samples_total", {"worker": wid}, dropped)
     yield from f.metrics.values()
 
 

@@ -67,6 +67,29 @@ def _opt_str(d: Mapping[str, Any], key: str, path: str) -> str | None:
     return v
 
 
+MAX_LABEL_LEN = 256
+
+
+def _check_label(v: str, name: str) -> str:
+    """Names that become labels (hosts, services, processes ...) end up in Slack text,
+    HTML, Redis keys and /metrics: printable, at most MAX_LABEL_LEN characters."""
+    if len(v) > MAX_LABEL_LEN:
+        raise SchemaError(f"{name}: longer than {MAX_LABEL_LEN} characters ({len(v)})")
+    if not v.isprintable():
+        bad = next(c for c in v if not c.isprintable())
+        raise SchemaError(f"{name}: contains the control character U+{ord(bad):04X}")
+    return v
+
+
+def _label(d: Mapping[str, Any], key: str, path: str, *, nonempty: bool = True) -> str:
+    return _check_label(_str(d, key, path, nonempty=nonempty), f"{path}{key}")
+
+
+def _opt_label(d: Mapping[str, Any], key: str, path: str) -> str | None:
+    v = _opt_str(d, key, path)
+    return None if v is None else _check_label(v, f"{path}{key}")
+
+
 def _int(d: Mapping[str, Any], key: str, path: str, *, minimum: int | None = 0) -> int:
     v = _get(d, key, path)
     if isinstance(v, bool) or not isinstance(v, int):
@@ -190,10 +213,10 @@ class ProcessSample:
     def from_dict(cls, d: Mapping[str, Any], path: str = "") -> ProcessSample:
         return cls(
             pid=_int(d, "pid", path),
-            name=_str(d, "name", path, nonempty=False),
+            name=_label(d, "name", path, nonempty=False),
             gpu_mem=_int(d, "gpu_mem", path),
             rss=_opt_int(d, "rss", path),
-            container=_opt_str(d, "container", path),
+            container=_opt_label(d, "container", path),
             dead=_bool(d, "dead", path),
         )
 
@@ -224,9 +247,9 @@ class GpuSample:
         procs = _list(d, "procs", path) if "procs" in d else []
         return cls(
             index=_int(d, "index", path),
-            uuid=_str(d, "uuid", path),
-            name=_str(d, "name", path, nonempty=False),
-            mig=_opt_str(d, "mig", path),
+            uuid=_label(d, "uuid", path),
+            name=_label(d, "name", path, nonempty=False),
+            mig=_opt_label(d, "mig", path),
             fb_used=fb_used,
             fb_total=fb_total,
             fb_reserved=_opt_int(d, "fb_reserved", path),
@@ -258,7 +281,7 @@ class GpuEnvelope:
     def from_dict(cls, d: Mapping[str, Any]) -> GpuEnvelope:
         check_header(d, cls.kind)
         return cls(
-            host=_str(d, "host", ""),
+            host=_label(d, "host", ""),
             ts=_float(d, "ts", "", minimum=0.0),
             gpus=tuple(
                 GpuSample.from_dict(_obj(g, f"gpus[{i}]"), f"gpus[{i}].")
@@ -365,14 +388,14 @@ class RequestsEnvelope:
     def from_dict(cls, d: Mapping[str, Any]) -> RequestsEnvelope:
         check_header(d, cls.kind)
         return cls(
-            service=_str(d, "service", ""),
-            instance=_str(d, "instance", ""),
+            service=_label(d, "service", ""),
+            instance=_label(d, "instance", ""),
             ts=_float(d, "ts", "", minimum=0.0),
             records=tuple(
                 RequestRecord.from_dict(_obj(r, f"records[{i}]"), f"records[{i}].")
                 for i, r in enumerate(_list(d, "records", ""))
             ),
-            host=_opt_str(d, "host", "") or None,
+            host=_opt_label(d, "host", "") or None,
             pid=_opt_int(d, "pid", ""),
         )
 
@@ -410,8 +433,10 @@ class EventEnvelope:
         attrs = {k: v for k, v in d.items() if k not in ENVELOPE_FIELDS}
         for k, v in attrs.items():
             _check_json_value(v, k)
+            if isinstance(v, str):  # process, container, uuid ... become alert labels
+                _check_label(v, k)
         return cls(
-            host=_str(d, "host", ""),
+            host=_label(d, "host", ""),
             ts=_float(d, "ts", "", minimum=0.0),
             type=_choice(d, "type", "", EVENT_TYPES),
             attrs=attrs,
@@ -504,8 +529,8 @@ class MetricsEnvelope:
     def from_dict(cls, d: Mapping[str, Any]) -> MetricsEnvelope:
         check_header(d, cls.kind)
         return cls(
-            host=_str(d, "host", ""),
-            target=_str(d, "target", ""),
+            host=_label(d, "host", ""),
+            target=_label(d, "target", ""),
             ts=_float(d, "ts", "", minimum=0.0),
             samples=tuple(
                 MetricSample.from_dict(_obj(s, f"samples[{i}]"), f"samples[{i}].")

@@ -282,6 +282,7 @@ def register_processors(
         kind: str,
         decode: Callable[[bytes], Any],
         key: Callable[[Any], str],
+        newest: Callable[[Any], float],
         process: Callable[[Any], list[Transition]],
     ) -> Any:
         domain = "service" if kind == "requests" else "host"
@@ -296,6 +297,16 @@ def register_processors(
                     env = decode(msg.value or b"")
                 except SchemaError as exc:
                     await dead_letter(msg, exc.reason)
+                    continue
+                ahead = newest(env) - time.time()
+                if ahead > settings.max_clock_skew:
+                    # event time drives windows, sweeps and `for:`: one envelope from a host
+                    # with a wrong clock would close every open bucket and age every alert
+                    await dead_letter(
+                        msg,
+                        f"ts: {ahead:,.0f} s ahead of this worker's clock "
+                        f"(RAGWATCH_MAX_CLOCK_SKEW={settings.max_clock_skew:g})",
+                    )
                     continue
                 k = key(env)
                 if k not in seen:
@@ -317,19 +328,32 @@ def register_processors(
     def record_key(env: Any) -> str:
         return str(env.key)
 
+    def record_ts(env: Any) -> float:
+        return float(env.ts)
+
+    def gpu_ts(env: dict[str, Any]) -> float:
+        return float(env["ts"])
+
+    def requests_ts(env: RequestsEnvelope) -> float:
+        return max((r.ts for r in env.records), default=env.ts)
+
     # GPU envelopes stay plain dicts (decode_gpu_wire validates them as strictly):
     # building ~90 frozen records per host envelope cost more than the analysis.
     app.agent(_topic(app, settings, "gpu"), name="ragwatch.gpu-processor")(
-        processor("gpu", decode_gpu_wire, operator.itemgetter("host"), pipes.gpu_wire)
+        processor("gpu", decode_gpu_wire, operator.itemgetter("host"), gpu_ts, pipes.gpu_wire)
     )
     app.agent(_topic(app, settings, "events"), name="ragwatch.events-processor")(
-        processor("events", partial(decode_as, EventEnvelope), record_key, pipes.event)
+        processor("events", partial(decode_as, EventEnvelope), record_key, record_ts, pipes.event)
     )
     app.agent(_topic(app, settings, "requests"), name="ragwatch.requests-processor")(
-        processor("requests", partial(decode_as, RequestsEnvelope), record_key, pipes.request)
+        processor(
+            "requests", partial(decode_as, RequestsEnvelope), record_key, requests_ts, pipes.request
+        )
     )
     app.agent(_topic(app, settings, "metrics"), name="ragwatch.metrics-processor")(
-        processor("metrics", partial(decode_as, MetricsEnvelope), record_key, pipes.metric)
+        processor(
+            "metrics", partial(decode_as, MetricsEnvelope), record_key, record_ts, pipes.metric
+        )
     )
 
     # Snapshots (~1.4 KB and ~20 us of pickling per GPU series) of a changed host or service

@@ -13,7 +13,8 @@ A series not seen for ``stale_s`` of event time (the process exited, the GPU van
 is forgotten and its active alerts resolve. A host that goes silent altogether is swept
 the same way once the pipeline's event-time high-water mark is ``12 * stale_s`` past its
 last sample (the margin tolerates partitions that are consumed at different paces).
-Samples of new series beyond ``max_series`` are dropped and counted.
+Samples of new series beyond ``max_series`` (in all), or ``max_series_per_host`` (one host
+whose processes churn through pids), are dropped and counted.
 
 >>> from ragwatch.agents.sim import FleetSimulator, SimConfig
 >>> from ragwatch.streams.rules import load_rules
@@ -148,6 +149,7 @@ class PipelineStats:
     envelopes: int = 0
     samples: int = 0
     dropped_samples: int = 0  # samples of series that did not fit under max_series
+    dropped_host_cap: int = 0  # ... or under max_series_per_host (one host's pid churn)
     evicted_series: int = 0
     duplicates: int = 0  # samples not newer than their series' last one (a replay, a retry)
 
@@ -170,6 +172,7 @@ class GpuPipeline:
         *,
         detector_factory: Callable[[], LeakDetector] = _leak,
         max_series: int = 100_000,
+        max_series_per_host: int = 4096,
         stale_s: float = 300.0,
         every_sample: bool = False,
     ) -> None:
@@ -187,6 +190,7 @@ class GpuPipeline:
         self.engine = engine or AlertEngine()
         self._factory = detector_factory
         self.max_series = max_series
+        self.max_series_per_host = max_series_per_host
         self.stale_s = stale_s
         self.series: dict[SeriesKey, Series] = {}
         self._by_host: dict[str, set[SeriesKey]] = {}
@@ -348,6 +352,21 @@ class GpuPipeline:
                     key[0],
                     key[1],
                     self.stats.dropped_samples,
+                )
+            return None
+        if len(self._by_host.get(key[0], ())) >= self.max_series_per_host:
+            self.stats.dropped_host_cap += 1
+            if (
+                self.stats.dropped_host_cap in (1, 10, 100)
+                or self.stats.dropped_host_cap % 10_000 == 0
+            ):
+                log.warning(
+                    "host %s has %d series (max_series_per_host): dropped new series gpu=%d "
+                    "(dropped so far: %d)",
+                    key[0],
+                    self.max_series_per_host,
+                    key[1],
+                    self.stats.dropped_host_cap,
                 )
             return None
         labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu["uuid"], "mig": key[2]}

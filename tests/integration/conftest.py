@@ -72,6 +72,9 @@ def rw_env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
         "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
         "RAGWATCH_TOPIC_PARTITIONS": "2",
         "RAGWATCH_SNAPSHOT_INTERVAL": "1",  # the restart tests wait for snapshots
+        # simulated 2026 telemetry must not depend on the wall clock (test_hostile_input
+        # sets a small skew)
+        "RAGWATCH_MAX_CLOCK_SKEW": str(10 * 365 * 86400),
         "RAGWATCH_STATE_DIR": str(tmp_path / "state"),
     }
 

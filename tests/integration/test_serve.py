@@ -277,6 +277,14 @@ def test_metrics_parse_and_agree_with_status(served: Served) -> None:
         assert metrics[name] and all(s.value > 0 for s in metrics[name]), name
     assert metrics["ragwatch_notifier_outbox_pending"][0].value == 2
     assert metrics["ragwatch_notifier_dead_letters"][0].value == 1
+    # worker counters are Prometheus counters: family without _total, samples with it
+    (msgs,) = metrics["ragwatch_worker_messages"]
+    assert (msgs.name, msgs.labels, msgs.value) == (
+        "ragwatch_worker_messages_total",
+        {"worker": "worker-1"},
+        1234,
+    )
+    assert metrics["ragwatch_worker_deadletter_messages"][0].value == 0
 
 
 def test_openapi_document_is_served(served: Served) -> None:

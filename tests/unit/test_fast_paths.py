@@ -230,3 +230,22 @@ def test_request_records_decode_alike_on_the_fast_and_the_checked_path(d: dict[s
     except SchemaError as exc:
         fast = exc.reason
     assert fast == checked
+
+
+def test_a_host_cannot_take_more_than_its_share_of_series() -> None:
+    pipe = GpuPipeline(load_rules(), AlertEngine(), max_series_per_host=5)
+    procs = [{"pid": 100 + i, "name": "w", "gpu_mem": 1} for i in range(10)]
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "H200", "fb_used": 10, "fb_total": 100}
+    for host in ("churny", "calm"):
+        n = 10 if host == "churny" else 2
+        env = {
+            "v": 1,
+            "kind": "gpu",
+            "host": host,
+            "ts": 1.0,
+            "gpus": [{**gpu, "procs": procs[:n]}],
+        }
+        pipe.process_wire(env)
+    assert len(pipe.host_series("churny")) == 5  # the GPU and its first 4 processes
+    assert pipe.stats.dropped_host_cap == 6
+    assert len(pipe.host_series("calm")) == 3  # another host is not affected

@@ -1032,8 +1032,11 @@ def test_alert_labels_are_copied_not_shared() -> None:
 
 # ---------------------------------------------------------------- properties
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
-_NAME = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
+# names become labels: printable only (control characters are refused, tested below)
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20).filter(str.isprintable)
+_NAME = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20).filter(
+    str.isprintable
+)
 _U64 = st.integers(min_value=0, max_value=2**63 - 1)
 _FLOAT = st.floats(allow_nan=False, allow_infinity=False)
 _NONNEG = st.floats(min_value=0.0, allow_nan=False, allow_infinity=False)
@@ -1292,3 +1295,31 @@ def test_bug_nested_non_finite_event_attribute_is_rejected() -> None:
 def test_bug_event_attrs_cannot_override_the_envelope_header() -> None:
     with pytest.raises(SchemaError, match="would overwrite the envelope header"):
         EventEnvelope(host="h", ts=1.0, type="xid", attrs={"v": 2, "kind": "alert", "ts": -1})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("host", "gpu-node-01\nFIRING", "host: contains the control character U+000A"),
+        ("host", "h" * 257, "host: longer than 256 characters (257)"),
+        ("uuid", "GPU-\x1b[31m", "gpus[0].uuid: contains the control character U+001B"),
+        ("proc", "rag\u2028worker", "gpus[0].procs[0].name: contains the control character U+2028"),
+    ],
+)
+def test_names_that_become_labels_must_be_printable_and_short(
+    field: str, value: str, reason: str
+) -> None:
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "H200", "fb_used": 1, "fb_total": 2}
+    gpu["procs"] = [{"pid": 1, "name": "w", "gpu_mem": 1}]
+    env = {"v": 1, "kind": "gpu", "host": "h1", "ts": 1.0, "gpus": [gpu]}
+    if field == "host":
+        env["host"] = value
+    elif field == "uuid":
+        gpu["uuid"] = value
+    else:
+        gpu["procs"][0]["name"] = value
+    data = orjson.dumps(env)
+    for decode in (codec.decode, codec.decode_gpu_wire):
+        with pytest.raises(SchemaError) as err:
+            decode(data)
+        assert err.value.reason == reason
