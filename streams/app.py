@@ -97,7 +97,12 @@ class Delivery(mode.Service):
         self.settings = settings
         self.worker_id = worker_id
         self.counters = WorkerCounters()
-        self.redis = aioredis.from_url(settings.redis_url)
+        # timeouts: a hung Redis must not stall the agents that await it
+        self.redis = aioredis.from_url(
+            settings.redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=2.0
+        )
+        self.redis_down_since: float | None = None
+        self._resolved_while_down: set[str] = set()
         self.store = RedisState(self.redis, settings.redis_prefix)
         self.closed = False
 
@@ -123,6 +128,8 @@ class Delivery(mode.Service):
         try:
             await self.store.write_transition(t)
         except RedisError as exc:
+            if a.status == "resolved":
+                self._resolved_while_down.add(a.fingerprint)
             self._redis_failed("write alert", exc)
 
     async def _first_notification(self, a: Alert) -> bool:
@@ -194,14 +201,36 @@ class Delivery(mode.Service):
                     "watermark": pipes.watermark,
                 },
             )
+            if self.redis_down_since is not None:
+                await self._recovered(pipes)
         except RedisError as exc:
             self._redis_failed("write status", exc)
 
     def _redis_failed(self, what: str, exc: Exception) -> None:
         self.counters.redis_errors += 1
+        if self.redis_down_since is None:
+            self.redis_down_since = time.monotonic()
         log.warning(
             "redis %s failed (%s); errors so far: %d", what, exc, self.counters.redis_errors
         )
+
+    async def _recovered(self, pipes: Pipelines) -> None:
+        """Redis answers again: rewrite this worker's active alerts (a restarted Redis is
+        empty; one that was only unreachable missed the transitions in between)."""
+        assert self.redis_down_since is not None
+        active = pipes.engine.active
+        await self.store.rewrite_active(active, self._resolved_while_down - set(active))
+        log.warning(
+            "redis is back after %.0f s: rewrote %d active alert(s), removed %d resolved",
+            time.monotonic() - self.redis_down_since,
+            len(active),
+            len(self._resolved_while_down),
+        )
+        self.redis_down_since = None
+        self._resolved_while_down.clear()
+
+
+REDIS_TIMEOUT_S = 5.0
 
 
 def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
@@ -380,6 +409,10 @@ def register_processors(
         event_hosts, services = set(dirty["events"]), set(dirty["requests"])
         for d in dirty.values():
             d.clear()
+        if delivery.redis_down_since is not None:
+            # until a write succeeds, write everything: a restarted Redis is empty
+            hosts |= known["host"]
+            services |= known["service"]
         snap_due.update(("host", h) for h in hosts | event_hosts)
         snap_due.update(("service", s) for s in services)
         await delivery.write_status(pipes, hosts, services)

@@ -142,7 +142,9 @@ class Notifier:
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import AIOKafkaConsumer
 
-        self._redis = aioredis.from_url(self.settings.redis_url)
+        self._redis = aioredis.from_url(
+            self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0
+        )
         self.outbox = Outbox(self._redis, self.keys, max_attempts=self.config.max_attempts)
         session = aiohttp.ClientSession()
         for name, spec in self.config.receivers.items():

@@ -10,6 +10,11 @@ minutes, or the receiver's ``Retry-After`` if longer); after ``max_attempts`` (o
 permanent failure) the notification moves to ``P:outbox:dead`` (newest first, capped),
 where status shows it.
 
+While Redis is unreachable the outbox degrades to memory (with a warning, counted in
+``memory_fallbacks``): new notifications, retries and delivery marks are kept in this
+process, sent from there, and written to Redis as soon as it answers again. What is only
+in memory is lost if the notifier dies during the outage.
+
 The one gap is Redis' own: between a 2xx from the receiver and the ``sent`` mark, a
 crash makes the notifier send it again after the restart (at least once). PagerDuty
 dedups by ``dedup_key``; webhook receivers get the same ``X-Ragwatch-Key`` header (the
@@ -18,6 +23,7 @@ idempotency key) on both attempts.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -25,9 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
 from ragwatch.streams.notification import Notification
 from ragwatch.streams.state import Keys
+
+log = logging.getLogger(__name__)
 
 SENT_TTL_S = 7 * 86400
 DEAD_MAX = 1000
@@ -73,7 +82,7 @@ def backoff_s(attempts: int, rng: random.Random) -> float:
 
 
 class Outbox:
-    """Async outbox over a ``redis.asyncio`` client."""
+    """Async outbox over a ``redis.asyncio`` client, with a memory fallback."""
 
     def __init__(
         self,
@@ -88,25 +97,94 @@ class Outbox:
         self.max_attempts = max_attempts
         self._clock = clock
         self._rng = rng or random.Random()
+        # the memory fallback: entries and due times, delivered keys and dead records
+        # that Redis has not heard of yet
+        self._mem: dict[str, Entry] = {}
+        self._mem_due: dict[str, float] = {}
+        self._mem_sent: set[str] = set()
+        self._mem_dead: list[tuple[str, bytes]] = []
+        self.memory_fallbacks = 0
 
     def _sent(self, key: str) -> str:
         return f"{self.keys.outbox_sent}:{key}"
 
+    @property
+    def in_memory(self) -> int:
+        """Notifications (and marks) waiting for Redis to come back."""
+        return len(self._mem) + len(self._mem_sent) + len(self._mem_dead)
+
+    def _fallback(self, what: str, exc: Exception) -> None:
+        self.memory_fallbacks += 1
+        if self.memory_fallbacks in (1, 10, 100) or self.memory_fallbacks % 1000 == 0:
+            log.warning(
+                "outbox: Redis unreachable (%s: %s): %s kept in memory until it is back "
+                "(%d in memory, %d fallbacks so far)",
+                what,
+                exc,
+                what,
+                self.in_memory,
+                self.memory_fallbacks,
+            )
+
     async def put(self, n: Notification) -> bool:
         """Store and schedule ``n`` now; False if it is queued or was delivered already."""
-        if await self.client.exists(self._sent(n.key)):
+        if n.key in self._mem or n.key in self._mem_sent:
             return False
         entry = Entry(n, first_at=self._clock())
-        if not await self.client.hsetnx(self.keys.outbox_items, n.key, entry.to_json()):
-            return False
-        await self.client.zadd(self.keys.outbox_due, {n.key: self._clock()})
+        try:
+            await self._flush()
+            if await self.client.exists(self._sent(n.key)):
+                return False
+            if not await self.client.hsetnx(self.keys.outbox_items, n.key, entry.to_json()):
+                return False
+            await self.client.zadd(self.keys.outbox_due, {n.key: self._clock()})
+        except RedisError as exc:
+            self._mem[n.key] = entry
+            self._mem_due[n.key] = self._clock()
+            self._fallback("a new notification", exc)
         return True
 
+    async def _flush(self) -> None:
+        """Write what the memory fallback holds to Redis (raises RedisError if it can't)."""
+        if not self.in_memory:
+            return
+        async with self.client.pipeline(transaction=True) as p:
+            for key in self._mem_sent:
+                p.set(self._sent(key), b"1", ex=SENT_TTL_S)
+                p.hdel(self.keys.outbox_items, key)
+                p.zrem(self.keys.outbox_due, key)
+            for key, record in self._mem_dead:
+                p.lpush(self.keys.outbox_dead, record)
+                p.hdel(self.keys.outbox_items, key)
+                p.zrem(self.keys.outbox_due, key)
+            p.ltrim(self.keys.outbox_dead, 0, DEAD_MAX - 1)
+            for key, e in self._mem.items():
+                p.hset(self.keys.outbox_items, key, e.to_json())
+                p.zadd(self.keys.outbox_due, {key: self._mem_due[key]})
+            await p.execute()
+        n = self.in_memory
+        self._mem.clear()
+        self._mem_due.clear()
+        self._mem_sent.clear()
+        self._mem_dead.clear()
+        log.warning("outbox: Redis is back: wrote %d notification(s) and marks kept in memory", n)
+
     async def due(self, limit: int = 100) -> list[Entry]:
-        """Entries due now, oldest first."""
-        keys = await self.client.zrangebyscore(
-            self.keys.outbox_due, "-inf", self._clock(), start=0, num=limit
-        )
+        """Entries due now, oldest first (from memory too while Redis is unreachable)."""
+        now = self._clock()
+        try:
+            await self._flush()
+            keys = await self.client.zrangebyscore(
+                self.keys.outbox_due, "-inf", now, start=0, num=limit
+            )
+        except RedisError as exc:
+            if not self._mem:
+                raise
+            self._fallback("reading the outbox", exc)
+            keys = []
+        mem = sorted((t, k) for k, t in self._mem_due.items() if t <= now)
+        if mem:
+            return [self._mem[k] for _, k in mem[:limit]]
         if not keys:
             return []
         raw = await self.client.hmget(self.keys.outbox_items, keys)
@@ -120,11 +198,17 @@ class Outbox:
 
     async def delivered(self, e: Entry) -> None:
         key = e.notification.key
-        async with self.client.pipeline(transaction=True) as p:
-            p.set(self._sent(key), b"1", ex=SENT_TTL_S)
-            p.hdel(self.keys.outbox_items, key)
-            p.zrem(self.keys.outbox_due, key)
-            await p.execute()
+        self._mem.pop(key, None)
+        self._mem_due.pop(key, None)
+        try:
+            async with self.client.pipeline(transaction=True) as p:
+                p.set(self._sent(key), b"1", ex=SENT_TTL_S)
+                p.hdel(self.keys.outbox_items, key)
+                p.zrem(self.keys.outbox_due, key)
+                await p.execute()
+        except RedisError as exc:
+            self._mem_sent.add(key)  # not sent again from Redis's copy when it is back
+            self._fallback("a delivery mark", exc)
 
     async def retry(self, e: Entry, reason: str, after_s: float | None) -> bool:
         """Reschedule (True), or dead-letter after ``max_attempts`` (False)."""
@@ -135,10 +219,17 @@ class Outbox:
             return False
         wait = max(backoff_s(e.attempts, self._rng), after_s or 0.0)
         key = e.notification.key
-        async with self.client.pipeline(transaction=True) as p:
-            p.hset(self.keys.outbox_items, key, e.to_json())
-            p.zadd(self.keys.outbox_due, {key: self._clock() + wait})
-            await p.execute()
+        if key not in self._mem:
+            try:
+                async with self.client.pipeline(transaction=True) as p:
+                    p.hset(self.keys.outbox_items, key, e.to_json())
+                    p.zadd(self.keys.outbox_due, {key: self._clock() + wait})
+                    await p.execute()
+                return True
+            except RedisError as exc:
+                self._fallback("a retry", exc)
+        self._mem[key] = e
+        self._mem_due[key] = self._clock() + wait
         return True
 
     async def dead(self, e: Entry, reason: str) -> None:
@@ -151,12 +242,18 @@ class Outbox:
                 "dead_at": self._clock(),
             }
         )
-        async with self.client.pipeline(transaction=True) as p:
-            p.lpush(self.keys.outbox_dead, record)
-            p.ltrim(self.keys.outbox_dead, 0, DEAD_MAX - 1)
-            p.hdel(self.keys.outbox_items, key)
-            p.zrem(self.keys.outbox_due, key)
-            await p.execute()
+        self._mem.pop(key, None)
+        self._mem_due.pop(key, None)
+        try:
+            async with self.client.pipeline(transaction=True) as p:
+                p.lpush(self.keys.outbox_dead, record)
+                p.ltrim(self.keys.outbox_dead, 0, DEAD_MAX - 1)
+                p.hdel(self.keys.outbox_items, key)
+                p.zrem(self.keys.outbox_due, key)
+                await p.execute()
+        except RedisError as exc:
+            self._mem_dead.append((key, record))
+            self._fallback("a dead letter", exc)
 
     async def sizes(self) -> tuple[int, int]:
         """(pending, dead)"""

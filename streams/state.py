@@ -35,6 +35,7 @@ from Redis only.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -108,6 +109,17 @@ class RedisState:
                 pipe.hset(self.keys.active, t.alert.fingerprint, data)
             pipe.lpush(self.keys.history, data)
             pipe.ltrim(self.keys.history, 0, HISTORY_MAX - 1)
+            await pipe.execute()
+
+    async def rewrite_active(self, active: Mapping[str, Alert], resolved: Iterable[str]) -> None:
+        """Write every active alert of a worker again and drop the resolved ones (after
+        Redis was unreachable or restarted empty)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            gone = list(resolved)
+            if gone:
+                pipe.hdel(self.keys.active, *gone)
+            if active:
+                pipe.hset(self.keys.active, mapping={fp: encode(a) for fp, a in active.items()})
             await pipe.execute()
 
     async def write_hosts(self, snapshots: dict[str, dict[str, Any]]) -> None:
