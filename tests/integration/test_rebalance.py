@@ -1,0 +1,111 @@
+"""Two workers share the partitions; one is SIGKILLed: the other takes over its partitions
+(restoring their hosts from the snapshots) and keeps alerting; the killed one comes back
+and the partitions rebalance again. The leak pages exactly once throughout."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from ragwatch.agents.sim import SimConfig
+from ragwatch.config import Settings
+from ragwatch.receiver import WebhookReceiver
+from ragwatch.streams.state import Keys
+from tests.integration.conftest import wait_until
+from tests.integration.test_restart import MIN, START, leak_bodies, publish, telemetry
+
+
+def worker_id(proc: Any) -> str:
+    return f"{socket.gethostname()}-{proc.popen.pid}"
+
+
+def test_a_killed_worker_s_partitions_move_to_the_other_and_back_without_a_second_page(
+    rw_env: dict[str, str],
+    receiver: WebhookReceiver,
+    redis_client: redis.Redis,
+    start_ragwatch: Callable[..., Any],
+    make_settings: Callable[[dict[str, str]], Settings],
+) -> None:
+    env = {**rw_env, "RAGWATCH_WEBHOOK_URLS": receiver.url}
+    settings = make_settings(env)
+    keys = Keys(env["RAGWATCH_REDIS_PREFIX"])
+    # 6 hosts over 2 partitions: both workers get some; the leak is on gpu-node-01
+    ticks = telemetry(SimConfig(hosts=6, gpus=1, scenario="leak", start_ts=START), 90)
+
+    def per_worker() -> dict[str, int]:
+        return {
+            wid.decode(): int(orjson.loads(raw)["envelopes"])
+            for wid, raw in redis_client.hgetall(keys.workers).items()
+        }
+
+    def hosts_at(minute: float) -> bool:
+        """Every host's status has reached ``minute`` (whoever processed it)."""
+        rows = [orjson.loads(v) for v in redis_client.hvals(keys.hosts)]
+        done = [max((g["ts"] for g in r["gpus"]), default=0) >= START + minute * MIN for r in rows]
+        return len(done) == 6 and all(done)
+
+    notifier = start_ragwatch(["notify"], env)
+    a = start_ragwatch(["worker"], env)
+    b = start_ragwatch(["worker"], env)
+    try:
+        publish(settings, ticks, 0, 30)
+        wait_until(
+            lambda: hosts_at(29.8), 90, lambda: "both workers to catch up:\n" + a.output()[-2000:]
+        )
+        wait_until(
+            lambda: len([n for n in per_worker().values() if n > 0]) == 2,
+            30,
+            "both workers to own partitions",
+        )
+        before = per_worker()
+
+        # kill -9 one worker before the leak fires (pending at minute 36, firing at 41)
+        a.stop(signal.SIGKILL)
+        publish(settings, ticks, 30, 60)
+        wait_until(
+            lambda: hosts_at(59.8),
+            120,
+            lambda: "the survivor to take every host:\n" + b.output()[-3000:],
+        )
+        wait_until(lambda: leak_bodies(receiver, "firing"), 60, lambda: b.output()[-3000:])
+        # the survivor processed every new envelope, its own partition's and the killed one's
+        gained = per_worker()[worker_id(b)] - before[worker_id(b)]
+        assert gained >= 6 * 180  # 30 minutes of 6 hosts at 10 s
+
+        # the killed worker comes back: partitions rebalance, nobody pages again
+        c = start_ragwatch(["worker"], env)
+        try:
+            gpu_topic = settings.topic("gpu")
+            wait_until(
+                lambda: (
+                    "Setting newly assigned partitions" in c.output()
+                    and gpu_topic in c.output().rsplit("Setting newly assigned partitions", 1)[1]
+                ),
+                60,
+                lambda: (
+                    "the restarted worker to be assigned a gpu partition:\n" + c.output()[-3000:]
+                ),
+            )
+            publish(settings, ticks, 60, 90)
+            wait_until(
+                lambda: hosts_at(89.8), 120, lambda: "after the rebalance:\n" + c.output()[-3000:]
+            )
+            wait_until(
+                lambda: per_worker().get(worker_id(c), 0) > 0,
+                30,
+                "the restarted worker to take partitions",
+            )
+        finally:
+            c.stop()
+        (firing,) = leak_bodies(receiver, "firing")
+        assert firing["labels"]["host"] == "gpu-node-01"
+        active = [orjson.loads(v) for v in redis_client.hvals(keys.active)]
+        assert [(x["rule"], x["status"]) for x in active] == [("GpuMemoryLeak", "firing")]
+    finally:
+        b.stop()
+        notifier.stop()
