@@ -6,9 +6,12 @@ the consumer offset of the alert that produced it is committed only after that. 
 delivered notification is marked ``P:outbox:sent:KEY`` (kept 7 days) and removed, so the
 same notification written again (a replay after a restart) is not sent again. Failed
 attempts are rescheduled with exponential backoff and full jitter (1 s doubling up to 5
-minutes, or the receiver's ``Retry-After`` if longer); after ``max_attempts`` (or a
-permanent failure) the notification moves to ``P:outbox:dead`` (newest first, capped),
-where status shows it.
+minutes, or the receiver's ``Retry-After`` if longer); after ``max_attempts`` and at least
+``min_retry_s`` (15 minutes: a receiver down for a few minutes gets everything), or at
+once on a permanent failure, the notification moves to ``P:outbox:dead`` (newest first,
+capped), where status shows it. Notifications of one group (one receiver, one set of
+group labels) go out in the order they were queued: a resolution waits for the firing
+notification before it that is still backing off (``P:outbox:order:GROUP``).
 
 While Redis is unreachable the outbox degrades to memory (with a warning, counted in
 ``memory_fallbacks``): new notifications, retries and delivery marks are kept in this
@@ -42,6 +45,7 @@ SENT_TTL_S = 7 * 86400
 DEAD_MAX = 1000
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 300.0
+MIN_RETRY_S = 900.0
 
 
 @dataclass
@@ -90,23 +94,28 @@ class Outbox:
         keys: Keys,
         *,
         max_attempts: int = 10,
+        min_retry_s: float = MIN_RETRY_S,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
         self.client, self.keys = client, keys
         self.max_attempts = max_attempts
+        self.min_retry_s = min_retry_s
         self._clock = clock
         self._rng = rng or random.Random()
         # the memory fallback: entries and due times, delivered keys and dead records
         # that Redis has not heard of yet
         self._mem: dict[str, Entry] = {}
         self._mem_due: dict[str, float] = {}
-        self._mem_sent: set[str] = set()
-        self._mem_dead: list[tuple[str, bytes]] = []
+        self._mem_sent: dict[str, str] = {}  # key -> group key
+        self._mem_dead: list[tuple[str, str, bytes]] = []
         self.memory_fallbacks = 0
 
     def _sent(self, key: str) -> str:
         return f"{self.keys.outbox_sent}:{key}"
+
+    def _order(self, group_key: str) -> str:
+        return f"{self.keys.outbox_order}:{group_key}"
 
     @property
     def in_memory(self) -> int:
@@ -137,7 +146,10 @@ class Outbox:
                 return False
             if not await self.client.hsetnx(self.keys.outbox_items, n.key, entry.to_json()):
                 return False
-            await self.client.zadd(self.keys.outbox_due, {n.key: self._clock()})
+            async with self.client.pipeline(transaction=True) as p:
+                p.zadd(self.keys.outbox_due, {n.key: self._clock()})
+                p.zadd(self._order(n.group_key), {n.key: entry.first_at})
+                await p.execute()
         except RedisError as exc:
             self._mem[n.key] = entry
             self._mem_due[n.key] = self._clock()
@@ -149,18 +161,21 @@ class Outbox:
         if not self.in_memory:
             return
         async with self.client.pipeline(transaction=True) as p:
-            for key in self._mem_sent:
+            for key, group in self._mem_sent.items():
                 p.set(self._sent(key), b"1", ex=SENT_TTL_S)
                 p.hdel(self.keys.outbox_items, key)
                 p.zrem(self.keys.outbox_due, key)
-            for key, record in self._mem_dead:
+                p.zrem(self._order(group), key)
+            for key, group, record in self._mem_dead:
                 p.lpush(self.keys.outbox_dead, record)
                 p.hdel(self.keys.outbox_items, key)
                 p.zrem(self.keys.outbox_due, key)
+                p.zrem(self._order(group), key)
             p.ltrim(self.keys.outbox_dead, 0, DEAD_MAX - 1)
             for key, e in self._mem.items():
                 p.hset(self.keys.outbox_items, key, e.to_json())
                 p.zadd(self.keys.outbox_due, {key: self._mem_due[key]})
+                p.zadd(self._order(e.notification.group_key), {key: e.first_at})
             await p.execute()
         n = self.in_memory
         self._mem.clear()
@@ -182,18 +197,38 @@ class Outbox:
                 raise
             self._fallback("reading the outbox", exc)
             keys = []
-        mem = sorted((t, k) for k, t in self._mem_due.items() if t <= now)
-        if mem:
-            return [self._mem[k] for _, k in mem[:limit]]
+        if self._mem:
+            # in memory, per group only the oldest queued notification may go
+            heads: dict[str, Entry] = {}
+            for e in sorted(self._mem.values(), key=lambda e: e.first_at):
+                heads.setdefault(e.notification.group_key, e)
+            mem = sorted(
+                (self._mem_due[e.notification.key], e.notification.key)
+                for e in heads.values()
+                if self._mem_due[e.notification.key] <= now
+            )
+            if mem:
+                return [self._mem[k] for _, k in mem[:limit]]
         if not keys:
             return []
         raw = await self.client.hmget(self.keys.outbox_items, keys)
-        out = []
+        entries = []
         for k, v in zip(keys, raw, strict=True):
             if v is None:  # scheduled without an item: a leftover, drop it
                 await self.client.zrem(self.keys.outbox_due, k)
                 continue
-            out.append(Entry.from_json(v))
+            entries.append(Entry.from_json(v))
+        if not entries:
+            return []
+        async with self.client.pipeline(transaction=False) as p:
+            for e in entries:
+                p.zrange(self._order(e.notification.group_key), 0, 0)
+            heads_raw = await p.execute()
+        out = []
+        for e, head in zip(entries, heads_raw, strict=True):
+            # the oldest of its group (or queued before groups were ordered): it may go
+            if not head or head[0].decode() == e.notification.key:
+                out.append(e)
         return out
 
     async def delivered(self, e: Entry) -> None:
@@ -205,16 +240,18 @@ class Outbox:
                 p.set(self._sent(key), b"1", ex=SENT_TTL_S)
                 p.hdel(self.keys.outbox_items, key)
                 p.zrem(self.keys.outbox_due, key)
+                p.zrem(self._order(e.notification.group_key), key)
                 await p.execute()
         except RedisError as exc:
-            self._mem_sent.add(key)  # not sent again from Redis's copy when it is back
+            # not sent again from Redis's copy when it is back
+            self._mem_sent[key] = e.notification.group_key
             self._fallback("a delivery mark", exc)
 
     async def retry(self, e: Entry, reason: str, after_s: float | None) -> bool:
         """Reschedule (True), or dead-letter after ``max_attempts`` (False)."""
         e.attempts += 1
         e.last_error = reason
-        if e.attempts >= self.max_attempts:
+        if e.attempts >= self.max_attempts and self._clock() - e.first_at >= self.min_retry_s:
             await self.dead(e, f"gave up after {e.attempts} attempts: {reason}")
             return False
         wait = max(backoff_s(e.attempts, self._rng), after_s or 0.0)
@@ -250,9 +287,10 @@ class Outbox:
                 p.ltrim(self.keys.outbox_dead, 0, DEAD_MAX - 1)
                 p.hdel(self.keys.outbox_items, key)
                 p.zrem(self.keys.outbox_due, key)
+                p.zrem(self._order(e.notification.group_key), key)
                 await p.execute()
         except RedisError as exc:
-            self._mem_dead.append((key, record))
+            self._mem_dead.append((key, e.notification.group_key, record))
             self._fallback("a dead letter", exc)
 
     async def sizes(self) -> tuple[int, int]:

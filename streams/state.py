@@ -22,6 +22,8 @@ key                       type    content
 ``P:silences``            hash    silence id -> JSON silence (streams/silences.py)
 ``P:outbox:due``          zset    notification key -> wall time it is due (streams/outbox.py)
 ``P:outbox:items``        hash    notification key -> JSON {notification, attempts, ...}
+``P:outbox:order:G``      zset    the queued notifications of group G by first_at: only
+                                  the oldest is sent (in order per alert group)
 ``P:outbox:sent``         string  prefix: ``P:outbox:sent:KEY`` marks a delivered notification
 ``P:outbox:dead``         list    JSON of notifications that failed for good, newest first
 ``P:notifier``            hash    notifier counters (per receiver) and last-seen wall time
@@ -81,6 +83,7 @@ class Keys:
         self.silences = f"{prefix}:silences"
         self.outbox_due = f"{prefix}:outbox:due"
         self.outbox_items = f"{prefix}:outbox:items"
+        self.outbox_order = f"{prefix}:outbox:order"  # + ":" + group key: zset by first_at
         self.outbox_sent = f"{prefix}:outbox:sent"  # + ":" + notification key
         self.outbox_dead = f"{prefix}:outbox:dead"
         self.notifier = f"{prefix}:notifier"

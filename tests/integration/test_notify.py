@@ -184,3 +184,60 @@ def test_silence_mutes_until_expired_and_failures_retry_then_deliver(
         "h2",
     ]
     assert notifier.stop() == 0
+
+
+def test_a_receiver_down_gets_every_notification_once_and_in_order_when_it_is_back(
+    rw_env: dict[str, str],
+    tmp_path: Path,
+    start_ragwatch: Callable[..., Any],
+    make_settings: Callable[[dict[str, str]], Settings],
+    redis_client: redis.Redis,
+) -> None:
+    """max_attempts 2 would dead-letter within seconds; the 15-minute retry floor keeps
+    the notifications, and the resolution waits behind the firing one that backs off."""
+    with FakeServer(default=(503, {}, b"down")) as hook:
+        cfg = tmp_path / "notify.yaml"
+        cfg.write_text(
+            f"""
+max_attempts: 2
+receivers:
+  - {{name: hook, type: webhook, url: "{hook.url}"}}
+route:
+  receiver: hook
+  group_by: [alertname, host]
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 24h
+"""
+        )
+        env = {**rw_env, "RAGWATCH_NOTIFY_FILE": str(cfg)}
+        settings = make_settings(env)
+        notifier = start_ragwatch(["notify"], env)
+        firing = alert("GpuMemoryLeak", "firing", T0 + 600, host="h1", gpu="1", pid="4711")
+        publish(settings, firing)
+        wait_until(lambda: len(hook.received) >= 2, 60, notifier.output)  # 2 attempts, 503
+        resolved = alert("GpuMemoryLeak", "resolved", T0 + 7200, host="h1", gpu="1", pid="4711")
+        publish(settings, resolved)
+        time.sleep(8.0)  # down for a while: more attempts, nothing dead, nothing reordered
+        keys = Keys(env["RAGWATCH_REDIS_PREFIX"])
+        assert redis_client.llen(keys.outbox_dead) == 0
+        assert {r.json["status"] for r in hook.received} == {"firing"}  # the resolution waits
+
+        n_down = len(hook.received)
+        hook.default = (200, {}, b"ok")
+        wait_until(
+            lambda: [r.json["status"] for r in hook.received if r.json["status"] == "resolved"],
+            90,
+            notifier.output,
+        )
+        time.sleep(2.0)
+        statuses = [r.json["status"] for r in hook.received]
+        first_resolved = statuses.index("resolved")
+        assert set(statuses[:first_resolved]) == {"firing"}  # every firing attempt came first
+        assert statuses[first_resolved:] == ["resolved"]  # then the resolution, once
+        # once it is back: the firing notification (unless an attempt in flight at the
+        # switch got the 200) and the resolution, each once
+        assert statuses[n_down:] in (["firing", "resolved"], ["resolved"])
+        assert redis_client.llen(keys.outbox_dead) == 0
+        assert redis_client.zcard(keys.outbox_due) == 0
+        notifier.stop()
