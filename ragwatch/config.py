@@ -237,7 +237,7 @@ class Settings:
         "dead-lettered (event time would jump ahead)",
     )
     snapshot_interval: float = _setting(
-        60.0,
+        10.0,
         _positive_float,
         "seconds between two state snapshots of a changing host or service in Redis "
         "(what a restarted worker resumes from)",

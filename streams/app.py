@@ -170,7 +170,8 @@ class Delivery(mode.Service):
         except RedisError as exc:
             self._redis_failed("write series", exc)
 
-    async def write_snapshots(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None:
+    async def write_snapshots(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> bool:
+        """Whether they were written."""
         try:
             await self.store.write_snapshots("host", {h: dump_host(pipes, h) for h in hosts})
             await self.store.write_snapshots(
@@ -178,6 +179,8 @@ class Delivery(mode.Service):
             )
         except RedisError as exc:
             self._redis_failed("write snapshots", exc)
+            return False
+        return True
 
     async def write_status(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None:
         gpus, requests = pipes.gpus, pipes.requests
@@ -220,6 +223,7 @@ class Delivery(mode.Service):
         assert self.redis_down_since is not None
         active = pipes.engine.active
         await self.store.rewrite_active(active, self._resolved_while_down - set(active))
+        self.store.forget_index()
         log.warning(
             "redis is back after %.0f s: rewrote %d active alert(s), removed %d resolved",
             time.monotonic() - self.redis_down_since,
@@ -419,10 +423,9 @@ def register_processors(
         await delivery.write_series(recorder.collect(pipes, hosts, services))
         now = time.monotonic()
         batch = snapshots_due(now)
-        if batch:
-            await delivery.write_snapshots(
-                pipes, {k for d, k in batch if d == "host"}, {k for d, k in batch if d == "service"}
-            )
+        if batch and await delivery.write_snapshots(
+            pipes, {k for d, k in batch if d == "host"}, {k for d, k in batch if d == "service"}
+        ):
             for k in batch:
                 snap_at[k] = now
                 snap_due.discard(k)

@@ -282,6 +282,7 @@ class GpuPipeline:
         keys = sorted(series)[:room]
         for k in keys:
             series[k].watch = True  # the engine may restore its alerts next
+            series[k].keys.clear()  # alert labels come from the rules of this process
             self.series[k] = series[k]
         if keys:
             self._by_host[host] = set(keys)
@@ -393,13 +394,15 @@ class GpuPipeline:
         for rule in every:
             signals = signals or s.signals
             self._evaluate_rule(s, rule, signals, ts, out)
-        watch = False
+        watched, watch = s.watch, False
         for rule in on_estimate:
             fp = self._key(s, rule)[1]
-            if changed or engine.is_active(fp):
+            if changed or watched or engine.is_active(fp):
                 signals = signals or s.signals
                 self._evaluate_rule(s, rule, signals, ts, out)
-                watch = watch or engine.is_active(fp)
+                # active, or inactive with its expr holding (a `resolve` condition ended it
+                # while the expr still held): evaluated on the next sample too
+                watch = watch or engine.is_active(fp) or rule.holds(signals)
         s.watch = watch
 
     def _key(self, s: Series, rule: Rule) -> tuple[dict[str, str], str]:

@@ -224,11 +224,24 @@ class Outbox:
             for e in entries:
                 p.zrange(self._order(e.notification.group_key), 0, 0)
             heads_raw = await p.execute()
-        out = []
+        out, blocked = [], []
         for e, head in zip(entries, heads_raw, strict=True):
             # the oldest of its group (or queued before groups were ordered): it may go
             if not head or head[0].decode() == e.notification.key:
                 out.append(e)
+            else:
+                blocked.append((e.notification.key, head[0]))
+        if blocked:
+            # not before its head: off the due window until then, so entries waiting behind
+            # heads that back off cannot fill it and starve every other group
+            async with self.client.pipeline(transaction=False) as p:
+                for _, head_key in blocked:
+                    p.zscore(self.keys.outbox_due, head_key)
+                scores = await p.execute()
+            async with self.client.pipeline(transaction=False) as p:
+                for (key, _), score in zip(blocked, scores, strict=True):
+                    p.zadd(self.keys.outbox_due, {key: max(now + 1.0, score or 0.0)}, xx=True)
+                await p.execute()
         return out
 
     async def delivered(self, e: Entry) -> None:

@@ -1,7 +1,8 @@
 """Snapshots of a worker's state per host and per service, so a restart resumes, not relearns.
 
-A worker keeps every detector, bucket and alert timer in memory. Every second it writes,
-for each host and service whose state changed, a snapshot to Redis (see
+A worker keeps every detector, bucket and alert timer in memory. It writes, for each host
+and service whose state changed, a snapshot to Redis at most every
+``RAGWATCH_SNAPSHOT_INTERVAL`` seconds (10, spread over the interval; see
 :mod:`ragwatch.streams.state`); when it meets a host or service it does not know (after a
 restart, or when a rebalance hands it a partition another worker had) it loads that
 snapshot before processing the message:

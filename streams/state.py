@@ -114,6 +114,10 @@ class RedisState:
             pipe.ltrim(self.keys.history, 0, HISTORY_MAX - 1)
             await pipe.execute()
 
+    def forget_index(self) -> None:
+        """Index every chart series again on its next point (Redis may have restarted)."""
+        self._indexed.clear()
+
     async def rewrite_active(self, active: Mapping[str, Alert], resolved: Iterable[str]) -> None:
         """Write every active alert of a worker again and drop the resolved ones (after
         Redis was unreachable or restarted empty)."""

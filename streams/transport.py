@@ -11,10 +11,13 @@ before the consumer starts.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
+
+log = logging.getLogger(__name__)
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -22,7 +25,12 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         wait_ms = getattr(self.app, "fetch_max_wait_ms", None)
         if wait_ms is not None:
-            # read by AIOKafkaConsumer.start() when it builds its Fetcher
+            # read by AIOKafkaConsumer.start() when it builds its Fetcher (aiokafka 0.14)
+            if not hasattr(consumer, "_fetch_max_wait_ms"):
+                log.warning(
+                    "this aiokafka has no _fetch_max_wait_ms: RAGWATCH_KAFKA_FETCH_MAX_WAIT_MS "
+                    "is not applied (fetches wait up to Faust's 1500 ms)"
+                )
             consumer._fetch_max_wait_ms = int(wait_ms)
         return consumer
 

@@ -181,7 +181,16 @@ def test_gated_evaluation_gives_the_transitions_of_evaluating_every_sample(
     }
     # reads a per-sample signal on process series: evaluated on every sample
     big = {"name": "Big", "series": "process", "expr": "gpu_mem_bytes > 20GB", "for": "1m"}
-    rules = [*load_rules(), parse_rule(grows), parse_rule(big)]
+    # its resolve condition holds while its expr still holds: resolved, then pending again
+    # on the next sample, not the next bucket
+    flaps = {
+        "name": "Flaps",
+        "series": "process",
+        "expr": "gb_per_hour > 0.3",
+        "resolve": "recent_steadiness < 2",
+        "keep_firing_for": "1m",
+    }
+    rules = [*load_rules(), parse_rule(grows), parse_rule(big), parse_rule(flaps)]
     fast = _transitions(GpuPipeline(rules, AlertEngine()), scenario, hours)
     reference = _transitions(GpuPipeline(rules, AlertEngine(), every_sample=True), scenario, hours)
     assert fast == reference

@@ -1,0 +1,67 @@
+"""The notifier's outbox on a real Redis: notifications queued behind a group head that
+backs off must not fill the due window and starve every other group."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from ragwatch.schema import Alert
+from ragwatch.streams.notification import Notification
+from ragwatch.streams.outbox import Outbox
+from ragwatch.streams.state import Keys
+
+
+def _alert(host: str, status: str) -> Alert:
+    return Alert(
+        rule="GpuMemoryLeak",
+        severity="critical",
+        status=status,  # type: ignore[arg-type]
+        labels={"alertname": "GpuMemoryLeak", "host": host},
+        annotations={},
+        value=1.0,
+        expected=None,
+        starts_at=0.0,
+        ends_at=60.0 if status == "resolved" else None,
+        fingerprint=f"fp-{host}",
+        at=0.0,
+    )
+
+
+async def test_entries_behind_backing_off_heads_do_not_starve_the_due_window(
+    rw_env: dict[str, str],
+) -> None:
+    client = aioredis.from_url(rw_env["RAGWATCH_REDIS_URL"])
+    now = [1000.0]
+    outbox = Outbox(client, Keys(rw_env["RAGWATCH_REDIS_PREFIX"]), clock=lambda: now[0])
+    groups = 120  # more than due()'s window of 100
+    try:
+        for g in range(groups):
+            assert await outbox.put(
+                Notification.of("hook", {"host": f"h{g}"}, [_alert(f"h{g}", "firing")])
+            )
+        heads = []
+        while len(heads) < groups:
+            batch = await outbox.due()
+            assert batch
+            for e in batch:
+                await outbox.retry(e, "503", 60.0)  # the receiver is down: back off a minute
+            heads += batch
+        now[0] += 1
+        for g in range(groups):
+            n = Notification.of("hook", {"host": f"h{g}"}, [_alert(f"h{g}", "resolved")])
+            assert await outbox.put(n)
+        now[0] += 1
+        assert await outbox.due() == []  # every resolution waits behind its firing head
+        now[0] += 60
+        sent = []  # (group, status) in the order they went out
+        for _ in range(5):  # the notifier asks every tick; a second apart here
+            while batch := await outbox.due():
+                for e in batch:
+                    sent.append((e.notification.group_key, e.notification.status))
+                    await outbox.delivered(e)
+            now[0] += 1
+        assert len(sent) == 2 * groups
+        for g in {k for k, _ in sent}:
+            assert [st for k, st in sent if k == g] == ["firing", "resolved"]
+    finally:
+        await client.aclose()
