@@ -26,7 +26,6 @@ from typing import Any
 
 import faust
 import mode
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ragwatch.codec import decode_as, decode_gpu_wire, encode
@@ -53,7 +52,7 @@ from ragwatch.streams.snapshot import (
     load_host,
     load_service,
 )
-from ragwatch.streams.state import RedisState
+from ragwatch.streams.state import RedisState, async_client
 from ragwatch.streams.transport import RagwatchApp
 
 log = logging.getLogger(__name__)
@@ -97,10 +96,7 @@ class Delivery(mode.Service):
         self.settings = settings
         self.worker_id = worker_id
         self.counters = WorkerCounters()
-        # timeouts: a hung Redis must not stall the agents that await it
-        self.redis = aioredis.from_url(
-            settings.redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=2.0
-        )
+        self.redis = async_client(settings.redis_url)
         self.redis_down_since: float | None = None
         self._resolved_while_down: set[str] = set()
         self.store = RedisState(self.redis, settings.redis_prefix)
@@ -232,9 +228,6 @@ class Delivery(mode.Service):
         )
         self.redis_down_since = None
         self._resolved_while_down.clear()
-
-
-REDIS_TIMEOUT_S = 5.0
 
 
 def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:

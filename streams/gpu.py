@@ -58,6 +58,11 @@ def _top(gpus: list[dict[str, Any]], field: str, k: int) -> list[dict[str, Any]]
     return [{"index": g["index"], "mig": g["mig"], "value": g.get(field)} for g in ranked[:k]]
 
 
+def _worth_logging(dropped: int) -> bool:
+    """Log a repeated drop the 1st, 10th and 100th time, then every 10,000th."""
+    return dropped in (1, 10, 100) or dropped % 10_000 == 0
+
+
 def _leak() -> LeakDetector:
     det = make("leak")
     assert isinstance(det, LeakDetector)
@@ -343,10 +348,7 @@ class GpuPipeline:
     ) -> Series | None:
         if len(self.series) >= self.max_series:
             self.stats.dropped_samples += 1
-            if (
-                self.stats.dropped_samples in (1, 10, 100)
-                or self.stats.dropped_samples % 10_000 == 0
-            ):
+            if _worth_logging(self.stats.dropped_samples):
                 log.warning(
                     "series cap %d reached: dropped new series host=%s gpu=%d (dropped so far: %d)",
                     self.max_series,
@@ -357,10 +359,7 @@ class GpuPipeline:
             return None
         if len(self._by_host.get(key[0], ())) >= self.max_series_per_host:
             self.stats.dropped_host_cap += 1
-            if (
-                self.stats.dropped_host_cap in (1, 10, 100)
-                or self.stats.dropped_host_cap % 10_000 == 0
-            ):
+            if _worth_logging(self.stats.dropped_host_cap):
                 log.warning(
                     "host %s has %d series (max_series_per_host): dropped new series gpu=%d "
                     "(dropped so far: %d)",

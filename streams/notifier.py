@@ -29,7 +29,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ragwatch.codec import decode_as
@@ -41,7 +40,7 @@ from ragwatch.streams.notification import Delivered, Failed, Retry, Sender
 from ragwatch.streams.outbox import Entry, Outbox
 from ragwatch.streams.routing import NotifyConfig
 from ragwatch.streams.silences import Silence, decode_all
-from ragwatch.streams.state import Keys
+from ragwatch.streams.state import Keys, async_client
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +141,7 @@ class Notifier:
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import AIOKafkaConsumer
 
-        self._redis = aioredis.from_url(
-            self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0
-        )
+        self._redis = async_client(self.settings.redis_url)
         self.outbox = Outbox(self._redis, self.keys, max_attempts=self.config.max_attempts)
         session = aiohttp.ClientSession()
         for name, spec in self.config.receivers.items():

@@ -117,6 +117,13 @@ class Outbox:
     def _order(self, group_key: str) -> str:
         return f"{self.keys.outbox_order}:{group_key}"
 
+    def _remove(self, pipe: Any, key: str, group_key: str) -> None:
+        """Queue, on ``pipe``, the removal of a notification from the outbox's item hash,
+        due schedule and its group's order."""
+        pipe.hdel(self.keys.outbox_items, key)
+        pipe.zrem(self.keys.outbox_due, key)
+        pipe.zrem(self._order(group_key), key)
+
     @property
     def in_memory(self) -> int:
         """Notifications (and marks) waiting for Redis to come back."""
@@ -163,14 +170,10 @@ class Outbox:
         async with self.client.pipeline(transaction=True) as p:
             for key, group in self._mem_sent.items():
                 p.set(self._sent(key), b"1", ex=SENT_TTL_S)
-                p.hdel(self.keys.outbox_items, key)
-                p.zrem(self.keys.outbox_due, key)
-                p.zrem(self._order(group), key)
+                self._remove(p, key, group)
             for key, group, record in self._mem_dead:
                 p.lpush(self.keys.outbox_dead, record)
-                p.hdel(self.keys.outbox_items, key)
-                p.zrem(self.keys.outbox_due, key)
-                p.zrem(self._order(group), key)
+                self._remove(p, key, group)
             p.ltrim(self.keys.outbox_dead, 0, DEAD_MAX - 1)
             for key, e in self._mem.items():
                 p.hset(self.keys.outbox_items, key, e.to_json())
@@ -251,9 +254,7 @@ class Outbox:
         try:
             async with self.client.pipeline(transaction=True) as p:
                 p.set(self._sent(key), b"1", ex=SENT_TTL_S)
-                p.hdel(self.keys.outbox_items, key)
-                p.zrem(self.keys.outbox_due, key)
-                p.zrem(self._order(e.notification.group_key), key)
+                self._remove(p, key, e.notification.group_key)
                 await p.execute()
         except RedisError as exc:
             # not sent again from Redis's copy when it is back
@@ -298,9 +299,7 @@ class Outbox:
             async with self.client.pipeline(transaction=True) as p:
                 p.lpush(self.keys.outbox_dead, record)
                 p.ltrim(self.keys.outbox_dead, 0, DEAD_MAX - 1)
-                p.hdel(self.keys.outbox_items, key)
-                p.zrem(self.keys.outbox_due, key)
-                p.zrem(self._order(e.notification.group_key), key)
+                self._remove(p, key, e.notification.group_key)
                 await p.execute()
         except RedisError as exc:
             self._mem_dead.append((key, e.notification.group_key, record))

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
+import redis.asyncio as aioredis
 
 from ragwatch.codec import encode, from_dict
 from ragwatch.schema import Alert
@@ -87,6 +88,12 @@ class Keys:
         self.outbox_sent = f"{prefix}:outbox:sent"  # + ":" + notification key
         self.outbox_dead = f"{prefix}:outbox:dead"
         self.notifier = f"{prefix}:notifier"
+
+
+def async_client(url: str) -> Any:
+    """The ``redis.asyncio`` client of the worker and the notifier, with timeouts: a hung
+    Redis must not stall the coroutines that await it (status.blocking_redis is the CLI's)."""
+    return aioredis.from_url(url, socket_timeout=5.0, socket_connect_timeout=2.0)
 
 
 class RedisState:

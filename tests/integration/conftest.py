@@ -63,6 +63,11 @@ def run_ragwatch(
 @pytest.fixture
 def rw_env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
     """RAGWATCH_* variables for one test: the session stack, fresh topics/group/keys."""
+    return stack_env(stack, tmp_path)
+
+
+def stack_env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
+    """RAGWATCH_* variables pointing at ``stack``, with fresh topics, group and keys."""
     run = uuid.uuid4().hex[:8]
     return {
         **stack.env(),

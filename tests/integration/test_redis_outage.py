@@ -7,7 +7,6 @@ back the active alert and the delivery mark are written again; nothing is paged 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.streams.state import Keys
-from tests.integration.conftest import run_ragwatch, wait_until
+from tests.integration.conftest import run_ragwatch, stack_env, wait_until
 from tests.integration.test_restart import START, leak_bodies, publish, telemetry
 
 OUTAGE_S = 30.0
@@ -42,19 +41,7 @@ def test_redis_down_30s_alerts_still_page_once_and_state_is_rewritten(
     start_ragwatch: Callable[..., Any],
     make_settings: Callable[[dict[str, str]], Settings],
 ) -> None:
-    run = uuid.uuid4().hex[:8]
-    env = {
-        **own_stack.env(),
-        "RAGWATCH_TOPIC_PREFIX": f"o{run}.",
-        "RAGWATCH_APP_ID": f"ragwatch-outage-{run}",
-        "RAGWATCH_REDIS_PREFIX": f"o-{run}",
-        "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
-        "RAGWATCH_TOPIC_PARTITIONS": "2",
-        "RAGWATCH_SNAPSHOT_INTERVAL": "1",
-        "RAGWATCH_MAX_CLOCK_SKEW": str(10 * 365 * 86400),
-        "RAGWATCH_STATE_DIR": str(tmp_path / "state"),
-        "RAGWATCH_WEBHOOK_URLS": receiver.url,
-    }
+    env = {**stack_env(own_stack, tmp_path), "RAGWATCH_WEBHOOK_URLS": receiver.url}
     settings = make_settings(env)
     keys = Keys(env["RAGWATCH_REDIS_PREFIX"])
     client = redis.Redis.from_url(env["RAGWATCH_REDIS_URL"], socket_timeout=5)
