@@ -36,6 +36,13 @@ def _duration(v: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive_int(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def add_parser(sub: Any) -> None:
     a = sub.add_parser("agent", help="sample telemetry and publish it to Kafka")
     a.add_argument(
@@ -65,7 +72,13 @@ def add_parser(sub: Any) -> None:
         help="keep what the broker cannot take on disk, and send it later",
     )
     a.add_argument("--spool-max", type=int, default=256 << 20, help="spool size cap, bytes")
-    a.add_argument("--queue-max", type=int, default=100_000, help="records kept in memory")
+    a.add_argument(
+        "--queue-max",
+        type=_positive_int,
+        default=100_000,
+        help="records kept in memory while the broker is slow or away (beyond them: the "
+        "spool, or dropped without one); also caps the records in flight to the broker",
+    )
     sim = a.add_argument_group("sim")
     sim.add_argument(
         "--scenario",
@@ -258,7 +271,12 @@ def _publisher(args: argparse.Namespace, settings: Settings) -> Any:
     from ragwatch.agents.spool import Spool
 
     spool = None if args.spool_dir is None else Spool(args.spool_dir, max_bytes=args.spool_max)
-    return KafkaPublisher(settings.kafka_config(), queue_max=args.queue_max, spool=spool)
+    return KafkaPublisher(
+        settings.kafka_config(),
+        queue_max=args.queue_max,
+        max_in_flight=min(10_000, args.queue_max),
+        spool=spool,
+    )
 
 
 def _print(envelopes: list[Envelope]) -> None:

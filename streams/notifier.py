@@ -77,23 +77,39 @@ class NotifierCounters:
     send_errors: int = 0  # unexpected errors in the delivery loop (logged with a traceback)
 
 
-def make_sender(name: str, spec: Mapping[str, Any], session: aiohttp.ClientSession) -> Sender:
-    """The sender for one receiver of the notify config."""
+def sender_config(name: str, spec: Mapping[str, Any]) -> Any:
+    """The checked config of one receiver of the notify config (a ConfigError names the
+    bad field); nothing connects, so ``ragwatch notify`` checks every receiver first."""
     kind = spec.get("type")
     body = {k: v for k, v in spec.items() if k not in ("name", "type")}
     if kind == "webhook":
-        from ragwatch.streams.webhook import WebhookConfig, WebhookSender
+        from ragwatch.streams.webhook import WebhookConfig
 
-        return WebhookSender(WebhookConfig.from_mapping(name, body), session)
+        return WebhookConfig.from_mapping(name, body)
     if kind == "slack":
-        from ragwatch.streams.slack import SlackConfig, SlackSender
+        from ragwatch.streams.slack import SlackConfig
 
-        return SlackSender(SlackConfig.from_mapping(name, body), session)
+        return SlackConfig.from_mapping(name, body)
     if kind == "pagerduty":
-        from ragwatch.streams.pagerduty import PagerDutyConfig, PagerDutySender
+        from ragwatch.streams.pagerduty import PagerDutyConfig
 
-        return PagerDutySender(PagerDutyConfig.from_mapping(name, body), session)
+        return PagerDutyConfig.from_mapping(name, body)
     raise ConfigError(f"receiver {name}: unknown type {kind!r}")
+
+
+def make_sender(name: str, spec: Mapping[str, Any], session: aiohttp.ClientSession) -> Sender:
+    """The sender for one receiver of the notify config."""
+    from ragwatch.streams.pagerduty import PagerDutyConfig, PagerDutySender
+    from ragwatch.streams.slack import SlackConfig, SlackSender
+    from ragwatch.streams.webhook import WebhookConfig, WebhookSender
+
+    config = sender_config(name, spec)
+    if isinstance(config, WebhookConfig):
+        return WebhookSender(config, session)
+    if isinstance(config, SlackConfig):
+        return SlackSender(config, session)
+    assert isinstance(config, PagerDutyConfig)
+    return PagerDutySender(config, session)
 
 
 def consumer_kwargs(settings: Settings) -> dict[str, Any]:
@@ -116,7 +132,11 @@ def consumer_kwargs(settings: Settings) -> dict[str, Any]:
 
 
 class Notifier:
-    """The notify loop; ``run`` until ``stop`` is set."""
+    """The notify loop; ``run`` until ``stop`` is set.
+
+    ``clock`` (wall time, epoch seconds) schedules the outbox's retries and its retry
+    floor; a test can run it faster than the wall clock to hold a receiver down for minutes.
+    """
 
     def __init__(
         self,
@@ -124,8 +144,10 @@ class Notifier:
         config: NotifyConfig,
         *,
         senders: Mapping[str, Sender] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings, self.config = settings, config
+        self._wall = clock
         self.keys = Keys(settings.redis_prefix)
         self.counters = NotifierCounters()
         self.grouper = Grouper(config, external_url=settings.external_url)
@@ -141,12 +163,18 @@ class Notifier:
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import AIOKafkaConsumer
 
-        self._redis = async_client(self.settings.redis_url)
-        self.outbox = Outbox(self._redis, self.keys, max_attempts=self.config.max_attempts)
         session = aiohttp.ClientSession()
-        for name, spec in self.config.receivers.items():
-            if name not in self._senders:
-                self._senders[name] = make_sender(name, spec, session)
+        try:
+            for name, spec in self.config.receivers.items():
+                if name not in self._senders:
+                    self._senders[name] = make_sender(name, spec, session)
+        except BaseException:
+            await session.close()
+            raise
+        self._redis = async_client(self.settings.redis_url)
+        self.outbox = Outbox(
+            self._redis, self.keys, max_attempts=self.config.max_attempts, clock=self._wall
+        )
         await self._restore()
         consumer = AIOKafkaConsumer(
             self.settings.topic("alerts"),

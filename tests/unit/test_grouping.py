@@ -252,3 +252,23 @@ def test_without_a_notify_file_the_webhook_settings_make_the_receivers(tmp_path:
         {"RAGWATCH_NOTIFY_FILE": str(f), "RAGWATCH_WEBHOOK_URLS": "http://a/1"}
     )
     assert list(notify_config(with_file, {}).receivers) == ["w"]
+
+
+def test_ragwatch_notify_refuses_a_bad_receiver_before_it_connects(tmp_path: Path) -> None:
+    """Port 1 refuses connections: had the notifier connected first, the error would be
+    about Kafka, after seconds of retries."""
+    from ragwatch.config import Settings
+    from ragwatch.notify_command import run_notifier
+
+    f = tmp_path / "notify.yaml"
+    f.write_text(
+        "receivers: [{name: w, type: webhook, url: 'http://x/h', timeout: 2s}]\n"
+        "route: {receiver: w}\n"
+    )
+    env = {
+        "RAGWATCH_NOTIFY_FILE": str(f),
+        "RAGWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        "RAGWATCH_REDIS_URL": "redis://127.0.0.1:1/0",
+    }
+    with pytest.raises(ConfigError, match=r"receiver w: unknown field\(s\) timeout"):
+        run_notifier(Settings.from_env(env), env)

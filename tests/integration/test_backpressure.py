@@ -1,0 +1,122 @@
+"""Backpressure: telemetry at a steady rate, then a burst at 10 times that rate, then steady
+again. The worker falls behind during the burst (its lag grows), catches up afterwards (the
+lag drains to zero) and its memory stays bounded: what it has not read waits in Kafka, not in
+the worker (Faust's stream buffer and the fetcher's byte limits cap what is held)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+from confluent_kafka import Producer
+
+from ragwatch.agents.sim import FleetSimulator, SimConfig
+from ragwatch.codec import encode
+from ragwatch.config import Settings
+from ragwatch.streams.state import Keys
+from tests.integration.conftest import wait_until
+from tests.integration.test_restart import START
+
+HOSTS, GPUS = 100, 8
+NORMAL = 4  # simulated ticks (HOSTS envelopes each) per second
+BURST = 10 * NORMAL
+PHASES = ((NORMAL, 5.0), (BURST, 5.0), (NORMAL, 6.0))  # (ticks/s, seconds)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_a_10x_burst_makes_lag_grow_then_drain_with_bounded_memory(
+    rw_env: dict[str, str],
+    redis_client: redis.Redis,
+    start_ragwatch: Callable[..., Any],
+    make_settings: Callable[[dict[str, str]], Settings],
+) -> None:
+    settings = make_settings(rw_env)
+    keys = Keys(rw_env["RAGWATCH_REDIS_PREFIX"])
+    sim = FleetSimulator(SimConfig(hosts=HOSTS, gpus=GPUS, start_ts=START)).ticks()
+
+    def encoded(n: int) -> list[list[tuple[str, bytes]]]:
+        return [[(e.key, encode(e)) for e in next(sim)[1]] for _ in range(n)]
+
+    producer = Producer({**settings.kafka_config(), "linger.ms": 5})
+    delivered = 0
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal delivered
+        assert err is None, err
+        delivered += 1
+
+    def processed() -> int:
+        raw = redis_client.hvals(keys.workers)
+        return max((int(orjson.loads(r)["envelopes"]) for r in raw), default=0)
+
+    worker = start_ragwatch(["worker"], rw_env)
+    samples: list[tuple[str, float, int, float]] = []  # (phase, t, lag, rss MiB)
+    t0 = time.monotonic()
+
+    def run(phase: str, rate: float, ticks: Iterator[list[tuple[str, bytes]]]) -> None:
+        next_at = time.monotonic()
+        for tick in ticks:
+            for key, value in tick:
+                producer.produce(settings.topic("gpu"), value, key, on_delivery=on_delivery)
+            producer.poll(0)
+            next_at += 1.0 / rate
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            if not samples or time.monotonic() - samples[-1][1] - t0 >= 0.5:
+                lag = delivered - processed()
+                samples.append((phase, time.monotonic() - t0, lag, rss_mib(worker.popen.pid)))
+
+    try:
+        # warm-up at the normal rate until the worker has joined and processes
+        warm_until: list[float] = []
+
+        def warming() -> Iterator[list[tuple[str, bytes]]]:
+            while not warm_until or time.monotonic() < warm_until[0]:
+                if not warm_until and processed() > 0:
+                    warm_until.append(time.monotonic() + 2.0)
+                assert time.monotonic() - t0 < 60, "the worker did not start"
+                yield encoded(1)[0]
+
+        run("warmup", NORMAL, warming())
+        # then encoded up front, so the burst rate is the broker's and the worker's business
+        for phase, (rate, seconds) in zip(("before", "burst", "after"), PHASES, strict=True):
+            run(phase, rate, iter(encoded(int(rate * seconds))))
+        assert producer.flush(30) == 0
+        total = delivered
+        wait_until(
+            lambda: processed() >= total,
+            90,
+            lambda: (
+                f"the worker to drain the lag ({processed()}/{total}):\n" + worker.output()[-2000:]
+            ),
+        )
+        drained_rss = rss_mib(worker.popen.pid)
+    finally:
+        worker.stop()
+    table = "\n".join(
+        f"{p:6} t={t:5.1f}s lag={lag:6d} rss={r:6.1f} MiB" for p, t, lag, r in samples
+    )
+    # steady: before the burst, the worker caught up; the lag read from the per-second
+    # status counts is up to a second of traffic
+    steady = [x for x in samples if x[0] == "before"][2:]
+    steady_lag = max(max(x[2] for x in steady), NORMAL * HOSTS)
+    burst_lag = max(x[2] for x in samples if x[0] == "burst")
+    tail = [x[2] for x in samples if x[0] == "after"][-4:]
+    assert burst_lag > 3 * steady_lag, table  # the lag grew
+    assert max(tail) <= steady_lag, table  # and drained back to its steady level
+    # memory: what the worker has not read stays in Kafka
+    warm_rss = max(x[3] for x in steady)
+    peak_rss = max([x[3] for x in samples if x[0] in ("burst", "after")] + [drained_rss])
+    assert peak_rss - warm_rss < 64, table
+    assert worker.popen.returncode == 0  # stopped by SIGTERM, cleanly
+    growth = peak_rss - warm_rss
+    print(f"\n{table}\nsteady lag {steady_lag}, burst lag {burst_lag}, rss +{growth:.1f} MiB")
