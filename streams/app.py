@@ -41,6 +41,7 @@ from ragwatch.schema import (
     MetricsEnvelope,
     RequestsEnvelope,
 )
+from ragwatch.streams.acks import HeldAcks
 from ragwatch.streams.engine import Transition
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
@@ -230,6 +231,11 @@ class Delivery(mode.Service):
         self._resolved_while_down.clear()
 
 
+# A partition nothing was read from for this long (wall seconds) does not hold back the
+# silence sweeps: its hosts stopped sending, or it has none.
+IDLE_PARTITION_S = 30.0
+
+
 def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
     """A configured Faust app with the GPU processor registered."""
     worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -251,6 +257,8 @@ def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
         .replace("}", "}}"),
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        # acks wait for snapshots (streams.acks): a rebalance must not wait for them
+        stream_wait_empty=False,
     )
     delivery = Delivery(settings, worker_id)
     app.service(delivery)  # type: ignore[arg-type]  # faust starts instances too
@@ -287,6 +295,19 @@ def register_processors(
     }
     known: dict[str, set[str]] = {"host": set(), "service": set()}  # restored or fresh
     recorder = SeriesRecorder()
+    held = HeldAcks()
+    partitions: dict[tuple[str, str], set[Any]] = {}  # (domain, key) -> the TPs it came on
+    assigned: set[Any] = set()
+    # per input partition: (newest event time read, wall time of that read), for the
+    # pipelines' sweep marks (sweep_marks below)
+    marks: dict[Any, tuple[float, float]] = {}
+    sweepers: dict[str, Any] = {
+        "gpu": pipes.gpus,
+        "requests": pipes.requests,
+        "metrics": pipes.metrics,
+    }
+    for p in sweepers.values():
+        p.sweep_mark = -math.inf  # no silence sweeps before the first marks are known
 
     async def dead_letter(msg: Any, reason: str) -> None:
         delivery.counters.deadletter += 1
@@ -316,6 +337,7 @@ def register_processors(
         seen, changed = known[domain], dirty[kind]
 
         async def consume(stream: Any) -> None:
+            stream = stream.noack()  # acked once the snapshot holds it (streams.acks)
             async for event in stream.events():
                 msg = event.message
                 counters.messages += 1
@@ -323,6 +345,7 @@ def register_processors(
                     env = decode(msg.value or b"")
                 except SchemaError as exc:
                     await dead_letter(msg, exc.reason)
+                    await stream.ack(event)
                     continue
                 ahead = newest(env) - time.time()
                 if ahead > settings.max_clock_skew:
@@ -333,18 +356,26 @@ def register_processors(
                         f"ts: {ahead:,.0f} s ahead of this worker's clock "
                         f"(RAGWATCH_MAX_CLOCK_SKEW={settings.max_clock_skew:g})",
                     )
+                    await stream.ack(event)
                     continue
+                ts = newest(env)
+                mark = marks.get(msg.tp)
+                if mark is None or ts > mark[0]:
+                    marks[msg.tp] = (ts, time.monotonic())
                 k = key(env)
                 if k not in seen:
                     seen.add(k)
                     await delivery.restore(pipes, domain, k)
+                partitions.setdefault((domain, k), set()).add(msg.tp)
                 try:
                     transitions = process(env)
                 except Exception as exc:  # a bug must not stall the partition
                     log.exception("processing failed %s key=%s", kind, k)
                     await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}")
+                    await stream.ack(event)
                     continue
                 changed.add(k)
+                held.hold((domain, k), stream, event)
                 for t in transitions:
                     await delivery.send(t, alerts_topic)
 
@@ -398,6 +429,74 @@ def register_processors(
         budget = max(8, math.ceil(2 * max(len(snap_at), len(snap_due)) / interval))
         return due[:budget]
 
+    @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator, arg-type]
+    async def forget_revoked(app: Any, assigned_now: set[Any], **kwargs: Any) -> None:
+        """Hosts and services of partitions this worker lost: drop their state and held
+        acks. The new owner restores their snapshots and reads what came after; if they
+        come back here, they are restored from the snapshot again, not from stale memory."""
+        lost = assigned - set(assigned_now)
+        assigned.clear()
+        assigned.update(assigned_now)
+        if not lost:
+            return
+        gone = [k for k, tps in partitions.items() if tps & lost]
+        for domain, k in gone:
+            del partitions[(domain, k)]
+            pipes.forget(domain, k)
+            known[domain].discard(k)
+            snap_due.discard((domain, k))
+            snap_at.pop((domain, k), None)
+            for kind in ("gpu", "metrics", "events") if domain == "host" else ("requests",):
+                dirty[kind].discard(k)
+        for tp in lost:
+            marks.pop(tp, None)
+        n = held.drop(gone)
+        log.info(
+            "rebalance: %d partition(s) gone to other workers: forgot %d host(s)/service(s) "
+            "and %d unsnapshotted message(s) (the new owner reads them again)",
+            len(lost),
+            len(gone),
+            n,
+        )
+
+    def sweep_marks() -> None:
+        """Each pipeline sweeps silent hosts/services against the slowest of its topic's
+        partitions (one read from in the last IDLE_PARTITION_S): after a restart or a
+        rebalance, partitions are caught up at different paces, and one read far ahead
+        must not make the hosts of another look silent and resolve their alerts."""
+        wall = time.monotonic()
+        for kind, pipeline in sweepers.items():
+            topic = settings.topic(kind)
+            live = [
+                ts
+                for tp, (ts, at) in marks.items()
+                if tp.topic == topic and wall - at < IDLE_PARTITION_S
+            ]
+            pipeline.sweep_mark = min(live) if live else math.inf
+
+    async def snapshot(batch: list[tuple[str, str]], now: float) -> bool:
+        """Write the snapshots of ``batch``, then ack the messages they hold."""
+        taken = held.take(batch)  # before the snapshots: everything taken is in them
+        if not await delivery.write_snapshots(
+            pipes, {k for d, k in batch if d == "host"}, {k for d, k in batch if d == "service"}
+        ):
+            held.give_back(taken)
+            return False
+        for k in batch:
+            snap_at[k] = now
+            snap_due.discard(k)
+        await held.ack(taken)
+        return True
+
+    @app.on_before_shutdown.connect  # type: ignore[untyped-decorator, arg-type]
+    async def snapshot_everything(app: Any, **kwargs: Any) -> None:
+        """A clean stop snapshots every changed host and service, so its last offsets are
+        committed and the next start carries on from there."""
+        for kind, d in dirty.items():
+            snap_due.update(("service" if kind == "requests" else "host", k) for k in d)
+        if snap_due and not delivery.closed:
+            await snapshot(sorted(snap_due), time.monotonic())
+
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
         if delivery.closed:
@@ -412,13 +511,15 @@ def register_processors(
             services |= known["service"]
         snap_due.update(("host", h) for h in hosts | event_hosts)
         snap_due.update(("service", s) for s in services)
+        sweep_marks()
         await delivery.write_status(pipes, hosts, services)
         await delivery.write_series(recorder.collect(pipes, hosts, services))
         now = time.monotonic()
         batch = snapshots_due(now)
-        if batch and await delivery.write_snapshots(
-            pipes, {k for d, k in batch if d == "host"}, {k for d, k in batch if d == "service"}
-        ):
-            for k in batch:
-                snap_at[k] = now
-                snap_due.discard(k)
+        if batch and not await snapshot(batch, now) and held.over():
+            log.warning(
+                "%d processed messages wait for snapshots that cannot be written: "
+                "committing their offsets anyway (a crash now loses their effect)",
+                len(held),
+            )
+            await held.ack(held.take_all())

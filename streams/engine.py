@@ -151,6 +151,14 @@ class AlertEngine:
                 n += 1
         return n
 
+    def forget(self, match: Callable[[Mapping[str, str]], bool]) -> int:
+        """Drop the states of the alerts whose labels ``match``, without a transition
+        (another worker owns their host or service now); returns how many."""
+        gone = [fp for fp, s in self._states.items() if match(s.alert.labels)]
+        for fp in gone:
+            del self._states[fp]
+        return len(gone)
+
     def clear(self, match: Mapping[str, str], ts: float) -> list[Transition]:
         """Resolve every active alert whose labels include ``match`` (its series is gone)."""
         out = []

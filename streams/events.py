@@ -130,6 +130,12 @@ class EventPipeline:
         active = [(rule.name, labels) for (_, labels), rule in self._active.get(host, {}).items()]
         return {"active": active, "recent": list(self._recent.get(host, ()))}
 
+    def forget(self, host: str) -> None:
+        """Drop a host's event state without resolving anything (another worker owns it)."""
+        self._active.pop(host, None)
+        self._recent.pop(host, None)
+        self.stats.active = sum(len(v) for v in self._active.values())
+
     def adopt(self, host: str, state: Mapping[str, Any]) -> None:
         """Take over a host's event state from a snapshot, unless this pipeline has its own."""
         if host in self._active or host in self._recent:

@@ -200,6 +200,9 @@ class GpuPipeline:
         self.series: dict[SeriesKey, Series] = {}
         self._by_host: dict[str, set[SeriesKey]] = {}
         self._oldest: dict[str, float] = {}  # per host, <= the oldest last_ts of its series
+        # Silent hosts are swept against min(watermark, sweep_mark): a worker sets it to the
+        # slowest of its partitions, which a catch-up reads at different paces.
+        self.sweep_mark = math.inf
         self._watermark = 0.0
         self._last_sweep = 0.0
         self.stats = PipelineStats()
@@ -270,8 +273,9 @@ class GpuPipeline:
             self._watermark = ts
         if self._watermark - self._last_sweep >= self.stale_s:
             self._last_sweep = self._watermark
+            now = min(self._watermark, self.sweep_mark)
             for h in list(self._by_host):
-                out += self._evict(h, self._watermark, SILENT_HOST_FACTOR * self.stale_s)
+                out += self._evict(h, now, SILENT_HOST_FACTOR * self.stale_s)
         return out
 
     def host_series(self, host: str) -> dict[SeriesKey, Series]:
@@ -291,6 +295,15 @@ class GpuPipeline:
             self.series[k] = series[k]
         if keys:
             self._by_host[host] = set(keys)
+        return len(keys)
+
+    def forget(self, host: str) -> int:
+        """Drop a host's series without resolving anything (another worker owns it now);
+        returns how many were dropped."""
+        keys = self._by_host.pop(host, set())
+        for k in keys:
+            self.series.pop(k, None)
+        self._oldest.pop(host, None)
         return len(keys)
 
     def host_snapshot(self, host: str) -> dict[str, Any]:

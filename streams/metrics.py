@@ -46,6 +46,7 @@ dropped and counted).
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -147,6 +148,7 @@ class MetricsPipeline:
         self.max_series, self.max_label_sets = max_series, max_label_sets
         self.series: dict[SeriesKey, EngineSeries] = {}
         self._watermark = 0.0
+        self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
         self._last_sweep = 0.0
         self.stats = MetricsStats()
 
@@ -187,6 +189,11 @@ class MetricsPipeline:
 
     def host_series(self, host: str) -> dict[SeriesKey, EngineSeries]:
         return {k: s for k, s in self.series.items() if k[0] == host}
+
+    def forget(self, host: str) -> None:
+        """Drop a host's engines without resolving anything (another worker owns it now)."""
+        for k in [k for k in self.series if k[0] == host]:
+            del self.series[k]
 
     def adopt(self, host: str, series: Mapping[SeriesKey, EngineSeries]) -> int:
         """Take over a host's engines from a snapshot, unless this pipeline has any."""
@@ -278,10 +285,9 @@ class MetricsPipeline:
 
     def _sweep(self) -> list[Transition]:
         out: list[Transition] = []
-        for key in [
-            k for k, s in self.series.items() if self._watermark - s.last_ts > self.stale_s
-        ]:
+        now = min(self._watermark, self.sweep_mark)
+        for key in [k for k, s in self.series.items() if now - s.last_ts > self.stale_s]:
             s = self.series.pop(key)
             self.stats.evicted_series += 1
-            out += self.engine.clear(s.labels, self._watermark)
+            out += self.engine.clear(s.labels, now)
         return out

@@ -85,6 +85,20 @@ class Pipelines:
             return self.metric(env)
         return []
 
+    def forget(self, kind: str, key: str) -> None:
+        """Drop everything held about a host or service (``kind`` "host" or "service"),
+        with no transition: its partition went to another worker, which restores it from
+        the snapshot. Meeting it again restores it here from the snapshot too, instead of
+        carrying on from state that missed what the other worker saw."""
+        if kind == "host":
+            self.gpus.forget(key)
+            self.metrics.forget(key)
+            self.events.forget(key)
+            self.engine.forget(lambda lab: lab.get("host") == key and "service" not in lab)
+        else:
+            self.requests.forget(key)
+            self.engine.forget(lambda lab: lab.get("service") == key)
+
     def run(self, envelopes: Iterable[Envelope]) -> Iterator[Transition]:
         """Every transition of a stream of envelopes, in order."""
         for env in envelopes:

@@ -280,6 +280,7 @@ class RequestPipeline:
         self._rng = random.Random(seed)
         self.series: dict[SeriesKey, ServiceSeries] = {}
         self._services: dict[str, _Service] = {}
+        self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
         self._watermark = -math.inf
         self._last_sweep = -math.inf
         self.stats = PipelineStats()
@@ -337,6 +338,13 @@ class RequestPipeline:
         svc = self._services.get(service)
         keys = sorted(svc.instances) if svc else []
         return {(service, i): self.series[(service, i)] for i in keys}, svc
+
+    def forget(self, service: str) -> None:
+        """Drop a service's series and outlier state without resolving anything (another
+        worker owns it now)."""
+        self._services.pop(service, None)
+        for k in [k for k in self.series if k[0] == service]:
+            del self.series[k]
 
     def adopt(self, service: str, series: dict[SeriesKey, ServiceSeries], shared: Any) -> int:
         """Take over a service from a snapshot, unless this pipeline already tracks it (its
@@ -497,7 +505,8 @@ class RequestPipeline:
         """Forget series without records for ``stale_s``; resolve their alerts."""
         if self._watermark - self._last_sweep < self.bucket_s:
             return []
-        self._last_sweep = now = self._watermark
+        self._last_sweep = self._watermark
+        now = min(self._watermark, self.sweep_mark)
         out: list[Transition] = []
         # A service's instances share its partition (key = service), so an instance is stale
         # against its service's newest record; a whole service only against the pipeline's

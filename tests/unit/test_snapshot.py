@@ -3,6 +3,7 @@ a replay from an older Kafka offset changes nothing, and hostile snapshots are r
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections.abc import Iterator
 
@@ -110,6 +111,49 @@ def test_what_the_worker_knows_wins_over_a_snapshot(envs: list[Envelope]) -> Non
     current = Pipelines(RULES)
     list(current.run(envs[:200]))
     assert load_host(current, "gpu-node-01", data) == 0
+
+
+def test_a_forgotten_host_is_restored_from_its_snapshot_not_from_stale_memory(
+    envs: list[Envelope],
+) -> None:
+    """A worker that lost a host's partition and gets it back (after another worker moved
+    it on and snapshotted it) must carry on from that snapshot."""
+    hosts, services = keys(envs)
+    stale = Pipelines(RULES)
+    list(stale.run(envs[: CUT - 100]))  # then the partition went to another worker
+    other = Pipelines(RULES)
+    list(other.run(envs[:CUT]))  # which saw 100 more envelopes and snapshotted
+    for h in hosts:
+        stale.forget("host", h)
+    for s_ in services:
+        stale.forget("service", s_)
+    assert not stale.gpus.series and not stale.requests.series and not stale.engine.active
+    assert all(load_host(stale, h, dump_host(other, h)) > 0 for h in hosts)
+    assert all(load_service(stale, s_, dump_service(other, s_)) > 0 for s_ in services)
+    reference = Pipelines(RULES)
+    list(reference.run(envs[:CUT]))
+    assert summary(stale.run(envs[CUT:])) == summary(reference.run(envs[CUT:]))
+
+
+def test_silent_hosts_are_swept_against_the_slowest_partition_only() -> None:
+    """A catch-up reads one partition hours ahead of another: gpu-node-01 (behind) is not
+    silent, and its firing leak must not be resolved as if its series were gone."""
+    world = build("leak", hosts=2, gpus=1, services=0, interval_s=60.0)
+    gpu = [e for e in world.envelopes(hours=3.0) if isinstance(e, GpuEnvelope)]
+    behind = [e for e in gpu if e.host == "gpu-node-01"][:60]  # its first hour
+    ahead = [e for e in gpu if e.host == "gpu-node-02"]  # three hours
+
+    def run(sweep_mark: float) -> list[Transition]:
+        p = Pipelines(RULES)
+        list(p.run(behind))
+        assert any(a.status == "firing" for a in p.engine.active.values())
+        p.gpus.sweep_mark = sweep_mark
+        return [t for e in ahead for t in p.process(e) if t.alert.labels["host"] == "gpu-node-01"]
+
+    # without a mark, the other host's hours of event time make gpu-node-01 look silent
+    assert any(t.alert.status == "resolved" for t in run(math.inf))
+    # the worker's mark is the slowest partition's newest event time: nothing is swept
+    assert run(behind[-1].ts) == []
 
 
 @pytest.mark.parametrize(
