@@ -228,6 +228,7 @@ class Outbox:
                 p.zrange(self._order(e.notification.group_key), 0, 0)
             heads_raw = await p.execute()
         out, blocked = [], []
+        entries_by_key = {e.notification.key: e for e in entries}
         for e, head in zip(entries, heads_raw, strict=True):
             # the oldest of its group (or queued before groups were ordered): it may go
             if not head or head[0].decode() == e.notification.key:
@@ -240,9 +241,16 @@ class Outbox:
             async with self.client.pipeline(transaction=False) as p:
                 for _, head_key in blocked:
                     p.zscore(self.keys.outbox_due, head_key)
-                scores = await p.execute()
+                    p.hexists(self.keys.outbox_items, head_key)
+                replies = await p.execute()
             async with self.client.pipeline(transaction=False) as p:
-                for (key, _), score in zip(blocked, scores, strict=True):
+                for i, (key, head_key) in enumerate(blocked):
+                    score, exists = replies[2 * i], replies[2 * i + 1]
+                    group = entries_by_key[key].notification.group_key
+                    if not exists:
+                        # a head without an item (a leftover) would block its group for
+                        # good: drop it from the order; the next one goes next tick
+                        p.zrem(self._order(group), head_key)
                     p.zadd(self.keys.outbox_due, {key: max(now + 1.0, score or 0.0)}, xx=True)
                 await p.execute()
         return out

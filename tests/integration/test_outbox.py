@@ -1,5 +1,6 @@
 """The notifier's outbox on a real Redis: notifications queued behind a group head that
-backs off must not fill the due window and starve every other group."""
+backs off must not fill the due window and starve every other group; a head whose item is
+gone must not block its group."""
 
 from __future__ import annotations
 
@@ -63,5 +64,33 @@ async def test_entries_behind_backing_off_heads_do_not_starve_the_due_window(
         assert len(sent) == 2 * groups
         for g in {k for k, _ in sent}:
             assert [st for k, st in sent if k == g] == ["firing", "resolved"]
+    finally:
+        await client.aclose()
+
+
+async def test_a_group_head_without_its_item_does_not_block_the_group(
+    rw_env: dict[str, str],
+) -> None:
+    client = aioredis.from_url(rw_env["RAGWATCH_REDIS_URL"])
+    now = [1000.0]
+    keys = Keys(rw_env["RAGWATCH_REDIS_PREFIX"])
+    outbox = Outbox(client, keys, clock=lambda: now[0])
+    try:
+        firing = Notification.of("hook", {"host": "h1"}, [_alert("h1", "firing")])
+        assert await outbox.put(firing)
+        now[0] += 1
+        resolved = Notification.of("hook", {"host": "h1"}, [_alert("h1", "resolved")])
+        assert await outbox.put(resolved)
+        # the head's item and schedule are lost (a partial write, a manual cleanup), its
+        # entry in the group's order stays behind
+        await client.hdel(keys.outbox_items, firing.key)
+        await client.zrem(keys.outbox_due, firing.key)
+        sent = []
+        for _ in range(3):
+            now[0] += 2
+            for e in await outbox.due():
+                sent.append(e.notification.status)
+                await outbox.delivered(e)
+        assert sent == ["resolved"]
     finally:
         await client.aclose()
