@@ -27,6 +27,7 @@ idempotency key) on both attempts.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -109,6 +110,10 @@ class Outbox:
         self._mem_due: dict[str, float] = {}
         self._mem_sent: dict[str, str] = {}  # key -> group key
         self._mem_dead: list[tuple[str, str, bytes]] = []
+        # undelivered notifications this process knows are in Redis: key -> (group, first_at).
+        # While Redis is away, a notification in memory must not overtake an older one of
+        # its group that waits there (a resolution before its firing notification).
+        self._in_redis: dict[str, tuple[str, float]] = {}
         self.memory_fallbacks = 0
 
     def _sent(self, key: str) -> str:
@@ -157,6 +162,7 @@ class Outbox:
                 p.zadd(self.keys.outbox_due, {n.key: self._clock()})
                 p.zadd(self._order(n.group_key), {n.key: entry.first_at})
                 await p.execute()
+            self._in_redis[n.key] = (n.group_key, entry.first_at)
         except RedisError as exc:
             self._mem[n.key] = entry
             self._mem_due[n.key] = self._clock()
@@ -181,6 +187,8 @@ class Outbox:
                 p.zadd(self._order(e.notification.group_key), {key: e.first_at})
             await p.execute()
         n = self.in_memory
+        for key, e in self._mem.items():
+            self._in_redis[key] = (e.notification.group_key, e.first_at)
         self._mem.clear()
         self._mem_due.clear()
         self._mem_sent.clear()
@@ -201,7 +209,11 @@ class Outbox:
             self._fallback("reading the outbox", exc)
             keys = []
         if self._mem:
-            # in memory, per group only the oldest queued notification may go
+            # in memory, per group only the oldest queued notification may go, and not
+            # before an older one of its group that waits in Redis
+            in_redis: dict[str, float] = {}
+            for group, first_at in self._in_redis.values():
+                in_redis[group] = min(first_at, in_redis.get(group, math.inf))
             heads: dict[str, Entry] = {}
             for e in sorted(self._mem.values(), key=lambda e: e.first_at):
                 heads.setdefault(e.notification.group_key, e)
@@ -209,6 +221,7 @@ class Outbox:
                 (self._mem_due[e.notification.key], e.notification.key)
                 for e in heads.values()
                 if self._mem_due[e.notification.key] <= now
+                and in_redis.get(e.notification.group_key, math.inf) >= e.first_at
             )
             if mem:
                 return [self._mem[k] for _, k in mem[:limit]]
@@ -220,7 +233,9 @@ class Outbox:
             if v is None:  # scheduled without an item: a leftover, drop it
                 await self.client.zrem(self.keys.outbox_due, k)
                 continue
-            entries.append(Entry.from_json(v))
+            e = Entry.from_json(v)
+            self._in_redis[e.notification.key] = (e.notification.group_key, e.first_at)
+            entries.append(e)
         if not entries:
             return []
         async with self.client.pipeline(transaction=False) as p:
@@ -257,6 +272,7 @@ class Outbox:
 
     async def delivered(self, e: Entry) -> None:
         key = e.notification.key
+        self._in_redis.pop(key, None)
         self._mem.pop(key, None)
         self._mem_due.pop(key, None)
         try:
@@ -287,6 +303,7 @@ class Outbox:
                 return True
             except RedisError as exc:
                 self._fallback("a retry", exc)
+        self._in_redis.pop(key, None)  # memory holds the newer copy now
         self._mem[key] = e
         self._mem_due[key] = self._clock() + wait
         return True
@@ -301,6 +318,7 @@ class Outbox:
                 "dead_at": self._clock(),
             }
         )
+        self._in_redis.pop(key, None)
         self._mem.pop(key, None)
         self._mem_due.pop(key, None)
         try:

@@ -94,3 +94,39 @@ async def test_a_group_head_without_its_item_does_not_block_the_group(
         assert sent == ["resolved"]
     finally:
         await client.aclose()
+
+
+async def test_while_redis_is_away_a_resolution_waits_for_its_firing_notification(
+    rw_env: dict[str, str],
+) -> None:
+    """The firing notification backs off in Redis; Redis goes away (the outbox's client
+    points at a port nobody listens on); the resolution, kept in memory, must not go
+    first. Once Redis is back, both go, firing first."""
+    live = aioredis.from_url(rw_env["RAGWATCH_REDIS_URL"])
+    away = aioredis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
+    now = [1000.0]
+    outbox = Outbox(live, Keys(rw_env["RAGWATCH_REDIS_PREFIX"]), clock=lambda: now[0])
+    try:
+        firing = Notification.of("hook", {"host": "h1"}, [_alert("h1", "firing")])
+        assert await outbox.put(firing)
+        (head,) = await outbox.due()
+        await outbox.retry(head, "503", 60.0)  # the receiver is down: back off a minute
+        outbox.client = away
+        now[0] += 1
+        resolved = Notification.of("hook", {"host": "h1"}, [_alert("h1", "resolved")])
+        assert await outbox.put(resolved)
+        assert outbox.in_memory == 1
+        sent = []
+        for _ in range(3):
+            now[0] += 30
+            assert await outbox.due() == []  # the firing one is out of reach in Redis
+        outbox.client = live
+        for _ in range(3):
+            for e in await outbox.due():
+                sent.append(e.notification.status)
+                await outbox.delivered(e)
+            now[0] += 1
+        assert sent == ["firing", "resolved"]
+    finally:
+        await live.aclose()
+        await away.aclose()
