@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis chromium demo test unit lint typecheck bench clean
+.PHONY: help setup redis chromium demo test unit lint typecheck bench soak clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/throughput.py
 	$(PY) bench/latency.py
 	$(PY) bench/quality.py
+
+soak: setup ## 10 minutes of scenario all with random worker kills (bench/soak.py)
+	$(PY) bench/soak.py
 
 clean: ## remove the venv, build and cache folders
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis .ragwatch

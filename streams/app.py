@@ -12,6 +12,7 @@ the partition.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import operator
@@ -100,6 +101,9 @@ class Delivery(mode.Service):
         self.redis = async_client(settings.redis_url)
         self.redis_down_since: float | None = None
         self._resolved_while_down: set[str] = set()
+        # transitions and the rewrite after an outage write the active-alert hash in turn:
+        # a rewrite must not put back an alert whose resolution was written meanwhile
+        self._active_lock = asyncio.Lock()
         self.store = RedisState(self.redis, settings.redis_prefix)
         self.closed = False
 
@@ -123,7 +127,8 @@ class Delivery(mode.Service):
         if not t.notify or await self._first_notification(a):
             await alerts_topic.send(key=a.fingerprint.encode(), value=encode(a))
         try:
-            await self.store.write_transition(t)
+            async with self._active_lock:
+                await self.store.write_transition(t)
         except RedisError as exc:
             if a.status == "resolved":
                 self._resolved_while_down.add(a.fingerprint)
@@ -218,8 +223,9 @@ class Delivery(mode.Service):
         """Redis answers again: rewrite this worker's active alerts (a restarted Redis is
         empty; one that was only unreachable missed the transitions in between)."""
         assert self.redis_down_since is not None
-        active = pipes.engine.active
-        await self.store.rewrite_active(active, self._resolved_while_down - set(active))
+        async with self._active_lock:  # the engine's state as of the write, not before
+            active = pipes.engine.active
+            await self.store.rewrite_active(active, self._resolved_while_down - set(active))
         self.store.forget_index()
         log.warning(
             "redis is back after %.0f s: rewrote %d active alert(s), removed %d resolved",
