@@ -20,6 +20,7 @@ import os
 import socket
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -302,6 +303,7 @@ def register_processors(
     known: dict[str, set[str]] = {"host": set(), "service": set()}  # restored or fresh
     recorder = SeriesRecorder()
     held = HeldAcks()
+    busy: Counter[tuple[str, str]] = Counter()  # messages of a key being processed and sent
     partitions: dict[tuple[str, str], set[Any]] = {}  # (domain, key) -> the TPs it came on
     assigned: set[Any] = set()
     # per input partition: (newest event time read, wall time of that read), for the
@@ -315,14 +317,14 @@ def register_processors(
     for p in sweepers.values():
         p.sweep_mark = -math.inf  # no silence sweeps before the first marks are known
 
-    async def dead_letter(msg: Any, reason: str) -> None:
+    async def dead_letter(msg: Any, reason: str, value: bytes) -> None:
         delivery.counters.deadletter += 1
         log.warning(
             "dead-letter %s[%d] offset=%d: %s", msg.topic, msg.partition, msg.offset, reason
         )
         await dlq_topic.send(
             key=msg.key,
-            value=msg.value,
+            value=value,
             headers={
                 DLQ_HEADER_TOPIC: msg.topic.encode(),
                 DLQ_HEADER_PARTITION: str(msg.partition).encode(),
@@ -347,11 +349,13 @@ def register_processors(
             async for event in stream.events():
                 msg = event.message
                 counters.messages += 1
+                raw = msg.value or b""
+                h = held.add(msg.tp, stream, event)  # its place in the partition's acks
                 try:
-                    env = decode(msg.value or b"")
+                    env = decode(raw)
                 except SchemaError as exc:
-                    await dead_letter(msg, exc.reason)
-                    await stream.ack(event)
+                    await dead_letter(msg, exc.reason, raw)
+                    await held.release([h])
                     continue
                 ahead = newest(env) - time.time()
                 if ahead > settings.max_clock_skew:
@@ -361,29 +365,34 @@ def register_processors(
                         msg,
                         f"ts: {ahead:,.0f} s ahead of this worker's clock "
                         f"(RAGWATCH_MAX_CLOCK_SKEW={settings.max_clock_skew:g})",
+                        raw,
                     )
-                    await stream.ack(event)
+                    await held.release([h])
                     continue
                 ts = newest(env)
                 mark = marks.get(msg.tp)
                 if mark is None or ts > mark[0]:
                     marks[msg.tp] = (ts, time.monotonic())
                 k = key(env)
-                if k not in seen:
-                    seen.add(k)
-                    await delivery.restore(pipes, domain, k)
-                partitions.setdefault((domain, k), set()).add(msg.tp)
+                busy[(domain, k)] += 1  # no snapshot of k until its transitions are sent
                 try:
-                    transitions = process(env)
-                except Exception as exc:  # a bug must not stall the partition
-                    log.exception("processing failed %s key=%s", kind, k)
-                    await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}")
-                    await stream.ack(event)
-                    continue
-                changed.add(k)
-                held.hold((domain, k), stream, event)
-                for t in transitions:
-                    await delivery.send(t, alerts_topic)
+                    if k not in seen:
+                        seen.add(k)
+                        await delivery.restore(pipes, domain, k)
+                    partitions.setdefault((domain, k), set()).add(msg.tp)
+                    try:
+                        transitions = process(env)
+                    except Exception as exc:  # a bug must not stall the partition
+                        log.exception("processing failed %s key=%s", kind, k)
+                        await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}", raw)
+                        await held.release([h])
+                        continue
+                    changed.add(k)
+                    for t in transitions:
+                        await delivery.send(t, alerts_topic)
+                    held.hold((domain, k), h)
+                finally:
+                    busy[(domain, k)] -= 1
 
         consume.__name__ = f"{kind}_processor"
         return consume
@@ -429,7 +438,7 @@ def register_processors(
     def snapshots_due(now: float) -> list[tuple[str, str]]:
         interval = settings.snapshot_interval
         due = sorted(
-            (k for k in snap_due if now - snap_at.get(k, -math.inf) >= interval),
+            (k for k in snap_due if now - snap_at.get(k, -math.inf) >= interval and not busy[k]),
             key=lambda k: snap_at.get(k, -math.inf),
         )
         budget = max(8, math.ceil(2 * max(len(snap_at), len(snap_due)) / interval))
@@ -443,6 +452,9 @@ def register_processors(
         lost = assigned - set(assigned_now)
         assigned.clear()
         assigned.update(assigned_now)
+        # Faust reads every partition it keeps again from its committed offset: those
+        # messages get their places in the queues again
+        n = held.reset()
         if not lost:
             return
         gone = [k for k, tps in partitions.items() if tps & lost]
@@ -456,7 +468,6 @@ def register_processors(
                 dirty[kind].discard(k)
         for tp in lost:
             marks.pop(tp, None)
-        n = held.drop(gone)
         log.info(
             "rebalance: %d partition(s) gone to other workers: forgot %d host(s)/service(s) "
             "and %d unsnapshotted message(s) (the new owner reads them again)",
@@ -478,15 +489,23 @@ def register_processors(
                 for tp, (ts, at) in marks.items()
                 if tp.topic == topic and wall - at < IDLE_PARTITION_S
             ]
-            pipeline.sweep_mark = min(live) if live else math.inf
+            if live:  # else nothing is read: keep the last mark (no sweep runs meanwhile)
+                pipeline.sweep_mark = min(live)
 
     async def snapshot(batch: list[tuple[str, str]], now: float) -> bool:
         """Write the snapshots of ``batch``, then ack the messages they hold."""
         taken = held.take(batch)  # before the snapshots: everything taken is in them
-        if not await delivery.write_snapshots(
-            pipes, {k for d, k in batch if d == "host"}, {k for d, k in batch if d == "service"}
-        ):
-            held.give_back(taken)
+        written = False
+        try:
+            written = await delivery.write_snapshots(
+                pipes,
+                {k for d, k in batch if d == "host"},
+                {k for d, k in batch if d == "service"},
+            )
+        finally:
+            if not written:
+                held.give_back(taken)
+        if not written:
             return False
         for k in batch:
             snap_at[k] = now
@@ -500,8 +519,9 @@ def register_processors(
         committed and the next start carries on from there."""
         for kind, d in dirty.items():
             snap_due.update(("service" if kind == "requests" else "host", k) for k in d)
-        if snap_due and not delivery.closed:
-            await snapshot(sorted(snap_due), time.monotonic())
+        idle = sorted(k for k in snap_due if not busy[k])  # mid-send: read again at start
+        if idle and not delivery.closed:
+            await snapshot(idle, time.monotonic())
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
@@ -522,10 +542,12 @@ def register_processors(
         await delivery.write_series(recorder.collect(pipes, hosts, services))
         now = time.monotonic()
         batch = snapshots_due(now)
-        if batch and not await snapshot(batch, now) and held.over():
+        if batch:
+            await snapshot(batch, now)
+        if held.over():
             log.warning(
-                "%d processed messages wait for snapshots that cannot be written: "
-                "committing their offsets anyway (a crash now loses their effect)",
+                "%d messages read wait for snapshots (Redis away, or snapshots not keeping "
+                "up): committing their offsets anyway (a crash now loses their effect)",
                 len(held),
             )
-            await held.ack(held.take_all())
+            await held.release_all()

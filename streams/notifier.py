@@ -163,45 +163,42 @@ class Notifier:
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import AIOKafkaConsumer
 
-        session = aiohttp.ClientSession()
-        try:
+        async with contextlib.AsyncExitStack() as cleanup:  # whatever was opened, closed
+            session = aiohttp.ClientSession()
+            cleanup.push_async_callback(session.close)
             for name, spec in self.config.receivers.items():
                 if name not in self._senders:
                     self._senders[name] = make_sender(name, spec, session)
-        except BaseException:
-            await session.close()
-            raise
-        self._redis = async_client(self.settings.redis_url)
-        self.outbox = Outbox(
-            self._redis, self.keys, max_attempts=self.config.max_attempts, clock=self._wall
-        )
-        await self._restore()
-        consumer = AIOKafkaConsumer(
-            self.settings.topic("alerts"),
-            group_id=f"{self.settings.app_id}-notify",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=int(self.settings.kafka_session_timeout * 1000),
-            heartbeat_interval_ms=int(min(3.0, self.settings.kafka_session_timeout / 3) * 1000),
-            fetch_max_wait_ms=self.settings.kafka_fetch_max_wait_ms,
-            **consumer_kwargs(self.settings),
-        )
-        await consumer.start()
-        log.info(
-            "notify: %d receiver(s): %s",
-            len(self._senders),
-            ", ".join(f"{n}={s.describe()}" for n, s in self._senders.items()) or "none",
-        )
-        sender = asyncio.create_task(self._send_loop(stop))
-        try:
-            await self._consume_loop(consumer, stop)
-        finally:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(sender, 10.0)
-            await consumer.stop()
-            await session.close()
-            await self._redis.aclose()
+            self._redis = async_client(self.settings.redis_url)
+            cleanup.push_async_callback(self._redis.aclose)
+            self.outbox = Outbox(
+                self._redis, self.keys, max_attempts=self.config.max_attempts, clock=self._wall
+            )
+            await self._restore()
+            consumer = AIOKafkaConsumer(
+                self.settings.topic("alerts"),
+                group_id=f"{self.settings.app_id}-notify",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=int(self.settings.kafka_session_timeout * 1000),
+                heartbeat_interval_ms=int(min(3.0, self.settings.kafka_session_timeout / 3) * 1000),
+                fetch_max_wait_ms=self.settings.kafka_fetch_max_wait_ms,
+                **consumer_kwargs(self.settings),
+            )
+            await consumer.start()
+            cleanup.push_async_callback(consumer.stop)
+            log.info(
+                "notify: %d receiver(s): %s",
+                len(self._senders),
+                ", ".join(f"{n}={s.describe()}" for n, s in self._senders.items()) or "none",
+            )
+            sender = asyncio.create_task(self._send_loop(stop))
+            try:
+                await self._consume_loop(consumer, stop)
+            finally:
+                stop.set()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(sender, 10.0)
 
     async def _consume_loop(self, consumer: Any, stop: asyncio.Event) -> None:
         last_watermark = last_status = 0.0

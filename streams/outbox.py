@@ -157,6 +157,10 @@ class Outbox:
             if await self.client.exists(self._sent(n.key)):
                 return False
             if not await self.client.hsetnx(self.keys.outbox_items, n.key, entry.to_json()):
+                queued = await self.client.hget(self.keys.outbox_items, n.key)
+                if queued is not None:  # queued before (a replay): it orders its group too
+                    first_at = Entry.from_json(queued).first_at
+                    self._in_redis[n.key] = (n.group_key, first_at)
                 return False
             async with self.client.pipeline(transaction=True) as p:
                 p.zadd(self.keys.outbox_due, {n.key: self._clock()})

@@ -1,4 +1,5 @@
-"""HeldAcks: a message's ack waits for the snapshot of its host or service."""
+"""HeldAcks: a message's ack waits for the snapshot of its host or service, and Faust sees
+acks in offset order per partition (its commit can skip a lone unacked offset)."""
 
 from __future__ import annotations
 
@@ -25,21 +26,30 @@ class Stream:
         self.acked.append(event.message.offset)
 
 
-async def test_acks_follow_snapshots_and_go_back_when_a_snapshot_fails() -> None:
-    s, held = Stream(), HeldAcks(limit=3)
-    for offset, key in enumerate([("host", "a"), ("host", "b"), ("host", "a")]):
-        ev = Event(offset)
-        held.hold(key, s, ev)
-        assert ev.value is None and ev.message.value is None  # the bytes are released
-    taken = held.take([("host", "a")])
+async def test_acks_reach_faust_in_offset_order_after_their_snapshots() -> None:
+    s, held = Stream(), HeldAcks()
+    hs = [held.add("p0", s, Event(offset)) for offset in range(5)]
+    assert all(h.event.value is None and h.event.message.value is None for h in hs)
+    for h, key in zip(hs, ["a", "b", "a", "b", "a"], strict=True):
+        held.hold(("host", key), h)
+    taken = held.take([("host", "b")])
     held.give_back(taken)  # the snapshot was not written
-    assert len(held) == 3 and s.acked == []
-    assert await held.ack(held.take([("host", "a")])) == 2
-    assert s.acked == [0, 2] and len(held) == 1
-    held.hold(("service", "x"), s, Event(3))
-    assert held.drop([("service", "x")]) == 1  # its partition went elsewhere: never acked
-    for offset in range(4, 7):
-        held.hold(("host", "b"), s, Event(offset))
+    assert await held.ack(held.take([("host", "b")])) == 0  # offset 0 (host a) is held
+    assert s.acked == []
+    assert await held.ack(held.take([("host", "a")])) == 5
+    assert s.acked == [0, 1, 2, 3, 4] and len(held) == 0
+
+
+async def test_dead_letters_partitions_rebalance_and_the_limit() -> None:
+    s, held = Stream(), HeldAcks(limit=3)
+    a0, b0, a1 = (held.add(tp, s, Event(o)) for tp, o in [("p0", 0), ("p1", 0), ("p0", 1)])
+    assert await held.release([a1]) == 0  # a dead letter behind a held message waits
+    held.hold(("host", "x"), a0)
+    held.hold(("host", "y"), b0)
+    assert await held.ack(held.take([("host", "x")])) == 2  # p0: 0 and 1, in order
+    assert held.reset() == 1  # a rebalance: p1's message is read again
+    assert await held.ack(held.take([("host", "y")])) == 0 and s.acked == [0, 1]
+    for o in range(4):
+        held.add("p2", s, Event(o))
     assert held.over()
-    assert await held.ack(held.take_all()) == 4 and held.overflows == 1
-    assert sorted(s.acked) == [0, 1, 2, 4, 5, 6] and len(held) == 0
+    assert await held.release_all() == 4 and held.overflows == 1 and len(held) == 0
