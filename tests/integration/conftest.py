@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -24,6 +25,7 @@ from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from ragwatch.kafka_admin import ensure_topics
 from ragwatch.receiver import WebhookReceiver
+from ragwatch.streams.state import Keys
 
 HERE = Path(__file__).parent
 
@@ -58,6 +60,18 @@ def run_ragwatch(
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture
+def own_stack(tmp_path: Path) -> Iterator[EmbeddedStack]:
+    """A stack of the test's own, for tests that kill, freeze or restart its services."""
+    st = EmbeddedStack(tmp_path / "own-stack")
+    st.up()
+    yield st
+    for svc in st.services().values():  # never leave a frozen (SIGSTOPped) service behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(svc.pid, signal.SIGCONT)
+    st.down()
 
 
 @pytest.fixture
@@ -164,6 +178,21 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callabl
     pytest.fail(
         f"timed out after {timeout:.0f}s waiting for {what if isinstance(what, str) else what()}"
     )
+
+
+def worker_envelopes(client: redis.Redis, keys: Keys) -> int:
+    """The most envelopes one worker reports having processed (its status in Redis, written
+    once a second)."""
+    raw = client.hvals(keys.workers)
+    return max((int(orjson.loads(r)["envelopes"]) for r in raw), default=0)
+
+
+def hosts_reached(client: redis.Redis, keys: Keys, hosts: int, ts: float) -> bool:
+    """``hosts`` hosts have a status and each one's newest GPU sample is at ``ts`` or later
+    (whichever worker processed it)."""
+    rows = [orjson.loads(v) for v in client.hvals(keys.hosts)]
+    done = [max((g["ts"] for g in r["gpus"]), default=0) >= ts for r in rows]
+    return len(done) == hosts and all(done)
 
 
 SENTINEL = b"ragwatch-test-sentinel"

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import redis
 from confluent_kafka import Producer
 
@@ -18,7 +17,7 @@ from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.codec import encode
 from ragwatch.config import Settings
 from ragwatch.streams.state import Keys
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import wait_until, worker_envelopes
 from tests.integration.test_restart import START
 
 HOSTS, GPUS = 100, 8
@@ -56,8 +55,7 @@ def test_a_10x_burst_makes_lag_grow_then_drain_with_bounded_memory(
         delivered += 1
 
     def processed() -> int:
-        raw = redis_client.hvals(keys.workers)
-        return max((int(orjson.loads(r)["envelopes"]) for r in raw), default=0)
+        return worker_envelopes(redis_client, keys)
 
     worker = start_ragwatch(["worker"], rw_env)
     samples: list[tuple[str, float, int, float]] = []  # (phase, t, lag, rss MiB)

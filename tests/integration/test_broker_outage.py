@@ -9,41 +9,28 @@ test_outage.py.)"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 import redis
 
 from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.streams.state import Keys
-from tests.integration.conftest import read_records, stack_env, wait_until
+from tests.integration.conftest import hosts_reached, read_records, stack_env, wait_until
 from tests.integration.test_restart import MIN, START, leak_bodies
 
 OUTAGE_S = 30.0
 SPEED = 60  # event seconds per wall second: 45 minutes of telemetry in 45 s
 HOSTS, MINUTES, STEP = 2, 45, 10.0  # the leak fires at minute 41
-
-
-@pytest.fixture
-def own_stack(tmp_path: Path) -> Iterator[EmbeddedStack]:
-    st = EmbeddedStack(tmp_path / "own-stack")
-    st.up()
-    yield st
-    for svc in st.services().values():  # never leave a stopped broker behind
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(svc.pid, signal.SIGCONT)
-    st.down()
 
 
 def test_broker_frozen_30s_agents_spool_workers_reconnect_and_the_leak_pages_once(
@@ -60,9 +47,7 @@ def test_broker_frozen_30s_agents_spool_workers_reconnect_and_the_leak_pages_onc
     broker = own_stack.services()["kafka"].pid
 
     def hosts_at(minute: float) -> bool:
-        rows = [orjson.loads(v) for v in client.hvals(keys.hosts)]
-        done = [max((g["ts"] for g in r["gpus"]), default=0) >= START + minute * MIN for r in rows]
-        return len(done) == HOSTS and all(done)
+        return hosts_reached(client, keys, HOSTS, START + minute * MIN)
 
     notifier = start_ragwatch(["notify"], env)
     worker = start_ragwatch(["worker"], env)

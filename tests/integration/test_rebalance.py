@@ -16,7 +16,7 @@ from ragwatch.agents.sim import SimConfig
 from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.streams.state import Keys
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import hosts_reached, wait_until
 from tests.integration.test_restart import MIN, START, leak_bodies, publish, telemetry
 
 
@@ -44,10 +44,7 @@ def test_a_killed_worker_s_partitions_move_to_the_other_and_back_without_a_secon
         }
 
     def hosts_at(minute: float) -> bool:
-        """Every host's status has reached ``minute`` (whoever processed it)."""
-        rows = [orjson.loads(v) for v in redis_client.hvals(keys.hosts)]
-        done = [max((g["ts"] for g in r["gpus"]), default=0) >= START + minute * MIN for r in rows]
-        return len(done) == 6 and all(done)
+        return hosts_reached(redis_client, keys, 6, START + minute * MIN)
 
     notifier = start_ragwatch(["notify"], env)
     a = start_ragwatch(["worker"], env)

@@ -7,12 +7,10 @@ back the active alert and the delivery mark are written again; nothing is paged 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-import pytest
 import redis
 
 from ragwatch.agents.sim import SimConfig
@@ -20,18 +18,10 @@ from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.streams.state import Keys
-from tests.integration.conftest import run_ragwatch, stack_env, wait_until
+from tests.integration.conftest import run_ragwatch, stack_env, wait_until, worker_envelopes
 from tests.integration.test_restart import START, leak_bodies, publish, telemetry
 
 OUTAGE_S = 30.0
-
-
-@pytest.fixture
-def own_stack(tmp_path: Path) -> Iterator[EmbeddedStack]:
-    st = EmbeddedStack(tmp_path / "own-stack")
-    st.up()
-    yield st
-    st.down()
 
 
 def test_redis_down_30s_alerts_still_page_once_and_state_is_rewritten(
@@ -47,15 +37,13 @@ def test_redis_down_30s_alerts_still_page_once_and_state_is_rewritten(
     client = redis.Redis.from_url(env["RAGWATCH_REDIS_URL"], socket_timeout=5)
     ticks = telemetry(SimConfig(hosts=2, gpus=2, scenario="leak", start_ts=START), 60)
 
-    def worker_envelopes() -> int:
-        raw = client.hvals(keys.workers)
-        return max((int(orjson.loads(r)["envelopes"]) for r in raw), default=0)
-
     notifier = start_ragwatch(["notify"], env)
     worker = start_ragwatch(["worker"], env)
     try:
         sent = publish(settings, ticks, 0, 30)  # the leak goes pending at minute 36
-        wait_until(lambda: worker_envelopes() >= sent - 20, 90, "the worker to catch up")
+        wait_until(
+            lambda: worker_envelopes(client, keys) >= sent - 20, 90, "the worker to catch up"
+        )
 
         own_stack.kill("redis")
         down_at = time.monotonic()
