@@ -238,6 +238,9 @@ class Delivery(mode.Service):
         self._resolved_while_down.clear()
 
 
+# What the key of each input topic names: snapshots, acks and rebalances go by it.
+DOMAIN = {"gpu": "host", "events": "host", "metrics": "host", "requests": "service"}
+
 # A partition nothing was read from for this long (wall seconds) does not hold back the
 # silence sweeps: its hosts stopped sending, or it has none.
 IDLE_PARTITION_S = 30.0
@@ -340,7 +343,7 @@ def register_processors(
         newest: Callable[[Any], float],
         process: Callable[[Any], list[Transition]],
     ) -> Any:
-        domain = "service" if kind == "requests" else "host"
+        domain = DOMAIN[kind]
         counters = delivery.counters
         seen, changed = known[domain], dirty[kind]
 
@@ -357,7 +360,8 @@ def register_processors(
                     await dead_letter(msg, exc.reason, raw)
                     await held.release([h])
                     continue
-                ahead = newest(env) - time.time()
+                ts = newest(env)
+                ahead = ts - time.time()
                 if ahead > settings.max_clock_skew:
                     # event time drives windows, sweeps and `for:`: one envelope from a host
                     # with a wrong clock would close every open bucket and age every alert
@@ -369,7 +373,6 @@ def register_processors(
                     )
                     await held.release([h])
                     continue
-                ts = newest(env)
                 mark = marks.get(msg.tp)
                 if mark is None or ts > mark[0]:
                     marks[msg.tp] = (ts, time.monotonic())
@@ -464,8 +467,9 @@ def register_processors(
             known[domain].discard(k)
             snap_due.discard((domain, k))
             snap_at.pop((domain, k), None)
-            for kind in ("gpu", "metrics", "events") if domain == "host" else ("requests",):
-                dirty[kind].discard(k)
+            for kind, d in dirty.items():
+                if DOMAIN[kind] == domain:
+                    d.discard(k)
         for tp in lost:
             marks.pop(tp, None)
         log.info(
@@ -518,7 +522,7 @@ def register_processors(
         """A clean stop snapshots every changed host and service, so its last offsets are
         committed and the next start carries on from there."""
         for kind, d in dirty.items():
-            snap_due.update(("service" if kind == "requests" else "host", k) for k in d)
+            snap_due.update((DOMAIN[kind], k) for k in d)
         idle = sorted(k for k in snap_due if not busy[k])  # mid-send: read again at start
         if idle and not delivery.closed:
             await snapshot(idle, time.monotonic())
