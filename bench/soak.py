@@ -79,13 +79,10 @@ class Proc:
 
 
 def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    from ragwatch.agents.procinfo import ProcInfo  # the agents' /proc reader
+
+    rss = ProcInfo().rss_bytes(pid)
+    return None if rss is None else rss / 2**20
 
 
 def expected_notifications(

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import redis
 from confluent_kafka import Producer
 
+from ragwatch.agents.procinfo import ProcInfo
 from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.codec import encode
 from ragwatch.config import Settings
@@ -27,10 +27,9 @@ PHASES = ((NORMAL, 5.0), (BURST, 5.0), (NORMAL, 6.0))  # (ticks/s, seconds)
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    rss = ProcInfo().rss_bytes(pid)
+    assert rss is not None, f"no RSS for pid {pid}"
+    return rss / 2**20
 
 
 def test_a_10x_burst_makes_lag_grow_then_drain_with_bounded_memory(
