@@ -23,7 +23,8 @@ from tests.integration.test_restart import START
 HOSTS, GPUS = 100, 8
 NORMAL = 4  # simulated ticks (HOSTS envelopes each) per second
 BURST = 10 * NORMAL
-PHASES = ((NORMAL, 5.0), (BURST, 5.0), (NORMAL, 6.0))  # (ticks/s, seconds)
+# (ticks/s, seconds); the drain after the burst took 3-5 s on the 2-core CI machine
+PHASES = ((NORMAL, 5.0), (BURST, 5.0), (NORMAL, 10.0))
 
 
 def rss_mib(pid: int) -> float:
