@@ -156,6 +156,15 @@ SCHEMAS: dict[str, Any] = {
     ),
     "AlertList": _obj(["alerts", "total", "truncated"], alerts=_array(_ref("Alert")),
                       total={"type": "integer"}, truncated={"type": "boolean"}),
+    "AlertDetail": _obj(
+        ["alert", "active", "history", "silenced_by", "series"],
+        alert={**_ref("Alert"), "description": "the active alert, else its last change"},
+        active={"type": "boolean", "description": "false: it resolved"},
+        history=_array(_ref("Alert")) | {"description": "its changes, newest first"},
+        silenced_by=_array({"type": "string"}) | {"description": "ids of active silences"},
+        series=_array({"type": "string"})
+        | {"description": "ids of the series that chart it, best first"},
+    ),
     "SilenceList": _obj(["silences"], silences=_array(_ref("Silence"))),
     "SeriesMeta": _obj(
         ["id", "kind"],
@@ -164,6 +173,7 @@ SCHEMAS: dict[str, Any] = {
         labels=_STR_MAP,
         signal={"type": "string"},
         unit={"type": "string"},
+        rules=_array({"type": "string"}) | {"description": "the rules whose alerts it charts"},
     ),
     "SeriesIndex": _obj(["series", "total", "truncated"], series=_array(_ref("SeriesMeta")),
                         total={"type": "integer"}, truncated={"type": "boolean"}),
@@ -183,6 +193,7 @@ _AUTH = {"401": _error("missing or wrong bearer token (when RAGWATCH_SERVE_TOKEN
 _REDIS = {"503": _error("Redis does not answer")}
 _BAD = {"400": _error("a query parameter is unknown or out of range")}
 _JSON_ANY = {"application/json": {"schema": {"type": "object"}}}
+_HTML: dict[str, Any] = {"text/html": {"schema": {}}}
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
 
@@ -223,7 +234,24 @@ def _op(
     return {"get": op}
 
 
-def spec(*, series_points: int, index_max: int, alerts_max: int) -> dict[str, Any]:
+def _alert_page() -> dict[str, Any]:
+    """Where notifications link to. The token is optional: without it, the bare page
+    (its script reads the alert with the token it keeps); with it, a 404 page for an
+    unknown alert."""
+    op = _op(
+        "The page of one alert (its script reads /api/v1/alerts/{fingerprint})",
+        {"description": "HTML", "content": _HTML},
+        [_path("fingerprint", {"type": "string"})],
+        {"404": {"description": "HTML: no such alert (only when the token is given)",
+                 "content": _HTML}},
+    )  # fmt: skip
+    op["get"]["security"] = [{}, {"bearerAuth": []}]
+    return op
+
+
+def spec(
+    *, series_points: int, index_max: int, alerts_max: int, fingerprint_max: int = 128
+) -> dict[str, Any]:
     """The document, with the server's limits filled in."""
     kinds = {"type": "string", "enum": ["gpu", "process", "service", "engine"]}
     series_id = {"type": "string", "maxLength": 512}
@@ -234,7 +262,7 @@ def spec(*, series_points: int, index_max: int, alerts_max: int) -> dict[str, An
             "version": __version__,
             "description": "Fleet status, alerts, chart series and silences of ragwatch, read "
             "from Redis on each request. If RAGWATCH_SERVE_TOKEN is set, every operation "
-            "except /healthz, the page and its static files needs "
+            "except /healthz, the pages and their static files needs "
             "'Authorization: Bearer <token>'.",
         },
         "servers": [{"url": "/"}],
@@ -254,6 +282,12 @@ def spec(*, series_points: int, index_max: int, alerts_max: int) -> dict[str, An
                     _query("state", {"type": "string", "enum": ["firing", "pending"]}),
                     _limit(alerts_max),
                 ],
+            ),
+            "/api/v1/alerts/{fingerprint}": _op(
+                "One alert, active or resolved: its changes, silences and chart series",
+                _json(_ref("AlertDetail"), "the alert"),
+                [_path("fingerprint", {"type": "string", "maxLength": fingerprint_max})],
+                {"404": _error("not active and not in the alert history")},
             ),
             "/api/v1/series": _op(
                 "The index of chart series",
@@ -290,9 +324,10 @@ def spec(*, series_points: int, index_max: int, alerts_max: int) -> dict[str, An
             "/": _op(
                 "The live status page (open it once as /?token=...: the page keeps the token "
                 "in sessionStorage)",
-                {"description": "HTML", "content": {"text/html": {"schema": {}}}},
+                {"description": "HTML", "content": _HTML},
                 public=True,
             ),
+            "/alerts/{fingerprint}": _alert_page(),
             "/static/{path}": _op(
                 "The page's script, style and vendored uPlot",
                 {"description": "a static file", "content": {"*/*": {"schema": {}}}},

@@ -7,6 +7,8 @@ and any number of them can run. Routes (documented in :mod:`ragwatch.openapi`):
 =========================  ==============================================================
 ``/api/v1/status``         what ``ragwatch status --json`` prints
 ``/api/v1/alerts``         active alerts (``?state=firing|pending``, ``?limit=``)
+``/api/v1/alerts/{fp}``    one alert, active or in the history: its transitions, the
+                           silences that mute it and the series that chart it; 404 unknown
 ``/api/v1/series``         the chart series index (``?kind=``, ``?limit=``)
 ``/api/v1/series/{id}``    points of one series, oldest first (``?limit=``); 404 unknown
 ``/api/v1/silences``       silences (``?all=true`` with expired ones)
@@ -14,13 +16,21 @@ and any number of them can run. Routes (documented in :mod:`ragwatch.openapi`):
 ``/metrics``               Prometheus exposition (:mod:`ragwatch.exporter`)
 ``/openapi.json``          the OpenAPI 3.0 document
 ``/``, ``/static/...``     the live page, its script and the vendored uPlot
+``/alerts/{fp}``           the page of one alert: where notifications link to (404 page
+                           for an unknown alert)
 =========================  ==============================================================
 
-With ``RAGWATCH_SERVE_TOKEN`` set, every route but ``/healthz``, the page and its static
-files (no data in them) needs ``Authorization: Bearer <token>``, compared in constant
-time. The page takes the token once from ``?token=``, keeps it in ``sessionStorage`` and
-drops it from the address bar. The token is never logged: the access log (DEBUG) writes
-the path without the query string.
+With ``RAGWATCH_SERVE_TOKEN`` set, every route but ``/healthz``, the pages and their
+static files (no data in them) needs ``Authorization: Bearer <token>``, compared in
+constant time. A page takes the token once from ``?token=``, keeps it in
+``sessionStorage`` and drops it from the address bar. The token is never logged: the
+access log (DEBUG) writes the path without the query string.
+
+An alert's page is the same script in another mode: it draws what
+``/api/v1/alerts/{fp}`` returns. Opened without a token (a link followed from Slack) it
+is the bare page, and the script reads the alert with the token it holds; opened open
+(no token set) or with the right token, the server reads the alert too, names it in the
+page and answers 404 when there is no such alert; a wrong token is a 401.
 """
 
 from __future__ import annotations
@@ -32,7 +42,10 @@ import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from functools import cache
+from html import escape
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import orjson
@@ -45,8 +58,12 @@ from ragwatch.config import Settings, redact_url
 from ragwatch.errors import ConfigError
 from ragwatch.exporter import METRIC_NAMES, METRICS, RedisCollector
 from ragwatch.openapi import spec
+from ragwatch.streams.series import alert_prefixes, alert_series
+from ragwatch.streams.silences import decode_all
 from ragwatch.streams.state import (
+    HISTORY_MAX,
     SERIES_POINTS,
+    Keys,
     read_alerts,
     read_series,
     read_series_index,
@@ -62,7 +79,11 @@ WEB_DIR = Path(__file__).parent / "web"
 INDEX_MAX = 10_000  # series index entries per response
 ALERTS_MAX = 10_000  # alerts per response
 SERIES_ID_MAX = 512  # characters
+FINGERPRINT_MAX = 128  # characters
+ALERT_HISTORY_MAX = 100  # transitions of one alert per response
+HISTORY_CHUNK = 1000  # history entries read at a time
 PUBLIC_PATHS = frozenset({"/", "/healthz"})
+ALERT_PAGES = "/alerts/"  # token optional: without one, the bare page
 SERIES_KINDS = ("gpu", "process", "service", "engine")
 PAGE_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -121,6 +142,76 @@ async def _read(request: web.Request, fn: Callable[..., Any], *args: Any, **kw: 
     return await asyncio.to_thread(fn, request.app[CLIENT_KEY], settings.redis_prefix, *args, **kw)
 
 
+# ---------------------------------------------------------------------------- one alert
+
+
+def _decoded(raw: Any) -> Any:
+    """A stored JSON value, or None if there is none or it does not decode."""
+    try:
+        return orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _transitions(client: Any, key: str, fingerprint: str) -> list[dict[str, Any]]:
+    """The transitions of one alert in the history list, newest first."""
+    needle = orjson.dumps(fingerprint)
+    out: list[dict[str, Any]] = []
+    seen: set[bytes] = set()  # an entry pushed between two reads moves into the next one
+    for start in range(0, HISTORY_MAX, HISTORY_CHUNK):
+        raw = client.lrange(key, start, start + HISTORY_CHUNK - 1)
+        for r in raw:
+            if needle in r and r not in seen:
+                seen.add(r)
+                a = _decoded(r)
+                if isinstance(a, dict) and a.get("fingerprint") == fingerprint:
+                    out.append(a)
+        if len(raw) < HISTORY_CHUNK or len(out) >= ALERT_HISTORY_MAX:
+            break
+    return out[:ALERT_HISTORY_MAX]
+
+
+def find_alert(client: Any, prefix: str, fingerprint: str) -> dict[str, Any] | None:
+    """``{alert, active, history}``: the active alert, else its newest transition in the
+    history (it resolved), with its transitions; None if it is in neither."""
+    keys = Keys(prefix)
+    active = _decoded(client.hget(keys.active, fingerprint))
+    history = _transitions(client, keys.history, fingerprint)
+    alert = active if isinstance(active, dict) else next(iter(history), None)
+    if alert is None:
+        return None
+    return {"alert": alert, "active": isinstance(active, dict), "history": history}
+
+
+def _charts(client: Any, keys: Keys, rule: str, labels: dict[str, str]) -> list[str]:
+    """The series that chart an alert (:func:`alert_series`), from the series index."""
+    starts = tuple(alert_prefixes(labels).values())
+    if not starts:
+        return []
+    every = (k.decode(errors="replace") for k in client.hkeys(keys.series_index))
+    ids = [i for i in every if i.startswith(starts)]
+    metas = client.hmget(keys.series_index, ids) if ids else []
+    index = {i: m for i, m in zip(ids, map(_decoded, metas), strict=True) if isinstance(m, dict)}
+    return alert_series(rule, labels, index)
+
+
+def read_alert(client: Any, prefix: str, fingerprint: str, *, now: float) -> dict[str, Any] | None:
+    """:func:`find_alert` with the silences that mute the alert at wall time ``now`` and
+    the series that chart it, best first."""
+    found = find_alert(client, prefix, fingerprint)
+    if found is None:
+        return None
+    keys, alert = Keys(prefix), found["alert"]
+    raw = alert.get("labels")
+    labels = {k: v for k, v in raw.items() if isinstance(v, str)} if isinstance(raw, dict) else {}
+    silences = decode_all(client.hgetall(keys.silences))
+    return {
+        **found,
+        "silenced_by": [s.id for s in silences if s.active(now) and s.matches(labels)],
+        "series": _charts(client, keys, str(alert.get("rule", "")), labels),
+    }
+
+
 # ---------------------------------------------------------------------------- handlers
 
 
@@ -137,6 +228,22 @@ async def alerts(request: web.Request) -> web.Response:
     if state is not None:
         active = [a for a in active if a.get("status") == state]
     return _json({"alerts": active[:limit], "total": len(active), "truncated": len(active) > limit})
+
+
+def _fingerprint(request: web.Request) -> str:
+    fp = request.match_info["fingerprint"]
+    if len(fp) > FINGERPRINT_MAX:
+        raise BadRequest(f"fingerprint longer than {FINGERPRINT_MAX} characters")
+    return fp
+
+
+async def alert(request: web.Request) -> web.Response:
+    _params(request, ())
+    fp = _fingerprint(request)
+    found = await _read(request, read_alert, fp, now=request.app[CLOCK_KEY]())
+    if found is None:
+        return _error(404, f"no alert {fp!r}: not active, not in the last {HISTORY_MAX} changes")
+    return _json(found)
 
 
 async def series_index(request: web.Request) -> web.Response:
@@ -196,12 +303,50 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def openapi(request: web.Request) -> web.Response:
     _params(request, ())
-    return _json(spec(series_points=SERIES_POINTS, index_max=INDEX_MAX, alerts_max=ALERTS_MAX))
+    doc = spec(
+        series_points=SERIES_POINTS,
+        index_max=INDEX_MAX,
+        alerts_max=ALERTS_MAX,
+        fingerprint_max=FINGERPRINT_MAX,
+    )
+    return _json(doc)
 
 
 async def page(request: web.Request) -> web.FileResponse:
     """The page; its script reads ``?token=`` itself (the server ignores the query)."""
     return web.FileResponse(WEB_DIR / "index.html")
+
+
+@cache
+def _alert_template() -> Template:
+    return Template((WEB_DIR / "alert.html").read_text(encoding="utf-8"))
+
+
+def _alert_html(status: int, heading: str, note: str = "") -> web.Response:
+    text = _alert_template().substitute(
+        title=escape(f"ragwatch: {heading}"), heading=escape(heading), note=escape(note)
+    )
+    return web.Response(text=text, status=status, content_type="text/html")
+
+
+async def alert_page(request: web.Request) -> web.Response:
+    """An alert's page, drawn by the script from ``/api/v1/alerts/{fp}``. Without the
+    token (when one is set) the bare page: the server reads nothing."""
+    fp = request.match_info["fingerprint"]
+    token = request.app[SETTINGS_KEY].serve_token.get()
+    if token and not _authorized(request, token.encode()):
+        return _alert_html(200, "alert")
+    found = None
+    if len(fp) <= FINGERPRINT_MAX:
+        found = await _read(request, find_alert, fp)
+    if found is None:
+        note = (
+            f"It is not active and not among the last {HISTORY_MAX:,} alert changes: "
+            "the link is wrong, or the alert ended long ago."
+        )
+        return _alert_html(404, f"no alert {fp[:FINGERPRINT_MAX]}", note)
+    a = found["alert"]
+    return _alert_html(200, f"{a.get('rule')} ({a.get('status')})")
 
 
 # ---------------------------------------------------------------------------- middleware
@@ -219,7 +364,9 @@ def auth_middleware(token: str) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         public = request.path in PUBLIC_PATHS or request.path.startswith("/static/")
-        if expected and not public and not _authorized(request, expected):
+        # an alert's page opened without credentials (a link followed): the bare page
+        bare = request.path.startswith(ALERT_PAGES) and "Authorization" not in request.headers
+        if expected and not (public or bare) and not _authorized(request, expected):
             resp = _error(401, "missing or wrong bearer token")
             resp.headers["WWW-Authenticate"] = 'Bearer realm="ragwatch"'
             return resp
@@ -246,7 +393,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         resp = _error(exc.status, exc.reason)
     resp.headers.setdefault("X-Content-Type-Options", "nosniff")
     resp.headers.setdefault("Referrer-Policy", "no-referrer")
-    if request.path == "/":
+    if request.path == "/" or request.path.startswith(ALERT_PAGES):
         resp.headers["Content-Security-Policy"] = PAGE_CSP
         resp.headers["Cache-Control"] = "no-store"
     elif not request.path.startswith("/static/"):
@@ -282,11 +429,13 @@ def build_app(
     app[REGISTRY_KEY] = registry
     app[CLOCK_KEY] = clock
     app.router.add_get("/", page)
+    app.router.add_get(ALERT_PAGES + "{fingerprint}", alert_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/api/v1/alerts", alerts)
+    app.router.add_get("/api/v1/alerts/{fingerprint}", alert)
     app.router.add_get("/api/v1/series", series_index)
     app.router.add_get("/api/v1/series/{id:.+}", series)
     app.router.add_get("/api/v1/silences", silences)

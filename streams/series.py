@@ -4,7 +4,7 @@ The worker keeps the current state of every series; this module picks, for the h
 services that changed, a new point per chart series at most every ``step_s`` of event
 time, and the worker appends it to Redis (:meth:`RedisState.write_series`, a capped
 list per series). Points are ``[ts, value, forecast, score]`` (forecast and score None
-where the series has none):
+where the series has none). The charts (:data:`CHARTS`):
 
 ========================================  ==============================================
 series id                                 value, forecast, score
@@ -13,10 +13,22 @@ series id                                 value, forecast, score
 ``service:SVC:INSTANCE:tokens_per_req``   tokens/request, forecast, score
 ``service:SVC:INSTANCE:retriever_p99``    retriever P99 ms, its baseline, none
 ``service:SVC:INSTANCE:e2e_p95``          e2e P95 ms, its baseline, none
+``service:SVC:INSTANCE:outliers``         outlier requests per bucket, none, none (only
+                                          when a rule charts it)
+``service:SVC:INSTANCE:SIGNAL``           a signal a service rule is about that no chart
+                                          above holds, its ``expected`` signal, none
 ``gpu:HOST:GPU[:MIG]:fb_used``            framebuffer bytes, none, none
 ``process:HOST:GPU[:MIG]:PID:gpu_mem``    the process's GPU bytes, none, leak score
 ``engine:HOST:TARGET:tokens_per_s``       generated tokens/s, forecast, score
 ========================================  ==============================================
+
+Which chart shows a rule's alerts is read from the rule (:func:`charts_for`): the chart
+of its series that holds its first ``expr`` signal or its ``expected`` signal, else the
+chart that signal is derived from (``retriever_p99_ratio`` is the retriever P99 over its
+baseline), else the memory of a GPU, a process or a device event's process, or the
+generated tokens/s of an engine; a service rule about any other signal gets a chart of
+that signal. Each series' index entry lists the rules it charts (``rules``), and
+:func:`alert_series` finds an alert's series in the index with it.
 
 >>> from ragwatch.agents.scenario import build
 >>> from ragwatch.streams.pipelines import Pipelines
@@ -26,24 +38,30 @@ series id                                 value, forecast, score
 ...     _ = pipes.process(env)
 >>> rec = SeriesRecorder()
 >>> points = rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})
->>> for sid in sorted(points):
-...     print(sid, points[sid][1][1:])
-gpu:gpu-node-01:0:fb_used ...
-process:gpu-node-01:0:2000:gpu_mem ...
-process:gpu-node-01:0:4001:gpu_mem ...
-service:rag-api:rag-api-0:e2e_p95 ...
+>>> for sid in sorted(points)[:5]:  # of 13
+...     print(sid, points[sid][0]["rules"])
+gpu:gpu-node-01:0:fb_used ['GpuMemoryHigh', 'GpuOomKill', 'GpuXidCritical']
+process:gpu-node-01:0:2000:gpu_mem ['GpuMemoryLeak', 'GpuOomKill', 'GpuXidCritical']
+process:gpu-node-01:0:4001:gpu_mem ['GpuMemoryLeak', 'GpuOomKill', 'GpuXidCritical']
+service:rag-api:rag-api-0:e2e_p95 ['E2eLatencyDeviation']
+service:rag-api:rag-api-0:outliers ['RequestOutlierCluster']
 >>> rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})  # nothing new since
 {}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ragwatch.streams.pipelines import Pipelines
+from ragwatch.streams.rules import Rule
 
 Point = list[float | None]
+# kind -> the charts recorded for each series of that kind, with their index entry
+# (less the series' labels)
+Plan = dict[str, tuple[tuple["Chart", dict[str, Any]], ...]]
 
 
 class _HasSignals(Protocol):
@@ -51,13 +69,141 @@ class _HasSignals(Protocol):
     def signals(self) -> Mapping[str, float | None]: ...
 
 
-# service signals charted: (series suffix, value, forecast or baseline, score, unit)
-SERVICE_CHARTS = (
-    ("tokens_per_s", "output_tokens_per_s", "tps_forecast", "tps_score", "tokens/s"),
-    ("tokens_per_req", "tokens_per_request", "tpr_forecast", "tpr_score", "tokens"),
-    ("retriever_p99", "retriever_p99_ms", "retriever_p99_baseline_ms", None, "ms"),
-    ("e2e_p95", "e2e_p95_ms", "e2e_p95_baseline_ms", None, "ms"),
-)
+@dataclass(frozen=True, slots=True)
+class Chart:
+    """One chart of each series of a ``kind``: id ``kind:WHERE:suffix``."""
+
+    kind: str  # gpu, process, service or engine
+    suffix: str
+    value: str  # the signal charted
+    reference: str | None = None  # its forecast or baseline, drawn beside it
+    score: str | None = None  # its anomaly score in [0, 1], charted below
+    unit: str = ""
+    about: tuple[str, ...] = ()  # signals derived from these (ratios, deviations, flags)
+    main: bool = True  # recorded whatever the rules; else only for the rules that want it
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.value, self.reference, self.score) if s)
+
+
+CHARTS = (
+    Chart("gpu", "fb_used", "fb_used_bytes", unit="bytes"),
+    Chart("process", "gpu_mem", "gpu_mem_bytes", score="leak_score", unit="bytes"),
+    Chart("engine", "tokens_per_s", "generation_tokens_per_s", "tps_forecast", "tps_score",
+          "tokens/s", ("tps_deviation",)),
+    Chart("service", "tokens_per_s", "output_tokens_per_s", "tps_forecast", "tps_score",
+          "tokens/s", ("tps_deviation", "tps_z")),
+    Chart("service", "tokens_per_req", "tokens_per_request", "tpr_forecast", "tpr_score",
+          "tokens", ("tpr_deviation", "tpr_z")),
+    Chart("service", "retriever_p99", "retriever_p99_ms", "retriever_p99_baseline_ms",
+          unit="ms", about=("retriever_p99_ratio",)),
+    Chart("service", "e2e_p95", "e2e_p95_ms", "e2e_p95_baseline_ms", unit="ms",
+          about=("e2e_p95_ratio",)),
+    Chart("service", "outliers", "outliers", unit="requests", main=False,
+          about=("recent_outliers", "outlier_ratio", "new_outlier_cluster",
+                 "outlier_cluster_size")),
+)  # fmt: skip
+# the chart of a host's series that shows its alerts when no chart holds their signal
+MAIN = {"gpu": CHARTS[0], "process": CHARTS[1], "engine": CHARTS[2]}
+# device events are not charted: their alerts show the process's memory, then its GPU's
+EVENT_CHARTS = (MAIN["process"], MAIN["gpu"])
+# the labels an alert needs to be on a series of each kind, best kind first ("mig" too
+# names a GPU, when not empty)
+KINDS: dict[str, tuple[str, ...]] = {
+    "process": ("host", "gpu", "pid"),
+    "gpu": ("host", "gpu"),
+    "engine": ("host", "target"),
+    "service": ("service", "instance"),
+}
+UNITS = (("_ms", "ms"), ("_bytes", "bytes"), ("_per_s", "/s"), ("_ratio", "ratio"))
+
+
+def series_prefix(kind: str, labels: Mapping[str, Any]) -> str:
+    """``kind:WHERE:``, the start of the ids of one series' charts (ids end in a suffix).
+
+    >>> series_prefix("process", {"host": "h", "gpu": "0", "mig": "", "pid": "7"})
+    'process:h:0:7:'
+    """
+    get = labels.get
+    if kind == "service":
+        return f"service:{get('service', '')}:{get('instance', '')}:"
+    if kind == "engine":
+        return f"engine:{get('host', '')}:{get('target', '')}:"
+    mig = get("mig")
+    where = f"{get('host', '')}:{get('gpu', '')}" + (f":{mig}" if mig else "")
+    return f"gpu:{where}:" if kind == "gpu" else f"{kind}:{where}:{get('pid', '')}:"
+
+
+def _unit(signal: str) -> str:
+    return next((unit for end, unit in UNITS if signal.endswith(end)), "")
+
+
+def charts_for(rule: Rule) -> tuple[Chart, ...]:
+    """The charts that show what ``rule`` is about, best first (none if its series is
+    not charted)."""
+    if rule.series == "event":
+        return EVENT_CHARTS
+    own = [c for c in CHARTS if c.kind == rule.series]
+    if not own:
+        return ()
+    signal = rule.conditions[0].signal
+    expected = rule.expected if isinstance(rule.expected, str) else None
+    found = (
+        next((c for c in own if signal in c.signals), None)
+        or next((c for c in own if expected in c.signals), None)
+        or next((c for c in own if signal in c.about), None)
+    )
+    if found is not None:
+        return (found,)
+    if rule.series in MAIN:
+        return (MAIN[rule.series],)
+    return (Chart(rule.series, signal, signal, expected, unit=_unit(signal), main=False),)
+
+
+def chart_plan(rules: Iterable[Rule]) -> Plan:
+    """What to record: the main charts and those ``rules`` need, each with its index
+    entry (``rules``: the rules it charts)."""
+    charted = {(c.kind, c.suffix): (c, list[str]()) for c in CHARTS if c.main}
+    for rule in rules:
+        for c in charts_for(rule):
+            charted.setdefault((c.kind, c.suffix), (c, []))[1].append(rule.name)
+    plan: dict[str, list[tuple[Chart, dict[str, Any]]]] = {}
+    for c, names in charted.values():
+        meta = {"kind": c.kind, "signal": c.value, "unit": c.unit, "rules": names}
+        plan.setdefault(c.kind, []).append((c, meta))
+    return {kind: tuple(charts) for kind, charts in plan.items()}
+
+
+def alert_prefixes(labels: Mapping[str, str]) -> dict[str, str]:
+    """kind -> :func:`series_prefix` of each kind of series an alert with ``labels`` can
+    be on (a process alert is on its process and on its GPU)."""
+    return {
+        kind: series_prefix(kind, labels)
+        for kind, need in KINDS.items()
+        if all(labels.get(k) for k in need)
+    }
+
+
+def alert_series(
+    rule: str, labels: Mapping[str, str], index: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """The ids in ``index`` (series id -> index entry) that chart the alert of ``rule``
+    with ``labels``, best first: the series whose entry lists the rule, then the other
+    charts of its process, GPU, engine or service instance."""
+    prefixes = alert_prefixes(labels)
+    order = list(KINDS)
+    found = []
+    for sid, meta in index.items():
+        kind, own = meta.get("kind"), meta.get("labels")
+        prefix = prefixes.get(kind) if isinstance(kind, str) else None
+        if prefix is None or not isinstance(own, Mapping) or not sid.startswith(prefix):
+            continue
+        if series_prefix(str(kind), own) == prefix:  # not a MIG instance of the GPU
+            rules = meta.get("rules")
+            charts = isinstance(rules, list) and rule in rules
+            found.append((not charts, order.index(str(kind)), sid))
+    return [sid for _, _, sid in sorted(found)]
 
 
 class SeriesRecorder:
@@ -67,75 +213,60 @@ class SeriesRecorder:
         self.step_s = step_s
         self.max_tracked = max_tracked
         self._last: dict[str, float] = {}  # series id -> ts of the last point emitted
+        self._rules: Sequence[Rule] | None = None  # the rules self._plan was made from
+        self._plan: Plan = {}
+
+    def plan(self, rules: Sequence[Rule]) -> Plan:
+        """:func:`chart_plan` of ``rules``, made again only when they change."""
+        if rules is not self._rules:
+            self._rules, self._plan = rules, chart_plan(rules)
+        return self._plan
 
     def collect(
         self, pipes: Pipelines, hosts: Iterable[str], services: Iterable[str]
     ) -> dict[str, tuple[dict[str, Any], Point]]:
         """series id -> (its index entry, the new point) for what changed."""
+        plan = self.plan(pipes.rules)
         out: dict[str, tuple[dict[str, Any], Point]] = {}
         for host in hosts:
             for key, s in pipes.gpus.host_series(host).items():
-                _, gpu, mig, pid = key
-                where = f"{host}:{gpu}" + (f":{mig}" if mig else "")
-                if pid < 0:
-                    sid = f"gpu:{where}:fb_used"
-                    meta = {"kind": "gpu", "labels": s.labels, "signal": "fb_used_bytes"}
-                    self._add(out, sid, meta, "bytes", s.last_ts, s, "fb_used_bytes")
-                else:
-                    sid = f"process:{where}:{pid}:gpu_mem"
-                    meta = {"kind": "process", "labels": s.labels, "signal": "gpu_mem_bytes"}
-                    self._add(
-                        out, sid, meta, "bytes", s.last_ts, s, "gpu_mem_bytes",
-                        score="leak_score",
-                    )  # fmt: skip
-            for (_, target), e in pipes.metrics.host_series(host).items():
-                sid = f"engine:{host}:{target}:tokens_per_s"
-                meta = {"kind": "engine", "labels": e.labels, "signal": "generation_tokens_per_s"}
-                self._add(
-                    out, sid, meta, "tokens/s", e.last_ts, e, "generation_tokens_per_s",
-                    forecast="tps_forecast", score="tps_score",
-                )  # fmt: skip
+                kind = "gpu" if key[3] < 0 else "process"
+                self._add(out, plan.get(kind, ()), kind, s.labels, s.last_ts, s)
+            for e in pipes.metrics.host_series(host).values():
+                self._add(out, plan.get("engine", ()), "engine", e.labels, e.last_ts, e)
         for service in services:
             series, _ = pipes.requests.service_state(service)
-            for (_, inst), svc in series.items():
-                if svc.bucket_end is None:
-                    continue
-                for suffix, value, forecast, score, unit in SERVICE_CHARTS:
-                    sid = f"service:{service}:{inst}:{suffix}"
-                    meta = {"kind": "service", "labels": svc.labels, "signal": value}
-                    self._add(
-                        out, sid, meta, unit, svc.bucket_end, svc, value,
-                        forecast=forecast, score=score,
-                    )  # fmt: skip
+            for svc in series.values():
+                if svc.bucket_end is not None:
+                    charts = plan.get("service", ())
+                    self._add(out, charts, "service", svc.labels, svc.bucket_end, svc)
         return out
+
+    def _due(self, sid: str, ts: float) -> bool:
+        last = self._last.get(sid)
+        if last is None:
+            return len(self._last) < self.max_tracked
+        return ts - last >= self.step_s
 
     def _add(
         self,
         out: dict[str, tuple[dict[str, Any], Point]],
-        sid: str,
-        meta: dict[str, Any],
-        unit: str,
+        charts: tuple[tuple[Chart, dict[str, Any]], ...],
+        kind: str,
+        labels: dict[str, str],
         ts: float,
         series: _HasSignals,
-        value: str,
-        *,
-        forecast: str | None = None,
-        score: str | None = None,
     ) -> None:
-        last = self._last.get(sid)
-        if last is not None and ts - last < self.step_s:
+        where = series_prefix(kind, labels)
+        due = [(sid, c, meta) for c, meta in charts if self._due(sid := where + c.suffix, ts)]
+        if not due:
             return  # before reading signals: a GPU series computes them when read
-        if last is None and len(self._last) >= self.max_tracked:
-            return
         signals = series.signals
-        v = signals.get(value)
-        if v is None:
-            return
-        self._last[sid] = ts
-        point: Point = [
-            ts,
-            v,
-            signals.get(forecast) if forecast else None,
-            signals.get(score) if score else None,
-        ]
-        out[sid] = ({**meta, "unit": unit}, point)
+        for sid, chart, meta in due:
+            v = signals.get(chart.value)
+            if v is None:
+                continue
+            self._last[sid] = ts
+            ref = signals.get(chart.reference) if chart.reference else None
+            score = signals.get(chart.score) if chart.score else None
+            out[sid] = ({**meta, "labels": labels}, [ts, v, ref, score])

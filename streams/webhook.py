@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -113,6 +114,7 @@ def alertmanager_payload(
         group_labels = {"alertname": alerts[0].labels.get("alertname", alerts[0].rule)}
     if group_key is None:
         group_key = "{}:" + orjson.dumps(dict(group_labels)).decode()
+    pages = external_url.rstrip("/")  # an alert's page: ragwatch serve's /alerts/{fp}
     return {
         "version": "4",
         "groupKey": group_key,
@@ -130,7 +132,7 @@ def alertmanager_payload(
                 "annotations": a.annotations,
                 "startsAt": rfc3339(a.starts_at),
                 "endsAt": rfc3339(a.ends_at),
-                "generatorURL": f"{external_url}/alerts/{a.fingerprint}",
+                "generatorURL": f"{pages}/alerts/{quote(a.fingerprint, safe='')}",
                 "fingerprint": a.fingerprint,
                 "value": a.value,
                 "expected": a.expected,

@@ -5,6 +5,9 @@
 // Auth: open the page once as /?token=<RAGWATCH_SERVE_TOKEN>; the token is kept in
 // sessionStorage (this tab only), removed from the address bar, and sent as
 // "Authorization: Bearer" on every API call.
+//
+// Two pages run this script: the live page (/) and an alert's page (/alerts/<fingerprint>,
+// where notifications link to: <body data-page="alert" data-root="../">).
 (function () {
   "use strict";
 
@@ -12,6 +15,8 @@
   const INDEX_REFRESH_MS = 30000;
   const TOKEN_KEY = "ragwatch.token";
   const GB = 1e9;
+  const PAGE = document.body.dataset.page || "live";
+  const ROOT = document.body.dataset.root || "";  // the API is at ROOT + "api/v1/..."
 
   // ------------------------------------------------------------------ token and API
 
@@ -29,14 +34,17 @@
     const headers = { Accept: "application/json" };
     const token = window.sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = "Bearer " + token;
-    const resp = await fetch(path, { headers: headers, cache: "no-store" });
+    const resp = await fetch(ROOT + path, { headers: headers, cache: "no-store" });
     if (resp.status === 401) {
-      throw new Error("unauthorized: open this page once as /?token=<RAGWATCH_SERVE_TOKEN>");
+      throw new Error("unauthorized: open this page once as " + window.location.pathname +
+        "?token=<RAGWATCH_SERVE_TOKEN>");
     }
     if (!resp.ok) {
       let reason = "";
       try { reason = (await resp.json()).error || ""; } catch (e) { /* not JSON */ }
-      throw new Error(path + ": HTTP " + resp.status + (reason ? " " + reason : ""));
+      const err = new Error(path + ": HTTP " + resp.status + (reason ? " " + reason : ""));
+      err.status = resp.status;
+      throw err;
     }
     return resp.json();
   }
@@ -61,6 +69,10 @@
   }
 
   function num(v) { return typeof v === "number" && isFinite(v) ? v : null; }
+  function number(v) {
+    const n = num(v);
+    return n === null ? "-" : String(Number(n.toPrecision(4)));
+  }
   function fmt(v, digits, suffix) {
     const n = num(v);
     return n === null ? "-" : n.toFixed(digits) + (suffix || "");
@@ -105,6 +117,7 @@
         el("span", { class: "severity muted" }, a.severity + " "),
         el("span", { class: "labels" }, labelText(a.labels)),
         el("span", { class: "muted" }, "  since " + when(a.starts_at)),
+        el("a", { href: "alerts/" + encodeURIComponent(a.fingerprint) }, "details"),
         ann.summary ? el("p", { class: "summary" }, ann.summary) : null,
         ann.hint ? el("p", { class: "hint" }, "hint: " + ann.hint) : null);
     });
@@ -209,13 +222,17 @@
   let indexLoadedAt = 0;
   let charts = [];
 
-  function seriesForAlert(a) {
-    const l = a.labels || {};
-    const where = l.host + ":" + l.gpu + (l.mig ? ":" + l.mig : "");
-    if (l.pid) return "process:" + where + ":" + l.pid + ":gpu_mem";
-    if (l.service && l.instance) return "service:" + l.service + ":" + l.instance + ":tokens_per_req";
-    if (l.host && l.target) return "engine:" + l.host + ":" + l.target + ":tokens_per_s";
-    if (l.host && l.gpu) return "gpu:" + where + ":fb_used";
+  // The chart of the first alert that has one. The server says which series chart an
+  // alert: the signal its rule is about (streams/series.py), not a table here.
+  async function seriesForAlerts(alerts) {
+    for (const a of alerts.slice(0, 5)) {
+      try {
+        const found = await api("api/v1/alerts/" + encodeURIComponent(a.fingerprint));
+        if (found.series.length) return found.series[0];
+      } catch (err) {
+        if (err.status !== 404) throw err;  // 404: it resolved since
+      }
+    }
     return null;
   }
 
@@ -230,11 +247,16 @@
     select.replaceChildren(...options);
     indexLoadedAt = Date.now();
     if (!selected || !ids.has(selected)) {
-      const fromHash = decodeURIComponent((window.location.hash.match(/^#series=(.*)$/) || [])[1] || "");
-      const fromAlert = alerts.map(seriesForAlert).find((id) => id && ids.has(id));
+      const fromHash = seriesInHash();
+      const fromAlert = ids.has(fromHash) ? null : await seriesForAlerts(alerts);
       selected = ids.has(fromHash) ? fromHash : fromAlert || (index.series[0] || {}).id || null;
     }
+    if (selected && !ids.has(selected)) select.append(el("option", { value: selected }, selected));
     if (selected) select.value = selected;
+  }
+
+  function seriesInHash() {
+    return decodeURIComponent((window.location.hash.match(/^#series=(.*)$/) || [])[1] || "");
   }
 
   function chartWidth() { return Math.max(320, $("series-section").clientWidth - 20); }
@@ -317,12 +339,84 @@
     }
   }
 
+  // ------------------------------------------------------------------ one alert's page
+
+  function pageFingerprint() {
+    const parts = window.location.pathname.split("/");
+    return decodeURIComponent(parts[parts.length - 1] || "");
+  }
+
+  function pairs(node, rows) {
+    node.replaceChildren(...rows.flatMap(([key, value]) => [el("dt", null, key), el("dd", null, value)]));
+  }
+
+  const ANNOTATION_ORDER = ["summary", "description", "hint", "runbook"];
+
+  function renderAlertPage(found) {
+    const a = found.alert, ann = a.annotations || {}, labels = a.labels || {};
+    const name = a.rule + " (" + a.status + ")";
+    document.title = "ragwatch: " + name;
+    $("alert-title").textContent = name;
+    $("alert-title").dataset.status = a.status;
+    $("alert-note").textContent = found.active ? "" : "No longer active: its last change.";
+    $("alert-summary").textContent = ann.summary || "";
+    pairs($("alert-details"), [
+      ["status", a.status], ["severity", a.severity],
+      ["value", number(a.value)], ["expected", number(a.expected)],
+      ["since", when(a.starts_at)], ["ended", num(a.ends_at) === null ? "-" : when(a.ends_at)],
+      ["silenced by", (found.silenced_by || []).join(", ") || "-"], ["fingerprint", a.fingerprint],
+    ]);
+    pairs($("alert-labels"), Object.keys(labels).sort().map((k) => [k, labels[k]]));
+    const keys = ANNOTATION_ORDER.filter((k) => k in ann)
+      .concat(Object.keys(ann).filter((k) => !ANNOTATION_ORDER.includes(k)).sort());
+    pairs($("alert-annotations"), keys.map((k) => [k, ann[k]]));
+    const changes = (found.history || []).map((h) => el("li", null,
+      when(num(h.at) === null ? h.starts_at : h.at) + " " + h.status + ", value " + number(h.value)));
+    if (!changes.length) changes.push(el("li", { class: "muted" }, "none in the alert history"));
+    $("alert-history").replaceChildren(...changes);
+  }
+
+  function chooseAlertSeries(ids) {
+    const select = $("series-select");
+    select.replaceChildren(...ids.map((id) => el("option", { value: id }, id)));
+    if (!selected || !ids.includes(selected)) {
+      const fromHash = seriesInHash();
+      selected = ids.includes(fromHash) ? fromHash : ids[0] || null;
+    }
+    if (selected) select.value = selected;
+    else $("series-meta").textContent = "no chart recorded for this alert";
+  }
+
+  function renderMissing(fp) {
+    document.title = "ragwatch: no alert " + fp;
+    $("alert-title").textContent = "No alert " + fp;
+    $("alert-note").textContent = "It is not active and not in the alert history.";
+  }
+
+  async function refreshAlert() {
+    const fp = pageFingerprint();
+    try {
+      const found = await api("api/v1/alerts/" + encodeURIComponent(fp));
+      renderAlertPage(found);
+      chooseAlertSeries(found.series || []);
+      await loadSeries();
+      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      $("error").textContent = "";
+    } catch (err) {
+      if (err.status === 404) renderMissing(fp);
+      $("error").textContent = String(err.message || err);
+    }
+  }
+
+  // ------------------------------------------------------------------ start
+
   $("series-select").addEventListener("change", (ev) => {
     selected = ev.target.value;
     window.history.replaceState(null, "", "#series=" + encodeURIComponent(selected));
     loadSeries().catch((err) => { $("error").textContent = String(err.message || err); });
   });
 
-  refresh();
-  window.setInterval(refresh, REFRESH_MS);
+  const run = PAGE === "alert" ? refreshAlert : refresh;
+  run();
+  window.setInterval(run, REFRESH_MS);
 })();

@@ -19,16 +19,23 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragwatch.codec import encode
 from ragwatch.embedded import EmbeddedStack, free_port
 from ragwatch.exporter import METRIC_NAMES
+from ragwatch.schema import Alert
+from ragwatch.streams.pagerduty import PagerDutyConfig, pagerduty_event
+from ragwatch.streams.slack import alert_url
+from ragwatch.streams.state import Keys
+from ragwatch.streams.webhook import alertmanager_payload
 from tests.integration.conftest import Proc, clean_environ, run_ragwatch, wait_until
 from tests.integration.fleet_data import HOSTILE, Fleet, write_fleet
 
@@ -50,6 +57,7 @@ class Served:
     env: dict[str, str]
     fleet: Fleet
     proc: Proc
+    resolved: Alert  # in the alert history only
 
 
 @dataclass
@@ -98,9 +106,24 @@ def served(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory) -> It
         "RAGWATCH_LOG_LEVEL": "DEBUG",  # the access log too: it must not show the token
     }
     fleet = write_fleet(env["RAGWATCH_REDIS_URL"], env["RAGWATCH_REDIS_PREFIX"])
+    resolved = write_resolved(env["RAGWATCH_REDIS_URL"], env["RAGWATCH_REDIS_PREFIX"], fleet)
     proc, url = start_serve(env, tmp_path_factory.mktemp("serve") / "serve.log")
-    yield Served(url, env, fleet, proc)
+    yield Served(url, env, fleet, proc, resolved)
     proc.stop(signal.SIGKILL, timeout=10)
+
+
+def write_resolved(url: str, prefix: str, fleet: Fleet) -> Alert:
+    """A leak alert that resolved: its changes in the history, not active."""
+    start = fleet.leak.starts_at - 7200
+    firing = replace(fleet.leak, fingerprint="resolved00000001", starts_at=start, at=start)
+    resolved = replace(firing, status="resolved", ends_at=start + 3600, at=start + 3600)
+    client = redis.Redis.from_url(url)
+    try:
+        for a in (firing, resolved):  # newest first, as the worker writes it
+            client.lpush(Keys(prefix).history, encode(a))
+    finally:
+        client.close()
+    return resolved
 
 
 # ---------------------------------------------------------------------------- auth
@@ -308,6 +331,103 @@ def test_hostile_label_values_are_data_everywhere(served: Served) -> None:
     assert "\x1b" not in text and "\\x1b[2J" in text  # no terminal escapes get through
 
 
+# ---------------------------------------------------------------------------- alert pages
+
+
+def links(external_url: str, alert: Alert) -> dict[str, str]:
+    """The links to ``alert`` that the webhook, Slack and PagerDuty senders put in."""
+    webhook = alertmanager_payload([alert], external_url=external_url)["alerts"][0]
+    pager = PagerDutyConfig.from_mapping("pager", {"routing_key": "k" * 32})
+    event = pagerduty_event(replace(alert, status="firing"), pager, external_url=external_url)
+    assert event is not None
+    return {
+        "webhook": webhook["generatorURL"],
+        "slack": alert_url(external_url, alert),
+        "pagerduty": event["links"][0]["href"],
+    }
+
+
+def test_the_links_in_notifications_open_the_alerts_page(served: Served) -> None:
+    fleet = served.fleet
+    for alert in (fleet.leak, fleet.hostile, served.resolved):
+        page = f"{served.url}/alerts/{alert.fingerprint}"
+        for external_url in (served.url, served.url + "/"):
+            assert set(links(external_url, alert).values()) == {page}, external_url
+        reply = get(page)  # with the token: the server names the alert
+        assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/html")
+        title = f"<title>ragwatch: {alert.rule} ({alert.status})</title>"
+        assert title in reply.body.decode(), reply.body[:400]
+        assert "script-src 'self'" in reply.headers["Content-Security-Policy"]
+        assert reply.headers["Cache-Control"] == "no-store"
+        # Followed from Slack (no token): the bare page, nothing read; its script reads
+        # the alert with the token the tab keeps. A wrong token is refused.
+        bare = get(page, token=None)
+        assert bare.status == 200 and alert.rule not in bare.body.decode()
+        assert alert.labels["host"] not in bare.body.decode()
+        assert get(page + f"?token={TOKEN}", token=None).status == 200
+        assert get(page, token="wrong").status == 401
+        for asset in (
+            "../static/app.js",
+            "../static/style.css",
+            "../static/vendor/uPlot.iife.min.js",
+        ):
+            assert get(urljoin(page, asset), token=None).status == 200, asset
+    assert TOKEN not in served.proc.output()
+
+
+def test_an_unknown_alert_is_a_404_page(served: Served) -> None:
+    for fp, shown in (
+        ("0123456789abcdef", "0123456789abcdef"),
+        ("<script>alert(1)</script>", "&lt;script&gt;alert(1)&lt;/script&gt;"),
+        ("f" * 5000, "f" * 128),
+    ):
+        reply = get(f"{served.url}/alerts/{quote(fp, safe='')}")
+        body = reply.body.decode()
+        assert reply.status == 404 and reply.headers["Content-Type"].startswith("text/html")
+        assert f"No alert {shown}" in body or f"no alert {shown}" in body, body
+        assert "<script>alert" not in body
+    assert get(f"{served.url}/alerts/0123456789abcdef", token=None).status == 200  # bare
+    api = get(served.url + "/api/v1/alerts/0123456789abcdef")
+    assert api.status == 404 and "no alert '0123456789abcdef'" in api.json()["error"]
+    assert get(served.url + "/api/v1/alerts/" + "f" * 200).status == 400
+    assert get(served.url + "/api/v1/alerts/0123456789abcdef?x=1").status == 400
+
+
+def test_alert_api_gives_the_alert_its_changes_and_the_series_of_its_signal(
+    served: Served,
+) -> None:
+    fleet = served.fleet
+    leak = get(served.url + f"/api/v1/alerts/{fleet.leak.fingerprint}").json()
+    assert leak["active"] and leak["alert"]["status"] == "firing"
+    assert leak["alert"]["annotations"]["hint"] == fleet.leak.annotations["hint"]
+    assert {h["fingerprint"] for h in leak["history"]} == {fleet.leak.fingerprint}
+    changes = [h["status"] for h in leak["history"]]  # newest first
+    assert changes[0] == "firing" and changes[-1] == "pending", changes
+    assert leak["series"][0] == fleet.leak_series  # the process's memory, then its GPU's
+    assert leak["series"][1] == "gpu:{host}:{gpu}:fb_used".format(**fleet.leak.labels)
+    for path in (f"/api/v1/alerts/{fleet.leak.fingerprint}", "/api/v1/alerts/nope"):
+        assert get(served.url + path, token=None).status == 401
+
+    # A service alert: the chart of the signal of its rule (ThroughputDrop: output
+    # tokens/s with its forecast), read from the series index the recorder wrote.
+    (pending,) = get(served.url + "/api/v1/alerts?state=pending").json()["alerts"]
+    drop = get(served.url + f"/api/v1/alerts/{pending['fingerprint']}").json()
+    instance = pending["labels"]["instance"]
+    assert drop["series"][0] == f"service:rag-api:{instance}:tokens_per_s"
+    chart = get(served.url + "/api/v1/series/" + quote(drop["series"][0], safe="")).json()
+    assert chart["signal"] == "output_tokens_per_s" and "ThroughputDrop" in chart["rules"]
+    assert drop["silenced_by"] == [fleet.silences[0]]  # alertname=ThroughputDrop
+
+    gone = get(served.url + f"/api/v1/alerts/{served.resolved.fingerprint}").json()
+    assert not gone["active"] and gone["alert"]["status"] == "resolved"
+    assert [h["status"] for h in gone["history"]] == ["resolved", "firing"]
+    assert gone["series"][0] == fleet.leak_series
+    # No series of the hostile alert's process: its GPU's memory.
+    hostile = get(served.url + f"/api/v1/alerts/{fleet.hostile.fingerprint}").json()
+    assert hostile["series"] == ["gpu:gpu-node-02:0:fb_used"]
+    assert hostile["alert"]["labels"]["process"] == HOSTILE
+
+
 # ---------------------------------------------------------------------------- the page
 
 
@@ -317,43 +437,95 @@ def _attribute(tag: str, name: str) -> str:
     return html.unescape(found.group(1))
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium missing: make chromium")
-def test_live_page_renders_alerts_and_the_chart(served: Served, tmp_path: Path) -> None:
+def browse(url: str, profile: Path) -> str:
+    """The DOM of ``url`` after its script ran, in headless chromium."""
     out = subprocess.run(
         [
             "chromium",
             "--headless=new",
             "--no-sandbox",
             "--disable-gpu",
-            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--user-data-dir={profile}",
             "--virtual-time-budget=5000",
             "--dump-dom",
-            f"{served.url}/?token={TOKEN}",
+            url,
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    dom = out.stdout
-    assert out.returncode == 0 and "<body" in dom, out.stderr[-2000:]
-    assert re.search(r'id="error"[^>]*></span>', dom), dom  # no error shown
+    assert out.returncode == 0 and "<body" in out.stdout, out.stderr[-2000:]
+    return out.stdout
+
+
+def drawn(dom: str) -> tuple[str, int, str]:
+    """The series id and number of points on the page's chart, and the chart's HTML."""
+    chart = dom[dom.index('<div id="chart"') : dom.index('<div id="score-chart"')]
+    tag = chart[: chart.index(">")]
+    return _attribute(tag, "data-series"), int(_attribute(tag, "data-points")), chart
+
+
+def no_error(dom: str) -> bool:
+    return re.search(r'id="error"[^>]*></span>', dom) is not None
+
+
+chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium: make chromium")
+
+
+@chromium
+def test_live_page_renders_alerts_and_the_chart(served: Served, tmp_path: Path) -> None:
+    dom = browse(f"{served.url}/?token={TOKEN}", tmp_path / "profile")
+    assert no_error(dom), dom
     leak = served.fleet.leak
     alert = re.search(rf'<li class="alert firing" data-alertname="GpuMemoryLeak" '
                       rf'data-fingerprint="{leak.fingerprint}">(.*?)</li>', dom)  # fmt: skip
     assert alert, dom
     assert leak.annotations["hint"] in html.unescape(alert.group(1))
+    assert f'<a href="alerts/{leak.fingerprint}">details</a>' in alert.group(1)
     # uPlot drew the leaking process's memory and its leak score on canvases.
-    chart = dom[dom.index('<div id="chart"') : dom.index('<div id="score-chart"')]
-    tag = chart[: chart.index(">")]
-    series = _attribute(tag, "data-series")
+    series, points, chart = drawn(dom)
     assert series == served.fleet.leak_series
-    assert int(_attribute(tag, "data-points")) == served.fleet.series_points[series] > 100
+    assert points == served.fleet.series_points[series] > 100
     canvas = re.search(r'<canvas width="(\d+)" height="(\d+)"', chart)
     assert canvas and int(canvas.group(1)) > 300 and int(canvas.group(2)) > 200, chart
     assert re.search(r'<div id="score-chart" class="chart" data-points="[1-9]\d*"', dom)
     # Hostile label values are text: escaped in the DOM, no element made of them.
     assert "&lt;img src=x onerror=alert(1)&gt;" in dom
     assert "<img" not in dom and "<script>alert" not in dom
+
+
+@chromium
+def test_alert_pages_show_the_alert_and_the_chart_of_its_signal(
+    served: Served, tmp_path: Path
+) -> None:
+    fleet = served.fleet
+    page = f"{served.url}/alerts/{fleet.leak.fingerprint}"
+    dom = browse(f"{page}?token={TOKEN}", tmp_path / "leak")
+    assert no_error(dom), dom
+    assert '<h2 id="alert-title" data-status="firing">GpuMemoryLeak (firing)</h2>' in dom
+    text = html.unescape(dom)
+    for shown in (fleet.leak.annotations["hint"], fleet.leak.annotations["runbook"]):
+        assert shown in text
+    assert f"<dt>pid</dt><dd>{fleet.leak.labels['pid']}</dd>" in dom
+    series, points, _ = drawn(dom)
+    assert series == fleet.leak_series and points == fleet.series_points[series]
+
+    # A service alert's page charts the signal of its rule.
+    (pending,) = get(served.url + "/api/v1/alerts?state=pending").json()["alerts"]
+    dom = browse(f"{served.url}/alerts/{pending['fingerprint']}?token={TOKEN}", tmp_path / "svc")
+    assert no_error(dom), dom
+    series, points, _ = drawn(dom)
+    assert series == f"service:rag-api:{pending['labels']['instance']}:tokens_per_s"
+    assert points == fleet.series_points[series] > 10
+
+    dom = browse(f"{served.url}/alerts/{fleet.hostile.fingerprint}?token={TOKEN}", tmp_path / "h")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in dom
+    assert "<img" not in dom and "<script>alert" not in dom
+    dom = browse(f"{served.url}/alerts/0123456789abcdef?token={TOKEN}", tmp_path / "unknown")
+    assert '<h2 id="alert-title">No alert 0123456789abcdef</h2>' in dom, dom
+    # Followed from a notification in a tab without the token: the page says how to open it.
+    dom = browse(page, tmp_path / "bare")
+    assert f"open this page once as /alerts/{fleet.leak.fingerprint}?token=" in dom, dom
 
 
 # ---------------------------------------------------------------------------- lifecycle
