@@ -21,26 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ragwatch.config import Settings, parse_duration
+from ragwatch.argtypes import (
+    nonnegative_float,
+    nonnegative_int,
+    positive_duration,
+    positive_int,
+)
+from ragwatch.config import Settings
 from ragwatch.errors import ConfigError
 from ragwatch.schema import Envelope
 
 log = logging.getLogger("ragwatch.agent")
 DEFAULT_INTERVAL = {"sim": 10.0, "nvml": 1.0, "prom": 15.0}
-
-
-def _duration(v: str) -> float:
-    try:
-        return parse_duration(v)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(v: str) -> int:
-    n = int(v)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def add_parser(sub: Any) -> None:
@@ -53,7 +45,7 @@ def add_parser(sub: Any) -> None:
     )
     a.add_argument(
         "--interval",
-        type=_duration,
+        type=positive_duration,
         default=None,
         help="time between samples (default: sim 10s of event time, nvml 1s, prom 15s)",
     )
@@ -71,10 +63,12 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="keep what the broker cannot take on disk, and send it later",
     )
-    a.add_argument("--spool-max", type=int, default=256 << 20, help="spool size cap, bytes")
+    a.add_argument(
+        "--spool-max", type=positive_int, default=256 << 20, help="spool size cap, bytes"
+    )
     a.add_argument(
         "--queue-max",
-        type=_positive_int,
+        type=positive_int,
         default=100_000,
         help="records kept in memory while the broker is slow or away (beyond them: the "
         "spool, or dropped without one); also caps the records in flight to the broker",
@@ -87,35 +81,37 @@ def add_parser(sub: Any) -> None:
     )
     sim.add_argument(
         "--services",
-        type=int,
+        type=nonnegative_int,
         default=2,
         help="simulated RAG services (2 instances each) sending request "
         "telemetry; 0 = GPU telemetry only",
     )
-    sim.add_argument("--hosts", type=int, default=4, help="simulated hosts (default 4)")
-    sim.add_argument("--gpus", type=int, default=2, help="GPUs per simulated host (default 2)")
+    sim.add_argument("--hosts", type=positive_int, default=4, help="simulated hosts (default 4)")
+    sim.add_argument(
+        "--gpus", type=positive_int, default=2, help="GPUs per simulated host (default 2)"
+    )
     sim.add_argument(
         "--speed",
-        type=float,
+        type=nonnegative_float,
         default=1.0,
         help="event-time seconds per wall second; 0 = as fast as possible",
     )
     sim.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same data)")
     sim.add_argument(
         "--duration",
-        type=_duration,
+        type=positive_duration,
         default=None,
         help="event time to simulate, e.g. 3600, 90m or 6h (default: forever)",
     )
     sim.add_argument(
         "--heal-after",
-        type=_duration,
+        type=positive_duration,
         default=None,
         help="the request faults end this long after they start (default: never)",
     )
     sim.add_argument(
         "--start",
-        type=float,
+        type=nonnegative_float,
         default=None,
         help="event time of the first sample, epoch seconds (default: now minus "
         "--duration, so a fast replay ends near the present)",
@@ -137,7 +133,7 @@ def add_parser(sub: Any) -> None:
     )
     prom.add_argument(
         "--series-cap",
-        type=int,
+        type=positive_int,
         default=2000,
         help="series kept per target; the rest are dropped and counted",
     )
@@ -153,10 +149,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         signal.signal(sig, lambda *_: stop.set())
     if args.source == "sim":
         return _run_sim(args, settings, topics, interval, stop)
-    sample, close = _open_source(args)
+    sample, close, unread = _open_source(args)
     try:
         if args.json:
             _print(sample())
+            _once_read(unread)
             return 0
         from ragwatch.agents.runner import run_polling
 
@@ -169,14 +166,26 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             stop=stop,
             max_ticks=1 if args.once else None,
         )
-        return _report(stats.ticks, stats.envelopes, stats.events, publisher)
+        code = _report(stats.ticks, stats.envelopes, stats.events, publisher)
+        if args.once:
+            _once_read(unread, failed=stats.errors > 0)
+        return code
     finally:
         close()
 
 
+def _once_read(unread: Callable[[], str | None], *, failed: bool = False) -> None:
+    """--once that read nothing is a failure (exit 2), not an empty success."""
+    why = "sampling failed (logged above)" if failed else unread()
+    if why is not None:
+        raise ConfigError(f"agent --once: {why}")
+
+
 def _open_source(
     args: argparse.Namespace,
-) -> tuple[Callable[[], list[Envelope]], Callable[[], None]]:
+) -> tuple[Callable[[], list[Envelope]], Callable[[], None], Callable[[], str | None]]:
+    """The source's sample and close functions, and one that says why nothing was read
+    (None if something was)."""
     host = args.host or socket.gethostname()
     if args.source == "nvml":
         from ragwatch.agents.nvml import NvmlSource
@@ -194,7 +203,7 @@ def _open_source(
             started.clear()
             return [*first, env, *events]
 
-        return sample_nvml, src.close
+        return sample_nvml, src.close, lambda: None
     from ragwatch.agents.prom import PromSource
 
     if not args.target:
@@ -203,7 +212,15 @@ def _open_source(
         prom = PromSource(args.target, host=host, series_cap=args.series_cap)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return prom.sample, lambda: None
+
+    def unscraped() -> str | None:
+        if any(st.scrapes for st in prom.stats.values()):
+            return None
+        return "no --target could be scraped: " + "; ".join(
+            f"{url} ({st.last_error})" for url, st in prom.stats.items()
+        )
+
+    return prom.sample, lambda: None, unscraped
 
 
 def _run_sim(
@@ -267,8 +284,18 @@ def _run_sim(
 
 
 def _publisher(args: argparse.Namespace, settings: Settings) -> Any:
+    """The Kafka sink, once the broker has answered: an unreachable one is one line and
+    exit 2, unless a spool keeps what is sampled until it answers (not with --once)."""
     from ragwatch.agents.publisher import KafkaPublisher
     from ragwatch.agents.spool import Spool
+    from ragwatch.kafka_admin import check_kafka
+
+    try:
+        check_kafka(settings, "agent")
+    except ConfigError as exc:
+        if args.spool_dir is None or args.once:
+            raise
+        log.warning("%s; spooling to %s until it answers", exc, args.spool_dir)
 
     spool = None if args.spool_dir is None else Spool(args.spool_dir, max_bytes=args.spool_max)
     return KafkaPublisher(

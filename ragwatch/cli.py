@@ -17,17 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ragwatch import __version__, agent_command
-from ragwatch.config import Settings, env_names, parse_duration
+from ragwatch.argtypes import fraction, port, positive_duration, positive_int
+from ragwatch.config import Settings, env_names
 from ragwatch.errors import ConfigError
 
 log = logging.getLogger("ragwatch")
-
-
-def _duration(v: str) -> float:
-    try:
-        return parse_duration(v)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,12 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--watch", action="store_true", help="refresh until interrupted")
     s.add_argument(
-        "--interval", type=_duration, default=2.0, help="refresh period with --watch (2s)"
+        "--interval",
+        type=positive_duration,
+        default=2.0,
+        help="refresh period with --watch (2s; at least 0.1s)",
     )
 
     v = sub.add_parser("serve", help="HTTP API, /metrics and the live status page")
     v.add_argument("--host", default=None, help="bind address (default RAGWATCH_SERVE_HOST)")
-    v.add_argument("--port", type=int, default=None, help="port (default RAGWATCH_SERVE_PORT)")
+    v.add_argument("--port", type=port, default=None, help="port (default RAGWATCH_SERVE_PORT)")
 
     sub.add_parser("notify", help="route, group and deliver alerts to Slack, PagerDuty, webhooks")
 
@@ -66,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LABEL=VALUE",
         help="label matcher (repeatable; LABEL=~REGEX for a regular expression)",
     )
-    add.add_argument("--duration", type=_duration, default=None, help="e.g. 2h (default 1h)")
+    add.add_argument(
+        "--duration", type=positive_duration, default=None, help="e.g. 2h (default 1h)"
+    )
     add.add_argument(
         "--cron",
         default=None,
@@ -92,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--timeout",
-        type=_duration,
+        type=positive_duration,
         default=None,
         help="give up after this long (default 150s; 300s for healthy, which plays 3 days)",
     )
@@ -128,7 +127,7 @@ def _add_replay_parsers(sub: Any) -> None:
     )
     r.add_argument("--detector", default="default", help="scores CSV series (default: default)")
     r.add_argument(
-        "--threshold", type=float, default=0.5, help="CSV score that fires (default 0.5)"
+        "--threshold", type=fraction, default=0.5, help="CSV score that fires, in (0, 1] (0.5)"
     )
 
     rec = sub.add_parser("record", help="write the telemetry topics to a JSONL file for replay")
@@ -137,9 +136,11 @@ def _add_replay_parsers(sub: Any) -> None:
         "--topics", default="gpu,requests,events,metrics", help="comma-separated topic names"
     )
     stop = rec.add_mutually_exclusive_group()
-    stop.add_argument("--duration", type=_duration, default=None, help="stop after this long")
     stop.add_argument(
-        "--max-messages", type=int, default=None, help="stop after N envelopes written"
+        "--duration", type=positive_duration, default=None, help="stop after this long"
+    )
+    stop.add_argument(
+        "--max-messages", type=positive_int, default=None, help="stop after N envelopes written"
     )
 
 
@@ -154,10 +155,22 @@ def cmd_agent(args: argparse.Namespace, settings: Settings, environ: Mapping[str
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    import signal
+    import threading
+
     from ragwatch.status import show_status
 
+    stop = threading.Event()  # --watch: SIGTERM or Ctrl-C ends the wait, exit 0
+    if args.watch:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
     return show_status(
-        settings, as_json=args.json, out=sys.stdout, watch=args.watch, interval_s=args.interval
+        settings,
+        as_json=args.json,
+        out=sys.stdout,
+        watch=args.watch,
+        interval_s=args.interval,
+        sleep=stop.wait,
     )
 
 
@@ -195,7 +208,7 @@ def cmd_dev(args: argparse.Namespace, settings: Settings, environ: Mapping[str, 
         stack.up()
         from ragwatch.kafka_admin import ensure_topics
 
-        ensure_topics(Settings.from_env({**environ, **stack.env()}))
+        ensure_topics(Settings.from_env({**environ, **stack.env()}), command="dev up")
     elif args.action == "down":
         stopped = stack.down()
         print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
@@ -216,8 +229,6 @@ def cmd_replay(args: argparse.Namespace, settings: Settings, environ: Mapping[st
     from ragwatch.replay import replay
     from ragwatch.streams.rules import load_rules
 
-    if not 0.0 < args.threshold <= 1.0:
-        raise ConfigError(f"--threshold must be in (0, 1]: {args.threshold}")
     rules = load_rules(args.rules or settings.rules_file)
     try:
         return replay(
@@ -240,8 +251,6 @@ def cmd_record(args: argparse.Namespace, settings: Settings, environ: Mapping[st
 
     from ragwatch.replay import record
 
-    if args.max_messages is not None and args.max_messages < 1:
-        raise ConfigError(f"--max-messages must be at least 1: {args.max_messages}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -225,16 +225,18 @@ def run_demo(
     timeout_s: float | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    from ragwatch.kafka_admin import ensure_topics
+    from ragwatch.kafka_admin import check_kafka, ensure_topics
 
-    run_id = uuid.uuid4().hex[:8]
-    run_dir = Path(tempfile.mkdtemp(prefix=f"ragwatch-demo-{run_id}-"))
-    stack = EmbeddedStack(run_dir / "stack")
     own = tuple(
         n
         for n, f in (("kafka", "kafka_bootstrap"), ("redis", "redis_url"))
         if f not in settings.explicit
     )
+    if "kafka" not in own:  # an external broker: one line now, before anything starts
+        check_kafka(settings, "demo")
+    run_id = uuid.uuid4().hex[:8]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"ragwatch-demo-{run_id}-"))
+    stack = EmbeddedStack(run_dir / "stack")
     wanted = expectations(scenario)
     if timeout_s is None:
         timeout_s = TIMEOUT_S.get(scenario, 150.0)
@@ -265,7 +267,7 @@ def run_demo(
         if "redis" not in own:
             env["RAGWATCH_REDIS_PREFIX"] = f"ragwatch-demo-{run_id}"
         demo_settings = Settings.from_env(env)
-        ensure_topics(demo_settings)
+        ensure_topics(demo_settings, command="demo")
         _say(
             f"kafka {demo_settings.kafka_bootstrap}; local receivers: webhook {receiver.url}, "
             f"Slack-like {slack.url}, PagerDuty-like {pager.url}"

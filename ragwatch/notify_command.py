@@ -43,15 +43,16 @@ def run_notifier(settings: Settings, environ: Mapping[str, str] | None = None) -
     """Run until SIGTERM/SIGINT. A bad notify file fails before anything connects."""
     import os
 
-    from ragwatch.kafka_admin import ensure_topics
+    from ragwatch.kafka_admin import check_kafka, ensure_topics
     from ragwatch.streams.notifier import Notifier, sender_config
 
     config = notify_config(settings, os.environ if environ is None else environ)
     for name, spec in config.receivers.items():
         sender_config(name, spec)  # a bad receiver fails here, before anything connects
+    check_kafka(settings, "notify")
     if not config.receivers:
         log.warning("notify: no receivers (set RAGWATCH_WEBHOOK_URLS or RAGWATCH_NOTIFY_FILE)")
-    ensure_topics(settings)
+    ensure_topics(settings, command="notify")
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -498,31 +498,34 @@ def record(
     ``stop`` is set. Kafka's order is kept per partition."""
     from confluent_kafka import KafkaException
 
+    from ragwatch.kafka_admin import check_kafka
+
     unknown = sorted(set(topics) - set(TOPIC_KINDS))
     if unknown or not topics:
         raise ConfigError(f"record: --topics takes {','.join(TOPIC_KINDS)}; got {unknown}")
-    deadline = math.inf if duration_s is None else time.monotonic() + duration_s
     limit = math.inf if max_messages is None else max_messages
     stop = stop or threading.Event()
+    check_kafka(settings, "record")  # one line, before any file exists
+    try:  # Kafka first: a missing topic leaves no empty file either
+        consumer = _assigned_consumer(settings, topics)
+    except KafkaException as exc:
+        raise ConfigError(f"record: Kafka at {settings.kafka_bootstrap}: {exc}") from None
+    deadline = math.inf if duration_s is None else time.monotonic() + duration_s
     try:
-        f = _create(out_path)
-    except OSError as exc:
-        raise ConfigError(f"record: cannot write {out_path}: {exc.strerror}") from None
-    with f:
         try:
-            consumer = _assigned_consumer(settings, topics)
-        except KafkaException as exc:
-            raise ConfigError(f"record: Kafka at {settings.kafka_bootstrap}: {exc}") from None
-        kinds = {settings.topic(name): TOPIC_KINDS[name] for name in topics}
-        stats = RecordStats()
-        try:
+            f = _create(out_path)
+        except OSError as exc:
+            raise ConfigError(f"record: cannot write {out_path}: {exc.strerror}") from None
+        with f:
+            kinds = {settings.topic(name): TOPIC_KINDS[name] for name in topics}
+            stats = RecordStats()
             while stats.written < limit and time.monotonic() < deadline and not stop.is_set():
                 for msg in consumer.consume(500, timeout=0.5):
                     _record_one(msg, kinds, f, stats)
                     if stats.written >= limit:
                         break
-        finally:
-            consumer.close()
+    finally:
+        consumer.close()
     return stats
 
 

@@ -5,7 +5,8 @@ scraped engines), service instances (tokens/request against its forecast, tokens
 P95/P99 per stage, queueing, errors), firing and pending alerts with their root-cause
 hint, silences, and the notifier's backlog (the view: :mod:`ragwatch.status_view`).
 ``--json`` prints :func:`~ragwatch.streams.state.read_status`'s dict; ``--watch``
-redraws until Ctrl-C.
+redraws a terminal until Ctrl-C or SIGTERM, and into a pipe or file (no terminal to
+redraw) appends a plain-text snapshot per refresh, flushed.
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def show_status(
     out: TextIO,
     watch: bool = False,
     interval_s: float = 2.0,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
     clock: Callable[[], float] = time.time,
 ) -> int:
-    """Print the status once, or with ``watch`` until Ctrl-C (exit 0). Redis unreachable at
+    """Print the status once, or with ``watch`` until Ctrl-C or ``sleep`` returns true
+    (e.g. ``threading.Event.wait`` of an event SIGTERM sets): exit 0. Redis unreachable at
     the start: ``ConfigError`` (one line, exit 2); later, the view says so and keeps trying.
     ``--json --watch`` prints one compact JSON object per line and refresh."""
     status = fetch_status(settings, clock())
@@ -87,6 +89,16 @@ def show_status(
     if not watch:
         console.print(render(status, clock(), unicode=unicode))
         return 0
+    if not out.isatty():  # rich's Live only draws on a terminal: append snapshots instead
+
+        def append(s: dict[str, Any], error: str | None = None) -> None:
+            view = render(s, clock(), unicode=unicode)
+            console.print(Group(Text(clean(error)), view) if error else view)
+            console.print()
+            out.flush()
+
+        append(status)
+        return _watch(settings, status, append, interval_s, sleep, clock)
     from rich.live import Live
 
     with Live(console=console, auto_refresh=False) as live:
@@ -106,14 +118,13 @@ def _watch(
     status: dict[str, Any],
     show: Callable[[dict[str, Any], str | None], None],
     interval_s: float,
-    sleep: Callable[[float], None],
+    sleep: Callable[[float], object],
     clock: Callable[[], float],
 ) -> int:
-    """Refresh every ``interval_s`` (at least 0.1 s) until Ctrl-C; a failed read keeps the
-    last status and says why."""
+    """Refresh every ``interval_s`` (at least 0.1 s) until Ctrl-C or ``sleep`` returns
+    true; a failed read keeps the last status and says why."""
     try:
-        while True:
-            sleep(max(interval_s, 0.1))
+        while not sleep(max(interval_s, 0.1)):
             try:
                 status = fetch_status(settings, clock())
             except ConfigError as exc:
@@ -121,4 +132,5 @@ def _watch(
                 continue
             show(status, None)
     except KeyboardInterrupt:
-        return 0
+        pass
+    return 0

@@ -31,7 +31,7 @@ import mode
 from redis.exceptions import RedisError
 
 from ragwatch.codec import decode_as, decode_gpu_wire, encode
-from ragwatch.config import Settings
+from ragwatch.config import Settings, redact_url
 from ragwatch.errors import SchemaError
 from ragwatch.schema import (
     DLQ_HEADER_OFFSET,
@@ -45,6 +45,7 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.acks import HeldAcks
 from ragwatch.streams.engine import Transition
+from ragwatch.streams.outage import OutageLog
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
 from ragwatch.streams.series import SeriesRecorder
@@ -101,6 +102,7 @@ class Delivery(mode.Service):
         self.counters = WorkerCounters()
         self.redis = async_client(settings.redis_url)
         self.redis_down_since: float | None = None
+        self._redis_outage = OutageLog(log, "Redis", redact_url(settings.redis_url))
         self._resolved_while_down: set[str] = set()
         # transitions and the rewrite after an outage write the active-alert hash in turn:
         # a rewrite must not put back an alert whose resolution was written meanwhile
@@ -216,9 +218,7 @@ class Delivery(mode.Service):
         self.counters.redis_errors += 1
         if self.redis_down_since is None:
             self.redis_down_since = time.monotonic()
-        log.warning(
-            "redis %s failed (%s); errors so far: %d", what, exc, self.counters.redis_errors
-        )
+        self._redis_outage.failed(what, exc)  # the first at once, then one line per 30 s
 
     async def _recovered(self, pipes: Pipelines) -> None:
         """Redis answers again: rewrite this worker's active alerts (a restarted Redis is
@@ -228,11 +228,9 @@ class Delivery(mode.Service):
             active = pipes.engine.active
             await self.store.rewrite_active(active, self._resolved_while_down - set(active))
         self.store.forget_index()
-        log.warning(
-            "redis is back after %.0f s: rewrote %d active alert(s), removed %d resolved",
-            time.monotonic() - self.redis_down_since,
-            len(active),
-            len(self._resolved_while_down),
+        self._redis_outage.recovered(
+            f": rewrote {len(active)} active alert(s), removed "
+            f"{len(self._resolved_while_down)} resolved"
         )
         self.redis_down_since = None
         self._resolved_while_down.clear()

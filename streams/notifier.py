@@ -32,11 +32,12 @@ import orjson
 from redis.exceptions import RedisError
 
 from ragwatch.codec import decode_as
-from ragwatch.config import Settings
+from ragwatch.config import Settings, redact_url
 from ragwatch.errors import ConfigError, SchemaError
 from ragwatch.schema import Alert
 from ragwatch.streams.grouping import Grouper
 from ragwatch.streams.notification import Delivered, Failed, Retry, Sender
+from ragwatch.streams.outage import OutageLog
 from ragwatch.streams.outbox import Entry, Outbox
 from ragwatch.streams.routing import NotifyConfig
 from ragwatch.streams.silences import Silence, decode_all
@@ -155,6 +156,9 @@ class Notifier:
         self.silences: list[Silence] = []
         self._senders = dict(senders or {})
         self._redis: Any = None
+        self._redis_outage = OutageLog(
+            log, "Redis", redact_url(settings.redis_url), prefix="notify: "
+        )
         self.outbox: Outbox | None = None
         self._wake = asyncio.Event()  # set when a notification is queued: send it now
 
@@ -172,7 +176,11 @@ class Notifier:
             self._redis = async_client(self.settings.redis_url)
             cleanup.push_async_callback(self._redis.aclose)
             self.outbox = Outbox(
-                self._redis, self.keys, max_attempts=self.config.max_attempts, clock=self._wall
+                self._redis,
+                self.keys,
+                max_attempts=self.config.max_attempts,
+                clock=self._wall,
+                where=redact_url(self.settings.redis_url),
             )
             await self._restore()
             consumer = AIOKafkaConsumer(
@@ -322,6 +330,8 @@ class Notifier:
             self.silences = decode_all(await self._redis.hgetall(self.keys.silences))
         except RedisError as exc:
             self._redis_failed("read silences", exc)
+            return
+        self._redis_outage.recovered()  # read every tick: says at once when Redis is back
 
     async def _observe_workers(self) -> None:
         """The workers' event-time watermark moves the clock when no alert does."""
@@ -366,6 +376,4 @@ class Notifier:
 
     def _redis_failed(self, what: str, exc: Exception) -> None:
         self.counters.redis_errors += 1
-        log.warning(
-            "notify: redis %s failed (%s); errors so far: %d", what, exc, self.counters.redis_errors
-        )
+        self._redis_outage.failed(what, exc)  # the first at once, then one line per 30 s

@@ -38,6 +38,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from ragwatch.streams.notification import Notification
+from ragwatch.streams.outage import OutageLog
 from ragwatch.streams.state import Keys
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Outbox:
         min_retry_s: float = MIN_RETRY_S,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        where: str = "",
     ) -> None:
         self.client, self.keys = client, keys
         self.max_attempts = max_attempts
@@ -115,6 +117,7 @@ class Outbox:
         # its group that waits there (a resolution before its firing notification).
         self._in_redis: dict[str, tuple[str, float]] = {}
         self.memory_fallbacks = 0
+        self._outage = OutageLog(log, "Redis", where, prefix="outbox: ")  # where: its URL
 
     def _sent(self, key: str) -> str:
         return f"{self.keys.outbox_sent}:{key}"
@@ -136,16 +139,9 @@ class Outbox:
 
     def _fallback(self, what: str, exc: Exception) -> None:
         self.memory_fallbacks += 1
-        if self.memory_fallbacks in (1, 10, 100) or self.memory_fallbacks % 1000 == 0:
-            log.warning(
-                "outbox: Redis unreachable (%s: %s): %s kept in memory until it is back "
-                "(%d in memory, %d fallbacks so far)",
-                what,
-                exc,
-                what,
-                self.in_memory,
-                self.memory_fallbacks,
-            )
+        self._outage.failed(  # the first at once, then one line per 30 s
+            what, exc, f"; {what} kept in memory until it is back ({self.in_memory} in memory)"
+        )
 
     async def put(self, n: Notification) -> bool:
         """Store and schedule ``n`` now; False if it is queued or was delivered already."""
@@ -197,7 +193,7 @@ class Outbox:
         self._mem_due.clear()
         self._mem_sent.clear()
         self._mem_dead.clear()
-        log.warning("outbox: Redis is back: wrote %d notification(s) and marks kept in memory", n)
+        self._outage.recovered(f": wrote {n} notification(s) and marks kept in memory")
 
     async def due(self, limit: int = 100) -> list[Entry]:
         """Entries due now, oldest first (from memory too while Redis is unreachable)."""

@@ -80,6 +80,28 @@ def test_prom_once_json_prints_mapped_envelopes(exporter: str) -> None:
     assert {"ragwatch_generation_tokens_total", "ragwatch_requests_waiting"} <= names
 
 
+def test_prom_once_that_scrapes_no_target_fails(rw_env: dict[str, str], exporter: str) -> None:
+    """--once with every target down is exit 2 and one line naming them, published or
+    printed; one target up is enough (the other is logged and skipped)."""
+    from tests.fakes import closed_port_url
+
+    down = closed_port_url()
+    ensure_topics(Settings.from_env(rw_env))
+    for extra in ((), ("--json",)):
+        out = ragwatch("agent", "--source", "prom", "--target", down, "--once", *extra, env=rw_env)
+        assert out.returncode == 2, out.stderr
+        assert out.stdout == ""
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("ragwatch: error: agent --once: no --target could be scraped: ")
+        assert down in last and "Connection refused" in last
+    out = ragwatch(
+        "agent", "--source", "prom", "--target", down, "--target", f"{exporter}/vllm.txt",
+        "--once", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert [codec.decode(line).host for line in out.stdout.splitlines()]
+
+
 def test_prom_source_publishes_through_the_publisher(rw_env: dict[str, str], exporter: str) -> None:
     settings = Settings.from_env(rw_env)
     ensure_topics(settings)

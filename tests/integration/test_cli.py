@@ -130,9 +130,69 @@ def test_bad_rules_file_stops_the_worker_with_a_clear_error(tmp_path: Path) -> N
     assert "Traceback" not in out.stderr
 
 
+KAFKA_COMMANDS = [
+    ("worker",),
+    ("notify",),
+    ("record", "--out", "{tmp}/rec.jsonl", "--duration", "30s"),
+    ("agent", "--once"),
+    ("agent", "--speed", "60"),
+    ("agent", "--source", "prom", "--target", "http://127.0.0.1:9/metrics", "--once"),
+    ("demo",),
+]
+
+
+@pytest.mark.parametrize("args", KAFKA_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_unreachable_kafka_is_one_line_and_exit_2_within_seconds(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    import time
+
+    from ragwatch.embedded import free_port
+
+    bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens: connection refused
+    env = {
+        "RAGWATCH_KAFKA_BOOTSTRAP": bootstrap,
+        "RAGWATCH_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "RAGWATCH_STATE_DIR": str(tmp_path / "state"),
+    }
+    started = time.monotonic()
+    out = ragwatch(*(a.format(tmp=tmp_path) for a in args), env=env, timeout=60)
+    took = time.monotonic() - started
+    assert out.returncode == 2, out.stderr[-3000:]
+    (line,) = out.stderr.strip().splitlines()  # not librdkafka's line per refused connect
+    assert line.startswith(
+        f"ragwatch: error: {args[0]}: cannot reach Kafka at {bootstrap} "
+        "(RAGWATCH_KAFKA_BOOTSTRAP): "
+    ), line
+    assert "Connection refused" in line
+    assert took < 20, f"took {took:.1f}s"
+    assert not (tmp_path / "rec.jsonl").exists()  # record: no empty file left behind
+
+
+def test_an_agent_with_a_spool_keeps_sampling_while_kafka_is_unreachable(
+    tmp_path: Path, start_ragwatch: Any
+) -> None:
+    """Continuous mode with --spool-dir: the spool is for outages, one at start too."""
+    import signal
+    import time
+
+    from ragwatch.embedded import free_port
+
+    env = {"RAGWATCH_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
+    agent = start_ragwatch(["agent", "--spool-dir", str(tmp_path / "spool")], env)
+    deadline = time.monotonic() + 30
+    while "spooling to" not in agent.output() and time.monotonic() < deadline:
+        assert agent.popen.poll() is None, agent.output()
+        time.sleep(0.2)
+    assert "cannot reach Kafka at" in agent.output(), agent.output()
+    time.sleep(1)
+    assert agent.popen.poll() is None, agent.output()  # still sampling, not exit 2
+    agent.stop(signal.SIGKILL)
+
+
 def test_agent_rejects_bad_arguments() -> None:
     out = ragwatch("agent", "--hosts", "0", env={})
-    assert out.returncode == 2 and "hosts and gpus must be >= 1" in out.stderr
+    assert out.returncode == 2 and "argument --hosts: must be at least 1" in out.stderr
     out = ragwatch("agent", "--duration", "soon", env={})
     assert out.returncode == 2 and "bad duration" in out.stderr
 

@@ -157,6 +157,8 @@ def test_record_stops_after_its_duration_and_names_bad_topics(
     proc = run_ragwatch("record", "--out", str(out), "--topics", "gpu,nope", env=rw_env)
     assert proc.returncode == 2 and "--topics" in proc.stderr and "nope" in proc.stderr
     other = {**rw_env, "RAGWATCH_TOPIC_PREFIX": "absent."}
-    proc = run_ragwatch("record", "--out", str(out), "--max-messages", "1", env=other)
+    absent = tmp_path / "absent.jsonl"
+    proc = run_ragwatch("record", "--out", str(absent), "--max-messages", "1", env=other)
     assert proc.returncode == 2
     assert "topic absent.ragwatch.gpu does not exist" in proc.stderr
+    assert not absent.exists()  # Kafka is asked first: no empty file left behind

@@ -16,6 +16,7 @@ import sys
 import termios
 import time
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
@@ -137,6 +138,46 @@ def test_status_watch_redraws_in_a_terminal_until_ctrl_c(
     assert interrupted and code == 0, (screen[-2000:], err)
     assert screen.count(b"ALERTS (2 firing, 1 pending)") >= 3  # drawn, then redrawn
     assert b"\x1b[2J" not in screen  # the hostile name's escape is shown, not obeyed
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_status_watch_into_a_file_appends_plain_snapshots_until_a_signal(
+    fleet_env: tuple[dict[str, str], Fleet], tmp_path: Path, sig: signal.Signals
+) -> None:
+    """No terminal (``status --watch > file``): a plain-text snapshot per refresh, each
+    flushed as it is written; SIGTERM or Ctrl-C ends it with exit 0."""
+    env, _ = fleet_env
+    path = tmp_path / "status.txt"
+    header = "ALERTS (2 firing, 1 pending)"
+    with open(path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ragwatch", "status", "--watch", "--interval", "0.2s"],
+            env={**clean_environ(), **env},
+            stdout=out,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while path.read_text().count(header) < 3 and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.1)
+        assert path.read_text().count(header) >= 3  # written while it runs, not at exit
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    text = path.read_text()
+    assert "\x1b" not in text  # plain text: no cursor moves, no colours
+    snapshots = text.split("ragwatch status  ")[1:]
+    assert len(snapshots) >= 3
+    for snap in snapshots:  # each one whole, the last one too
+        assert header in snap and "HOSTS" in snap and "NOTIFIER outbox" in snap
+        assert snap.endswith("\n\n")
 
 
 def test_status_watch_json_prints_a_line_per_refresh(

@@ -113,3 +113,15 @@ def test_watch_keeps_the_last_status_when_redis_goes_away_and_stops_on_ctrl_c() 
     assert [s for s, _ in shown] == [last, last]
     for _, error in shown:
         assert error and error.startswith("cannot read status from Redis") and "pw" not in error
+
+
+def test_watch_ends_when_its_wait_is_cut_short() -> None:
+    """--watch waits with ``Event.wait``; SIGTERM/SIGINT set the event: exit 0, no redraw."""
+    import threading
+
+    settings = Settings.from_env({"RAGWATCH_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    stop = threading.Event()
+    stop.set()
+    shown: list[Any] = []
+    assert _watch(settings, {}, lambda s, e: shown.append(s), 5.0, stop.wait, lambda: NOW) == 0
+    assert shown == []
