@@ -13,7 +13,8 @@ Scenarios:
   ``leak_host``, GPU ``leak_gpu``, default the last) grows ``leak_gb_per_h`` (1.2 GB/h:
   a FAISS index never reset plus an unbounded tokenizer cache). When the GPU is full, the
   CUDA OOM killer takes it: an ``oom_kill`` event is emitted and the worker restarts with
-  a new pid, and leaks again.
+  a new pid, and leaks again. With ``leak_stop_s``, the leaking process is restarted at
+  that time with the fix (a new pid, its memory back to normal, no more growth).
 
 >>> sim = FleetSimulator(SimConfig(hosts=2, gpus=1, start_ts=1_700_000_000.0))
 >>> ts, envelopes, events = next(sim.ticks())
@@ -53,6 +54,7 @@ class SimConfig:
     leak_start_s: float = 1200.0
     leak_host: int = 0
     leak_gpu: int = -1
+    leak_stop_s: float | None = None  # the leaking process is restarted here and is fixed
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -67,6 +69,9 @@ class SimConfig:
             raise ValueError("leak_gb_per_h must be finite and >= 0")
         if not 0 <= self.leak_host < self.hosts or not -self.gpus <= self.leak_gpu < self.gpus:
             raise ValueError("leak_host / leak_gpu out of range")
+        stop = self.leak_stop_s
+        if stop is not None and not (math.isfinite(stop) and stop > self.leak_start_s):
+            raise ValueError("leak_stop_s must be finite and after leak_start_s")
 
 
 @dataclass
@@ -157,6 +162,8 @@ class FleetSimulator:
         elapsed = ts - cfg.start_ts
         procs = []
         for p in gpu.procs:
+            if p.leaking and cfg.leak_stop_s is not None and elapsed >= cfg.leak_stop_s:
+                p.pid, p.leaked, p.leaking = p.pid + 1, 0.0, False  # restarted with the fix
             if grow and p.leaking and elapsed >= cfg.leak_start_s:
                 p.leaked += cfg.leak_gb_per_h * GB * cfg.interval_s / 3600
             if p.name == "vllm-serve":

@@ -31,6 +31,15 @@ scenario's fault hits one instance (:attr:`RequestSimulator.fault_target`):
   requests fail with no output; then the worker restarts and the slowdown starts over.
 - ``all``: throughput + retrieval + outliers + the leak slowdown.
 
+Traffic shapes beyond the default (for the quality benchmark's scenario space, and to try
+ragwatch on telemetry unlike its own): ``daily_ratio`` replaces the mild rhythm by a
+log-sine one whose peak (at ``peak_hour`` UTC) is ``daily_ratio`` times its trough (1.2x to
+20x; ``base_qps`` is then the daily geometric mean), ``weekly_ratio`` adds a weekly
+log-sine (its peak ``weekly_peak_day`` days after a Monday 00:00 UTC), ``burst_sigma``
+makes traffic bursty (a lognormal factor per instance and minute, mean 1) and
+``token_cv`` sets the spread of output tokens per request. ``faults`` schedules any number
+of :class:`Fault` (kind, start, duration, instance, severity) on top of ``scenario``'s.
+
 Each instance draws from its own RNG (and faults from another), so the same config always
 gives the same stream, other instances never see a fault, and the fault instance's stream
 equals the healthy one until ``fault_start_s`` (and again from ``fault_end_s``, if set:
@@ -75,6 +84,41 @@ OUTLIER_CONTEXT, OUTLIER_OUTPUT = (12000.0, 40.0), (20.0, 2.0)
 LEAK_PER_10MIN, LEAK_FLOOR = 0.01, 0.5
 OOM_BURST_S, OOM_ERROR_P = 90.0, 0.8
 DEPLOY_SLOWDOWN, RELOAD_SLOWDOWN, RELOAD_S = 1.05, 1.5, 120.0
+FAULT_KINDS = ("throughput", "retrieval", "outliers", "slowdown")
+WEEK = 7 * DAY
+MONDAY = 4 * DAY  # 1970-01-05T00:00:00Z, a Monday (day 0 was a Thursday)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One scheduled request fault on instance ``instance`` of service ``service``.
+
+    ``kind``: ``throughput`` (tokens/request and QPS down, decode slower), ``retrieval``
+    (a share of retrievals stall), ``outliers`` (a cluster of unusual requests) or
+    ``slowdown`` (tokens/s and QPS -1 % per 10 min, as under the GPU leak). ``severity``
+    scales the effect (1.0: the magnitudes of the module docstring). Times are event-time
+    seconds after ``start_ts``; ``duration_s`` None lasts to the end.
+    """
+
+    kind: str
+    start_s: float
+    duration_s: float | None = None
+    service: int = 0
+    instance: int = -1
+    severity: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; known: {', '.join(FAULT_KINDS)}")
+        _check(self.start_s, "fault start_s", 0.0)
+        if self.duration_s is not None:
+            _check(self.duration_s, "fault duration_s", 0.0, strict=True)
+        _check(self.severity, "fault severity", 0.0, strict=True)
+
+    def active(self, el: float) -> bool:
+        """Whether the fault is on ``el`` seconds after the start."""
+        end = math.inf if self.duration_s is None else self.start_s + self.duration_s
+        return self.start_s <= el < end
 
 
 @dataclass(frozen=True)
@@ -102,10 +146,28 @@ class RequestSimConfig:
     # the faulty instance, which runs on ``fault_host`` (the leaking GPU's host) if given.
     hosts: tuple[str, ...] = ()
     fault_host: str | None = None
+    # Traffic shape (module docstring); the defaults keep the mild +-40 % rhythm.
+    daily_ratio: float | None = None  # peak / trough of a log-sine daily rhythm
+    peak_hour: float = 15.0  # UTC, with daily_ratio
+    weekly_ratio: float = 1.0  # peak / trough of a weekly log-sine rhythm
+    weekly_peak_day: float = 2.5  # days after Monday 00:00 UTC
+    burst_sigma: float = 0.0  # lognormal sigma of a per-minute traffic factor
+    token_cv: float = 0.16  # output tokens per request: standard deviation / mean
+    faults: tuple[Fault, ...] = ()
 
     def __post_init__(self) -> None:
         if self.services < 1 or self.instances < 1:
             raise ValueError("services and instances must be >= 1")
+        if self.daily_ratio is not None:
+            _check(self.daily_ratio, "daily_ratio", 1.0)
+        _check(self.weekly_ratio, "weekly_ratio", 1.0)
+        for name in ("peak_hour", "weekly_peak_day", "burst_sigma", "token_cv"):
+            _check(getattr(self, name), name, 0.0)
+        for f in self.faults:
+            if not (
+                0 <= f.service < self.services and -self.instances <= f.instance < self.instances
+            ):
+                raise ValueError(f"fault {f.kind} at {f.start_s:g} s: instance out of range")
         if self.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {self.scenario!r}; known: {', '.join(SCENARIOS)}")
         _check(self.start_ts, "start_ts", 0.0)
@@ -171,6 +233,9 @@ class _Instance:
     fault_rng: random.Random
     faulty: bool
     host: str | None = None
+    faults: tuple[Fault, ...] = ()  # scheduled on this instance
+    burst_minute: int | None = None  # the minute ``burst`` was drawn for
+    burst: float = 1.0
 
 
 def _seed(*parts: object) -> int:
@@ -208,6 +273,10 @@ class RequestSimulator:
             for i in range(config.instances)
         ]
         for k, inst in enumerate(self._instances):
+            s, i = divmod(k, config.instances)
+            inst.faults = tuple(
+                f for f in config.faults if (f.service, f.instance % config.instances) == (s, i)
+            )
             if config.hosts:
                 inst.host = config.hosts[k % len(config.hosts)]
             if inst.faulty and config.fault_host is not None:
@@ -221,6 +290,12 @@ class RequestSimulator:
                 return FaultTarget(inst.service, inst.name, self.config.scenario, inst.host)
         return None
 
+    def target_of(self, fault: Fault) -> FaultTarget:
+        """(service, instance, fault kind, host) hit by a scheduled fault."""
+        i = fault.instance % self.config.instances
+        inst = self._instances[fault.service * self.config.instances + i]
+        return FaultTarget(inst.service, inst.name, fault.kind, inst.host)
+
     def ticks(self) -> Iterator[tuple[float, list[RequestsEnvelope]]]:
         """Endless ticks: ``(ts, one envelope per instance)``, records in [ts - batch_s, ts)."""
         cfg = self.config
@@ -232,9 +307,29 @@ class RequestSimulator:
 
     # ------------------------------------------------------------ conditions
 
+    def _load(self, inst: _Instance, t0: float) -> float:
+        """Traffic relative to the daily mean (the default rhythm) or geometric mean."""
+        cfg = self.config
+        if cfg.daily_ratio is None:
+            load = 1.0 + 0.4 * math.sin(2 * math.pi * ((t0 - 9 * 3600) % DAY) / DAY)
+        else:
+            phase = (t0 - (cfg.peak_hour - 6) * 3600) % DAY / DAY
+            load = cfg.daily_ratio ** (0.5 * math.sin(2 * math.pi * phase))
+        if cfg.weekly_ratio != 1.0:
+            phase = (t0 - MONDAY - (cfg.weekly_peak_day - 1.75) * DAY) % WEEK / WEEK
+            load *= cfg.weekly_ratio ** (0.5 * math.sin(2 * math.pi * phase))
+        if cfg.burst_sigma:
+            minute = math.floor(t0 / 60)
+            if inst.burst_minute != minute:
+                rng = random.Random(_seed(cfg.seed, inst.name, "burst", minute))
+                z = rng.gauss(0.0, cfg.burst_sigma)
+                inst.burst_minute, inst.burst = minute, math.exp(z - cfg.burst_sigma**2 / 2)
+            load *= inst.burst
+        return load
+
     def _state(self, inst: _Instance, t0: float) -> _State:
         cfg = self.config
-        load = 1.0 + 0.4 * math.sin(2 * math.pi * ((t0 - 9 * 3600) % DAY) / DAY)
+        load = self._load(inst, t0)
         el = t0 - cfg.start_ts
         slowdown = DEPLOY_SLOWDOWN if cfg.deploy_at_s is not None and el >= cfg.deploy_at_s else 1
         reload = cfg.reload_at_s is not None and 0 <= el - cfg.reload_at_s < RELOAD_S
@@ -259,6 +354,22 @@ class RequestSimulator:
                 leak_s %= period
             speed = max(LEAK_FLOOR, (1 - LEAK_PER_10MIN) ** (leak_s / 600))
             qps, decode = qps * speed, decode / speed
+        for f in inst.faults:
+            if not f.active(el):
+                continue
+            sev = f.severity
+            if f.kind == "throughput":
+                qps *= max(0.05, 1 - (1 - THROUGHPUT["qps"]) * sev)
+                tokens *= max(0.05, 1 - (1 - THROUGHPUT["tokens"]) * sev)
+                decode *= 1 + (THROUGHPUT["decode"] - 1) * sev
+            elif f.kind == "retrieval":
+                slow_p = min(1.0, slow_p + SLOW_RETRIEVAL_P * sev)
+            elif f.kind == "outliers":
+                outliers += cfg.outliers_per_min * sev / 60
+            else:  # slowdown
+                rate = min(0.5, LEAK_PER_10MIN * sev)
+                speed = max(LEAK_FLOOR, (1 - rate) ** ((el - f.start_s) / 600))
+                qps, decode = qps * speed, decode / speed
         return _State(
             qps=qps,
             output_mean=OUTPUT[0] * tokens,
@@ -300,7 +411,7 @@ class RequestSimulator:
     def _regular(self, inst: _Instance, st: _State, ts: float) -> RequestRecord:
         rng = inst.rng
         ctx = max(1, int(rng.gauss(*CONTEXT)))
-        out = max(1, int(rng.gauss(st.output_mean, st.output_mean * 0.16)))
+        out = max(1, int(rng.gauss(st.output_mean, st.output_mean * self.config.token_cv)))
         return self._request(rng, inst.fault_rng, st, ts, ctx, out)
 
     @staticmethod
