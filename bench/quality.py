@@ -166,7 +166,7 @@ FAULT_HOURS = {  # simulated hours per fault scenario: enough for every expected
     "all": 13.0,
 }
 HEALTHY_DAYS = 7.0
-TARGET_MIN = {"GpuMemoryLeak": 30.0, "ThroughputDrop": 6.0, "RetrievalSlowdown": 3.0}
+TARGET_MIN = {"GpuMemoryLeak": 30.0, "ThroughputDrop": 6.0, "RetrievalSlowdown": 5.0}
 _OOM = ("GpuOomKill", "GpuMemoryLeak", "GpuMemoryHigh")
 GPU_EXPECTED = {"leak": ("GpuMemoryLeak",), "oom": _OOM, "all": _OOM}
 _THROUGHPUT = ("TokensPerRequestDrop", "ThroughputDrop")

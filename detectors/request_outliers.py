@@ -69,6 +69,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ragwatch.detectors.base import register
 
 REQUEST_FEATURES = ("context_tokens", "output_tokens")
@@ -81,11 +84,12 @@ Key = tuple[int, ...]
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """One DBSCAN cluster of the window: its core points' centroid (in ``features`` order)
-    and how many core points it has."""
+    """One DBSCAN cluster of the window: its core points' centroid (in ``features`` order),
+    how many core points it has, and the grid cells (side ``eps``) they lie in."""
 
     centroid: Point
     size: int
+    cells: frozenset[Key] = frozenset()
 
 
 @register("request_outliers")
@@ -346,6 +350,19 @@ class RequestOutliers:
         cols = zip(*self._buf, strict=True)
         return {f: float(statistics.median(c)) for f, c in zip(self._features, cols, strict=True)}
 
+    def describe(self, point: Point) -> str | None:
+        """Where a point (a cluster's centroid, say) sits relative to the window's medians,
+        in :meth:`label_one`'s words ("long context, short output"); None before any
+        point or if it is typical in every feature."""
+        if self._features is None or not self._buf:
+            return None
+        meds = [statistics.median(c) for c in zip(*self._buf, strict=True)]
+        if self._features == REQUEST_FEATURES:
+            words = [_ratio_word(v, m) for v, m in zip(point, meds, strict=True)]
+            if words != ["typical", "typical"]:
+                return f"{words[0]} context, {words[1]} output"
+        return None
+
     def label_one(self, x: dict[str, Any]) -> str | None:
         """A human label for an outlier (score >= 0.5); None for a normal point.
 
@@ -375,6 +392,19 @@ class RequestOutliers:
             return "unusual combination of " + ", ".join(features)
         return ", ".join(f"{w} {f}" for w, f in zip(words, features, strict=True))
 
+    def cell(self, point: Point) -> Key:
+        """The grid cell (side ``eps``) a point (in ``features`` order) falls in."""
+        return self._key(point)
+
+    def around(self, cells: Iterable[Key], margin: int = 1) -> frozenset[Key]:
+        """``cells`` and every cell within ``margin`` cells of them (for a caller that wants
+        to know when a point lands away from known clusters, without scanning them)."""
+        d = len(self._features or ()) or 1
+        offsets = list(itertools.product(range(-margin, margin + 1), repeat=d))
+        return frozenset(
+            tuple(a + b for a, b in zip(key, off, strict=True)) for key in cells for off in offsets
+        )
+
     def clusters(self) -> list[Cluster]:
         """The window's DBSCAN clusters (connected core points), largest first."""
         if self._features is None:
@@ -400,27 +430,49 @@ class RequestOutliers:
             return k
 
         offsets = [o for o in itertools.product(range(-reach, reach + 1), repeat=d) if o > (0,) * d]
+        blocks: dict[Key, npt.NDArray[np.float64]] = {}
         for key in sorted(sub):
             for off in offsets:
                 other = tuple(a + b for a, b in zip(key, off, strict=True))
                 if other not in sub:
                     continue
                 ra, rb = find(key), find(other)
-                if ra != rb and _linked(sub[key], sub[other], self.eps):
+                if ra != rb and _linked(sub, blocks, key, other, self.eps):
                     parent[max(ra, rb)] = min(ra, rb)
         groups: dict[Key, list[Point]] = {}
         for key, pts in sub.items():
             groups.setdefault(find(key), []).extend(pts)
         out = [
-            Cluster(tuple(sum(c) / len(pts) for c in zip(*pts, strict=True)), len(pts))
+            Cluster(
+                tuple(sum(c) / len(pts) for c in zip(*pts, strict=True)),
+                len(pts),
+                frozenset(self._key(p) for p in pts),
+            )
             for pts in groups.values()
         ]
         out.sort(key=lambda c: (-c.size, c.centroid))
         return out
 
 
-def _linked(a: Iterable[Point], b: Sequence[Point], eps: float) -> bool:
-    return any(math.dist(p, q) <= eps for p in a for q in b)
+def _linked(
+    sub: dict[Key, list[Point]],
+    blocks: dict[Key, npt.NDArray[np.float64]],
+    ka: Key,
+    kb: Key,
+    eps: float,
+) -> bool:
+    """Whether any point of sub-cell ``ka`` is within ``eps`` of one of ``kb``: a loop for
+    a few pairs, numpy (each sub-cell's array made once per scan) for many."""
+    a, b = sub[ka], sub[kb]
+    if len(a) * len(b) <= 64:
+        return any(math.dist(p, q) <= eps for p in a for q in b)
+    xa, xb = (blocks.get(k) for k in (ka, kb))
+    if xa is None:
+        xa = blocks[ka] = np.asarray(a, dtype=np.float64)
+    if xb is None:
+        xb = blocks[kb] = np.asarray(b, dtype=np.float64)
+    d2 = ((xa[:, None, :] - xb[None, :, :]) ** 2).sum(axis=-1)
+    return bool((d2 <= eps * eps).any())
 
 
 def _ratio_word(v: float, median: float) -> str:

@@ -27,6 +27,10 @@ MAX_INT = 2**63 - 1
 MAX_UINT = 2**64 - 1
 ENVELOPE_FIELDS = ("v", "kind", "host", "ts", "type")
 ALERT_STATUSES = ("pending", "firing", "resolved")
+# Why a resolved alert resolved: its condition cleared ("recovered"), its baseline accepted
+# the deviation as the new normal after holding it ("relearned"), or its series went
+# silent ("gone").
+RESOLUTIONS = ("recovered", "relearned", "gone")
 REQUEST_STATUSES = ("ok", "error")
 EVENT_TYPES = (
     "xid",  # an NVML XID critical error (attrs: gpu, uuid, xid)
@@ -167,6 +171,10 @@ def _choice(d: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...])
     if v not in choices:
         raise SchemaError(f"{path}{key}: must be one of {', '.join(choices)}, got {v!r}")
     return v
+
+
+def _opt_choice(d: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...]) -> str | None:
+    return None if d.get(key) is None else _choice(d, key, path, choices)
 
 
 def _check_json_value(v: Any, name: str) -> None:
@@ -452,7 +460,9 @@ class Alert:
 
     ``fingerprint`` identifies the alert (rule + identifying labels) across transitions;
     times are event-time epoch seconds; ``at`` is when this transition happened (the
-    evaluation that made it; None from producers that do not say).
+    evaluation that made it; None from producers that do not say). ``resolution`` says why
+    a resolved alert resolved (one of :data:`RESOLUTIONS`; None otherwise, and from
+    producers that do not say): a receiver must not read "relearned" as "fixed".
     """
 
     kind: ClassVar[str] = "alert"
@@ -467,6 +477,7 @@ class Alert:
     ends_at: float | None
     fingerprint: str
     at: float | None = None
+    resolution: str | None = None
 
     @property
     def key(self) -> str:
@@ -488,6 +499,7 @@ class Alert:
             ends_at=_opt_float(d, "ends_at", "", minimum=0.0),
             fingerprint=_str(d, "fingerprint", ""),
             at=_opt_float(d, "at", "", minimum=0.0),
+            resolution=_opt_choice(d, "resolution", "", RESOLUTIONS),
         )
 
 

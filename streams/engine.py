@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from ragwatch.schema import Alert, AlertStatus
-from ragwatch.streams.rules import Rule
+from ragwatch.streams.rules import EVIDENCE_SIGNAL, Rule
 
 
 def fingerprint(rule_name: str, labels: Mapping[str, str]) -> str:
@@ -45,10 +45,13 @@ def fingerprint(rule_name: str, labels: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """One alert changing state; ``previous`` is inactive, pending or firing."""
+    """One alert changing state; ``previous`` is inactive, pending or firing. ``flapped``:
+    a firing transition of an alert that had resolved less than ``flap_window_s`` before
+    (counted in :attr:`AlertEngine.flaps`)."""
 
     alert: Alert
     previous: str
+    flapped: bool = False
 
     @property
     def notify(self) -> bool:
@@ -65,14 +68,29 @@ class _State:
     last_ts: float
     alert: Alert
     cleared_since: float | None = None  # firing, but its resolve condition holds since
+    cleared_evidence: float | None = None  # the series' evidence counter at cleared_since
+
+
+FLAP_WINDOW_S = 6 * 3600.0  # firing again this soon after resolving is a flap
+MAX_RECENT_RESOLVED = 100_000  # resolved alerts remembered to count flaps
 
 
 class AlertEngine:
-    """Keeps the state of every active alert and turns evaluations into transitions."""
+    """Keeps the state of every active alert and turns evaluations into transitions.
 
-    def __init__(self) -> None:
+    Resolutions say why (``Alert.resolution``): the condition cleared ("recovered"), the
+    rule's baseline accepted the deviation as a new level ("relearned", with an
+    annotation ``resolution`` that says so), or the series went silent ("gone"). An alert
+    that fires again within ``flap_window_s`` of resolving is a flap: counted per
+    fingerprint in :attr:`flaps` and marked on its transition.
+    """
+
+    def __init__(self, *, flap_window_s: float = FLAP_WINDOW_S) -> None:
         self._states: dict[str, _State] = {}
         self.out_of_order = 0
+        self.flap_window_s = flap_window_s
+        self.flaps: dict[str, int] = {}  # fingerprint -> times it fired again too soon
+        self._resolved_at: dict[str, float] = {}  # fingerprint -> when it last resolved
 
     @property
     def active(self) -> dict[str, Alert]:
@@ -125,10 +143,10 @@ class AlertEngine:
         state.last_ts = ts
         if state.status == "firing":
             return self._while_firing(state, fp, rule, labels, signals, ts)
-        if not holds:
+        if not holds:  # a pending alert whose condition stopped holding (or went unknown)
             del self._states[fp]
             alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts, ts)
-            return Transition(alert, state.status)
+            return Transition(replace(alert, resolution="recovered"), state.status)
         if ts - state.starts_at >= rule.for_s:
             return self._fire(fp, rule, labels, signals, ts, previous="pending")
         # Still pending or firing: refresh value and annotations, no transition.
@@ -168,7 +186,16 @@ class AlertEngine:
                 del self._states[fp]
                 a = state.alert
                 end = max(ts, state.last_ts)
-                resolved = replace(a, status="resolved", ends_at=end, at=end)
+                note = "its series went silent: no data since this time"
+                resolved = replace(
+                    a,
+                    status="resolved",
+                    ends_at=end,
+                    at=end,
+                    resolution="gone",
+                    annotations={**a.annotations, "resolution": note},
+                )
+                self._remember(fp, state.status, end)
                 out.append(Transition(resolved, state.status))
         return out
 
@@ -181,17 +208,36 @@ class AlertEngine:
         signals: Mapping[str, float | None],
         ts: float,
     ) -> Transition | None:
-        if not rule.cleared(signals):
-            state.cleared_since = None
+        evidence = _evidence(rule, signals)
+        if not rule.cleared(signals) or (rule.keep_firing_requests and evidence is None):
+            state.cleared_since = state.cleared_evidence = None
         else:
             if state.cleared_since is None:
-                state.cleared_since = ts
-            if ts - state.cleared_since >= rule.keep_firing_for_s:
+                state.cleared_since, state.cleared_evidence = ts, evidence
+            seen = 0.0 if evidence is None else evidence - (state.cleared_evidence or 0.0)
+            if (
+                ts - state.cleared_since >= rule.keep_firing_for_s
+                and seen >= rule.keep_firing_requests
+            ):
                 del self._states[fp]
                 alert = self._alert(rule, labels, signals, fp, "resolved", state.starts_at, ts, ts)
-                return Transition(alert, "firing")
-        state.alert = self._alert(rule, labels, signals, fp, "firing", state.starts_at, None, ts)
+                self._remember(fp, "firing", ts)
+                return Transition(_resolution(rule, alert, signals), "firing")
+        if all(c.known(signals) for c in rule.conditions):  # else keep the last known
+            state.alert = self._alert(
+                rule, labels, signals, fp, "firing", state.starts_at, None, ts
+            )
         return None
+
+    def _remember(self, fp: str, previous: str, ts: float) -> None:
+        """A firing alert resolved at ``ts``: firing again soon after is a flap."""
+        if previous != "firing":
+            return
+        recent = self._resolved_at
+        recent.pop(fp, None)
+        recent[fp] = ts
+        while len(recent) > MAX_RECENT_RESOLVED:  # oldest first (insertion order)
+            del recent[next(iter(recent))]
 
     def _fire(
         self,
@@ -205,7 +251,11 @@ class AlertEngine:
         state = self._states[fp]
         state.status = "firing"
         state.alert = self._alert(rule, labels, signals, fp, "firing", state.starts_at, None, ts)
-        return Transition(state.alert, previous)
+        last = self._resolved_at.pop(fp, None)
+        flapped = last is not None and ts - last <= self.flap_window_s
+        if flapped:
+            self.flaps[fp] = self.flaps.get(fp, 0) + 1
+        return Transition(state.alert, previous, flapped)
 
     @staticmethod
     def _alert(
@@ -232,3 +282,34 @@ class AlertEngine:
             fingerprint=fp,
             at=at,
         )
+
+
+def _evidence(rule: Rule, signals: Mapping[str, float | None]) -> float | None:
+    """The series' cumulative evidence counter, for ``keep_firing_requests``."""
+    name = EVIDENCE_SIGNAL.get(rule.series)
+    v = signals.get(name) if name is not None else None
+    return None if v is None or v != v else float(v)
+
+
+def _resolution(rule: Rule, alert: Alert, signals: Mapping[str, float | None]) -> Alert:
+    """A firing alert's resolution: "relearned" if its baseline accepted a new level while
+    it fired (and an annotation that says so, with the level before), else "recovered"."""
+    family = rule.baseline
+    at = signals.get(f"{family}_relearned_at") if family else None
+    if family is None or at is None or at < alert.starts_at:
+        return replace(alert, resolution="recovered")
+    before = signals.get(f"{family}_relearned_from")
+    now = rule.expected_value(signals)
+    note = (
+        f"not recovered: the baseline accepted the new level "
+        f"{(at - alert.starts_at) / 3600:.1f} h after the alert started"
+    )
+    if before is not None and now is not None:
+        note += f" ({_num(now)} vs {_num(before)} before)"
+    return replace(
+        alert, resolution="relearned", annotations={**alert.annotations, "resolution": note}
+    )
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"

@@ -5,59 +5,83 @@ Plain Python (no Faust): a Faust agent feeds decoded envelopes into
 
 Series ``service``: one per (service, instance), labels ``service`` and ``instance``,
 kept in event time. Each record goes to the fixed ``bucket_s`` bucket of its own ``ts``.
-A bucket closes once the series' watermark (the largest record ``ts`` seen) reaches the
-bucket's end + ``grace_s``; until then out-of-order records still land in their bucket,
-after that they are counted in ``stats.late_dropped`` and dropped. Buckets without
-records are never closed (no data, no evaluation). On close the bucket's signals are
-computed and the service rules are evaluated once, at ``ts`` = the bucket's end:
+A bucket closes once the series' watermark (the newest envelope or record ``ts``) reaches
+the bucket's end + ``grace_s``; until then out-of-order records still land in their
+bucket, after that they are counted in ``stats.late_dropped`` and dropped. Every bucket
+closes, with or without records: a minute without requests is evidence too (an envelope
+without records is a heartbeat; the SDK sends one when idle). Only a silence of more than
+``gap_s`` between a sender's envelopes is a gap (no data), not zero traffic. At each
+close the signals are computed and the service rules evaluated once, at ``ts`` = the
+bucket's end.
 
-- traffic: ``rps``, ``errors_ratio``, ``output_tokens_per_s``, ``tokens_per_request``
-  (output tokens / requests, errors included), ``context_tokens_per_request``;
-- latency (ms; exact quantiles, linear between ranks, over at most ``reservoir``
-  values per bucket kept by reservoir sampling): ``e2e_p50_ms``, ``e2e_p95_ms``,
-  ``e2e_p99_ms``, ``<stage>_p50_ms``, ``<stage>_p95_ms``, ``<stage>_p99_ms`` and
-  ``<stage>_share`` (stage time / end-to-end time) for the stages retriever, reranker
-  and llm, ``ttft_p95_ms``, ``queue_p95_ms``. P50 is the bucket's own; the tails (P95,
-  P99) are taken over the last ``tail_buckets`` buckets (2 minutes by default): a minute
-  of a sampled stream holds a hundred requests, whose P99 is one or two of them and
-  jumps from bucket to bucket;
-- Holt-Winters baselines (``direction="down"``) on tokens/request and output tokens/s:
-  ``tpr_forecast``, ``tpr_deviation`` (relative: -0.36 is 36 % below), ``tpr_score``,
-  ``tps_forecast``, ``tps_deviation``, ``tps_score``;
-- robust baselines, the median of the last ``baseline_buckets`` closed buckets (not
-  the current one; None before ``min_baseline`` of them): ``retriever_p99_baseline_ms``,
-  ``retriever_p99_ratio``, ``e2e_p95_baseline_ms``, ``e2e_p95_ratio``. A bucket more than
-  ``baseline_hold`` times its baseline is not added to it (the slowdown would become the
-  baseline within ``baseline_buckets / 2`` buckets and its alert would resolve while it
-  goes on), unless that has lasted ``hold_max_s``: then it is the new normal. The
-  Holt-Winters baselines hold the same way (``HoltWinters.hold``);
+**Evidence.** Signals are not computed per bucket (a minute of a quiet service is one or
+two requests) but over windows that hold enough of them (:mod:`ragwatch.streams.evidence`):
+
+- traffic over the newest buckets in which ``rate_target`` requests were *expected*
+  (at least one bucket, more for bursty traffic: enough that the baselines' measured
+  excess noise averages down to 8 %; at most ``rate_max_s``): ``rps``, ``errors_ratio``,
+  ``output_tokens_per_s``, ``tokens_per_request`` (errors included),
+  ``context_tokens_per_request``, and the window itself: ``window_s``,
+  ``window_requests``; ``requests_total`` counts every request of the series (for
+  ``keep_firing_requests``);
+- seasonal baselines (:class:`~ragwatch.detectors.seasonal.SeasonalBaseline`: a daily
+  profile learnt from previous days, a local level and trend) of requests per second and
+  of tokens per request; their product is the forecast of output tokens per second. Each
+  has ``<x>_forecast``, ``<x>_deviation`` (relative: -0.36 is 36 % below) and ``<x>_z``,
+  the deviation in standard deviations of the window's sampling noise (Poisson for
+  counts, the tokens' own spread for the mean) plus the baseline's uncertainty, for
+  ``x`` in ``rps``, ``tpr`` (tokens per request), ``tps`` (output tokens per second),
+  and ``tpr_score`` / ``tps_score`` in [0, 1]. They are unknown (None) while the window
+  expects fewer than ``rate_min`` requests;
+- latency (ms) over the last ``tail_requests`` requests or the last ``tail_s``
+  seconds, whichever holds more, at most ``tail_max_s`` back: ``e2e_p50_ms``,
+  ``e2e_p95_ms``, ``e2e_p99_ms``, ``<stage>_p50_ms`` / ``_p95_ms`` / ``_p99_ms`` and
+  ``<stage>_share`` (stage time / end-to-end time) for the stages retriever, reranker and
+  llm, ``ttft_p95_ms``, ``queue_p95_ms``. A quantile of too few values is unknown: a P50
+  needs 10, a P95 40, a P99 100;
+- seasonal baselines of the retriever's P99 and the end-to-end P95 (latency follows
+  load), fed the window's quantile every 100 new requests (:class:`LatencyBaseline`):
+  ``retriever_p99_baseline_ms``, ``retriever_p99_ratio``, ``e2e_p95_baseline_ms``,
+  ``e2e_p95_ratio``;
 - request outliers, one :class:`RequestOutliers` per service over the
   ``(context_tokens, output_tokens)`` of its ``ok`` records (errors are counted by
   ``errors_ratio`` and would otherwise form a cluster of their own), each record scored
-  before it is learned: ``outliers`` (records scoring >= 0.5), ``outlier_ratio`` and
+  before it is learned: ``outliers`` (records of the bucket scoring >= 0.5),
+  ``recent_outliers`` (over the last 5 buckets), ``outlier_ratio`` and
   ``new_outlier_cluster`` (1.0 when a cluster of at least ``new_cluster_size`` core
-  points appears more than 4 eps from the previous dominant cluster and from every
-  cluster of the previous check, else 0.0; checked once per service and bucket, it is
-  raised at the first bucket close after the cluster forms, which can be a bucket up to
-  ``grace_s`` before the burst's own since the detector learns records on arrival).
-  The most common outlier label (at most 20 outliers a bucket are labelled) is a string,
-  :attr:`ServiceSeries.outlier_label`, not a signal.
+  points and 1 % of the window appears more than 4 eps from every cluster of the
+  previous check, once the window holds 200 points, else 0.0; ``outlier_cluster_size``
+  is its size; it goes to the instance whose records landed away from the known
+  clusters most, and ``outlier_cluster_active`` stays 1.0 there while the cluster
+  lasts). :attr:`ServiceSeries.outlier_label` (a string, not a signal) describes that
+  cluster's requests while it lasts ("long context, short output"), else the most common
+  label of the bucket's outliers (at most 20 a bucket are labelled).
 
-Signals are floats or None (no data, warming up). A series without records for
-``stale_s`` of event time (measured against the pipeline's watermark) is forgotten and
-its alerts resolve; new series beyond ``max_series`` are dropped and counted. Memory is
-bounded: open buckets per series by ``grace_s / bucket_s + 2``, values per bucket by
-``reservoir``, baselines by ``baseline_buckets``, outlier windows by their ``window``.
+**Holding.** A baseline learns nothing while its window deviates by more than
+``hold_band`` and ``hold_z`` standard deviations (a latency baseline: while the quantile
+is more than 1.2x the baseline), so a fault that lasts does not become the baseline and
+its alert resolves when the signal comes back; after ``hold_max_s`` (a day) the deviation
+is accepted as the new normal, and ``<x>_relearned_at`` / ``<x>_relearned_from`` say when
+and from what (an alert that resolves because of it says so: ``Alert.resolution``).
+``<x>_held_s`` is how long a baseline has been held.
+
+Signals are floats or None (no data, warming up, too little evidence). A series without
+envelopes for ``stale_s`` of event time (measured against its service's newest record) is
+forgotten and its alerts resolve; a whole service silent for ``6 * stale_s`` of the
+pipeline's watermark (or the worker's ``sweep_mark``) too. New series beyond
+``max_series`` are dropped and counted. Memory is bounded: open buckets per series by
+``grace_s / bucket_s + 2``, values per bucket by ``reservoir``, the count ring by
+``rate_max_s``, the tail window by its size, baselines by their history.
 
 >>> from ragwatch.schema import RequestRecord, RequestsEnvelope
 >>> pipe = RequestPipeline([])
 >>> recs = tuple(RequestRecord(ts=t, status="ok", e2e_ms=100.0 + t, context_tokens=3000,
-...                            output_tokens=250) for t in (1.0, 2.0, 3.0, 200.0))
+...                            output_tokens=250) for t in range(1, 13))
 >>> pipe.process(RequestsEnvelope("rag", "a", 200.0, recs))
 []
 >>> snap = pipe.service_snapshot("rag")["instances"][0]
->>> snap["signals"]["rps"], snap["signals"]["e2e_p50_ms"], snap["bucket_end"]
-(0.05, 102.0, 60.0)
+>>> snap["signals"]["rps"], snap["signals"]["e2e_p50_ms"], snap["bucket_end"]  # 2 minutes
+(0.1, 106.5, 120.0)
 """
 
 from __future__ import annotations
@@ -65,15 +89,24 @@ from __future__ import annotations
 import logging
 import math
 import random
-import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragwatch.detectors.holt_winters import HoltWinters
 from ragwatch.detectors.request_outliers import RequestOutliers
+from ragwatch.detectors.seasonal import Forecast, SeasonalBaseline
 from ragwatch.schema import RequestRecord, RequestsEnvelope
 from ragwatch.streams.engine import AlertEngine, Transition
+from ragwatch.streams.evidence import (
+    BucketCounts,
+    CountRing,
+    CountWindow,
+    LatencyBaseline,
+    TailWindow,
+    count_z,
+    quantile,
+    tail_signals,
+)
 from ragwatch.streams.rules import Rule
 
 log = logging.getLogger(__name__)
@@ -81,20 +114,18 @@ log = logging.getLogger(__name__)
 SERIES = "service"
 LABELS = ("service", "instance")
 STAGES = ("retriever", "reranker", "llm")
-QUANTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
 MAX_LABELS_PER_BUCKET = 20  # label_one sorts the window: label the first few outliers only
 SeriesKey = tuple[str, str]  # service, instance
 MAX_SENDERS = 64  # per instance: processes whose last envelope ts is remembered
+RECENT_BUCKETS = 5  # recent_outliers: over this many buckets
+CLUSTER_RESCAN = 60  # buckets between scans of a service's clusters without novelty
+NOVEL_DECAY = 0.9  # per bucket: which instance's records a new cluster is made of
+CLUSTER_SHARE = 0.01  # of the window's points: the smallest cluster that is news
+CLUSTER_WARMUP = 200  # points the outlier window holds before a cluster is news
+TOKEN_CV2 = 0.05  # tokens per request: variance / mean^2 until the series has measured it
+RATE_PRECISION = 0.08  # the relative excess noise a rate window averages bursts down to
 
-
-def quantile(sorted_values: list[float], q: float) -> float | None:
-    """The ``q`` quantile, linear between closest ranks (numpy's default); None if empty."""
-    if not sorted_values:
-        return None
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+__all__ = ["Bucket", "RequestPipeline", "Reservoir", "ServiceSeries", "quantile"]
 
 
 @dataclass
@@ -115,21 +146,6 @@ class Reservoir:
             if j < self.cap:
                 self.values[j] = v
 
-    def quantiles(self, prefix: str, out: dict[str, float | None]) -> None:
-        xs = sorted(self.values)
-        for name, q in QUANTILES:
-            out[f"{prefix}_{name}_ms"] = quantile(xs, q)
-
-
-def tail_quantiles(window: list[dict[str, list[float]]], out: dict[str, float | None]) -> None:
-    """P95 and P99 of each latency over the buckets in ``window`` (P50 stays per bucket)."""
-    names = {n for values in window for n in values}
-    for name in names:
-        xs = sorted(v for values in window for v in values.get(name, ()))
-        out[f"{name}_p95_ms"] = quantile(xs, 0.95)
-        if name in ("e2e", *STAGES):
-            out[f"{name}_p99_ms"] = quantile(xs, 0.99)
-
 
 @dataclass
 class Bucket:
@@ -140,23 +156,22 @@ class Bucket:
     n: int = 0
     errors: int = 0
     output_tokens: int = 0
+    output_sq: float = 0.0
     context_tokens: int = 0
-    e2e_sum: float = 0.0
-    stage_sums: dict[str, float] = field(default_factory=dict)
     latencies: dict[str, Reservoir] = field(default_factory=dict)
     outliers: int = 0
+    novel: int = 0  # ok records away from the service's known clusters
     labels: Counter[str] = field(default_factory=Counter)
 
     def add(self, rec: RequestRecord) -> None:
         self.n += 1
         self.errors += rec.status != "ok"
         self.output_tokens += rec.output_tokens
+        self.output_sq += rec.output_tokens * rec.output_tokens
         self.context_tokens += rec.context_tokens
-        self.e2e_sum += rec.e2e_ms
         self._sample("e2e", rec.e2e_ms)
         for stage, ms in rec.stages.items():
             if stage in STAGES:
-                self.stage_sums[stage] = self.stage_sums.get(stage, 0.0) + ms
                 self._sample(stage, ms)
         if rec.ttft_ms is not None:
             self._sample("ttft", rec.ttft_ms)
@@ -169,49 +184,66 @@ class Bucket:
             r = self.latencies[name] = Reservoir(self.reservoir, self.rng)
         r.add(v)
 
-    def signals(self, bucket_s: float) -> dict[str, float | None]:
-        n = self.n
-        out: dict[str, float | None] = {
-            "rps": n / bucket_s,
-            "errors_ratio": self.errors / n,
-            "output_tokens_per_s": self.output_tokens / bucket_s,
-            "tokens_per_request": self.output_tokens / n,
-            "context_tokens_per_request": self.context_tokens / n,
-        }
-        empty = Reservoir(0, self.rng)
-        for name in ("e2e", *STAGES):
-            self.latencies.get(name, empty).quantiles(name, out)
-        for stage in STAGES:
-            total = self.stage_sums.get(stage)
-            out[f"{stage}_share"] = (
-                None if total is None or not self.e2e_sum else total / self.e2e_sum
-            )
-        for name in ("ttft", "queue"):
-            out[f"{name}_p95_ms"] = quantile(sorted(self.latencies.get(name, empty).values), 0.95)
-        return out
+    def counts(self) -> BucketCounts:
+        return BucketCounts(
+            self.n, self.errors, self.output_tokens, self.output_sq, self.context_tokens
+        )
+
+
+@dataclass
+class _Pending:
+    """Buckets gathered into one observation for a baseline (until it holds enough)."""
+
+    start: float | None = None
+    end: float = 0.0
+    n: int = 0
+    tokens: float = 0.0
+    tokens_sq: float = 0.0
+    expected: float = 0.0
+
+    def add(self, end: float, bucket_s: float, c: BucketCounts, expected: float) -> None:
+        if self.start is None:
+            self.start = end - bucket_s
+        self.end = end
+        self.n += c.n
+        self.tokens += c.tokens
+        self.tokens_sq += c.tokens_sq
+        self.expected += expected
+
+    @property
+    def span_s(self) -> float:
+        return 0.0 if self.start is None else self.end - self.start
 
 
 @dataclass
 class ServiceSeries:
-    """One (service, instance): open buckets, baselines, latest signals."""
+    """One (service, instance): open buckets, evidence windows, baselines, signals."""
 
     labels: dict[str, str]
-    tpr: HoltWinters
-    tps: HoltWinters
-    retriever_p99: deque[float]
-    e2e_p95: deque[float]
+    rps: SeasonalBaseline  # log requests per second
+    tpr: SeasonalBaseline  # log output tokens per request
+    retriever_p99: LatencyBaseline
+    e2e_p95: LatencyBaseline
+    counts: CountRing
+    tail: TailWindow
     buckets: dict[int, Bucket] = field(default_factory=dict)
+    next_bucket: int | None = None  # the oldest bucket not closed yet
     watermark: float = -math.inf
+    gaps: deque[tuple[int, int]] = field(default_factory=deque)  # unobserved buckets [a, b]
     bucket_end: float | None = None  # end of the last closed bucket
     signals: dict[str, float | None] = field(default_factory=dict)
-    outlier_label: str | None = None  # most common outlier label of the last closed bucket
-    recent_outliers: deque[int] = field(default_factory=lambda: deque(maxlen=5))
-    held_since: dict[str, float] = field(default_factory=dict)  # baseline -> bucket end
-    tails: deque[tuple[int, dict[str, list[float]]]] = field(default_factory=deque)
+    outlier_label: str | None = None  # its outlier cluster's, or its outliers' (_close)
+    recent_outliers: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_BUCKETS))
     host: str | None = None  # where the instance runs (its envelopes' ``host``), if known
     # the newest envelope ts per sending process (pid; None if not sent): each process
     # sends in order, several processes of one instance interleave
     last_envelope_ts: dict[int | None, float] = field(default_factory=dict)
+    requests_total: int = 0
+    novel_score: float = 0.0  # novel records, decaying by NOVEL_DECAY per bucket
+    token_cv2: float = TOKEN_CV2
+    pending_rps: _Pending = field(default_factory=_Pending)
+    pending_tpr: _Pending = field(default_factory=_Pending)
+    relearned: dict[str, tuple[float, float]] = field(default_factory=dict)  # family: at, from
 
 
 SILENT_SERVICE_FACTOR = 6  # a service silent for 6 x stale_s of the pipeline's event time
@@ -222,10 +254,18 @@ class _Service:
     """Per-service state shared by its instances: the outlier detector and its clusters."""
 
     detector: RequestOutliers
+    name: str = ""
     instances: set[str] = field(default_factory=set)
     known: list[tuple[float, ...]] = field(default_factory=list)  # previous check's centroids
     checked: int | None = None  # bucket of the previous cluster check
     flag: float = 0.0
+    size: float = 0.0  # the new cluster's size, when flagged
+    scanned: int | None = None  # bucket of the previous scan of the clusters
+    dense: frozenset[tuple[int, ...]] = frozenset()  # the detector's dense cells at that scan
+    novel: int = 0  # records outside them since
+    active: tuple[float, ...] | None = None  # centroid of the flagged cluster, while it lasts
+    active_instance: str | None = None  # the instance it was raised on
+    active_label: str | None = None  # what its requests look like ("long context, ...")
 
 
 @dataclass
@@ -248,36 +288,51 @@ class RequestPipeline:
         engine: AlertEngine | None = None,
         *,
         bucket_s: float = 60.0,
-        grace_s: float = 60.0,
+        grace_s: float = 30.0,
+        gap_s: float = 600.0,
         max_series: int = 10_000,
-        stale_s: float = 600.0,
+        stale_s: float = 3600.0,
         reservoir: int = 5000,
-        baseline_buckets: int = 60,
-        min_baseline: int = 5,
+        tail_requests: int = 200,
+        tail_s: float = 120.0,
+        tail_max_s: float = 3 * 3600.0,
+        rate_target: float = 150.0,
+        rate_min: float = 20.0,
+        rate_max_s: float = 5400.0,
+        observation_requests: float = 30.0,
+        observation_max_s: float = 3600.0,
+        hold_band: float = 0.1,
+        hold_z: float = 3.0,
+        hold_max_s: float = 86400.0,
+        min_baseline: int = 3,
         new_cluster_size: int = 10,
-        baseline_hold: float = 1.5,
-        hold_max_s: float = 21600.0,
-        tail_buckets: int = 2,
         outliers: RequestOutliers | None = None,
         seed: int = 0,
     ) -> None:
-        if not (bucket_s > 0 and grace_s >= 0 and stale_s > 0):
-            raise ValueError(f"need bucket_s > 0, grace_s >= 0, stale_s > 0: {bucket_s, grace_s}")
-        if reservoir < 1 or baseline_buckets < 1 or not 1 <= min_baseline <= baseline_buckets:
-            raise ValueError("need reservoir >= 1 and 1 <= min_baseline <= baseline_buckets")
-        if tail_buckets < 1:
-            raise ValueError(f"tail_buckets must be >= 1, got {tail_buckets}")
+        if not (bucket_s > 0 and grace_s >= 0 and stale_s > 0 and gap_s >= bucket_s):
+            raise ValueError(
+                f"need bucket_s > 0, grace_s >= 0, stale_s > 0, gap_s >= bucket_s: "
+                f"{bucket_s, grace_s, stale_s, gap_s}"
+            )
+        if reservoir < 1 or tail_requests < 1 or min_baseline < 1:
+            raise ValueError("need reservoir, tail_requests and min_baseline >= 1")
+        if not (0 < rate_min <= rate_target and rate_max_s >= bucket_s):
+            raise ValueError("need 0 < rate_min <= rate_target and rate_max_s >= bucket_s")
         self.rules = [r for r in rules if r.series == SERIES]
         self.engine = engine or AlertEngine()
         self.bucket_s, self.grace_s, self.stale_s = float(bucket_s), float(grace_s), stale_s
+        self.gap_s = float(gap_s)
         self.max_series = max_series
         self.reservoir = reservoir
-        self.baseline_buckets, self.min_baseline = baseline_buckets, min_baseline
+        self.tail = (tail_requests, float(tail_s), float(tail_max_s))
+        self.rate_target, self.rate_min, self.rate_max_s = rate_target, rate_min, rate_max_s
+        self.observation = (observation_requests, observation_max_s)
+        self.hold_band, self.hold_z, self.hold_max_s = hold_band, hold_z, hold_max_s
+        self.min_baseline = min_baseline
         self.new_cluster_size = new_cluster_size
-        self.baseline_hold, self.hold_max_s = baseline_hold, hold_max_s
-        self.tail_buckets = tail_buckets
         self._outliers = outliers or RequestOutliers()
         self._rng = random.Random(seed)
+        self._baseline = SeasonalBaseline(step_s=self.bucket_s, hold_max_s=hold_max_s)
         self.series: dict[SeriesKey, ServiceSeries] = {}
         self._services: dict[str, _Service] = {}
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
@@ -295,24 +350,29 @@ class RequestPipeline:
         self.stats.envelopes += 1
         self.stats.records += len(env.records)
         out: list[Transition] = []
-        s = self._series(env.service, env.instance) if env.records else None
+        s = self._series(env.service, env.instance)
         if s is not None and env.ts <= s.last_envelope_ts.get(env.pid, -math.inf):
             # Seen already (Kafka redelivers after a crash, producers retry): a process
             # sends its envelopes in order, so an older one cannot be new.
             self.stats.duplicates += len(env.records)
             return self._sweep()
-        if s is not None:
-            s.last_envelope_ts[env.pid] = env.ts
-            if len(s.last_envelope_ts) > MAX_SENDERS:  # forget the longest-silent process
-                del s.last_envelope_ts[min(s.last_envelope_ts, key=s.last_envelope_ts.__getitem__)]
-            if env.host:
-                s.host = env.host
-            svc = self._services[env.service]
-            for rec in env.records:
-                self._add(s, svc, rec)
-            out += self._close_ready(s, svc)
-        elif env.records:
+        if s is None:
             self.stats.dropped_records += len(env.records)
+            return self._sweep()
+        s.last_envelope_ts[env.pid] = env.ts
+        if len(s.last_envelope_ts) > MAX_SENDERS:  # forget the longest-silent process
+            del s.last_envelope_ts[min(s.last_envelope_ts, key=s.last_envelope_ts.__getitem__)]
+        if env.host:
+            s.host = env.host
+        svc = self._services[env.service]
+        newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
+        if s.next_bucket is None:  # a new series starts at its first record's bucket
+            first = min((r.ts for r in env.records), default=env.ts)
+            s.next_bucket = math.floor(first / self.bucket_s)
+        self._advance(s, newest)
+        for rec in env.records:
+            self._add(s, svc, rec)
+        out += self._close_ready(s, svc)
         return out + self._sweep()
 
     def service_snapshot(self, service: str) -> dict[str, Any]:
@@ -379,29 +439,44 @@ class RequestPipeline:
                     instance,
                 )
             return None
-        hw = HoltWinters(bucket_s=self.bucket_s, direction="down", hold_max_s=self.hold_max_s)
+        tail_requests, tail_s, tail_max_s = self.tail
         s = ServiceSeries(
             labels={"service": service, "instance": instance},
-            tpr=hw,
-            tps=hw.clone(),
-            retriever_p99=deque(maxlen=self.baseline_buckets),
-            e2e_p95=deque(maxlen=self.baseline_buckets),
-            tails=deque(maxlen=self.tail_buckets),
+            rps=self._baseline.clone(),
+            tpr=self._baseline.clone(),
+            retriever_p99=self._latency_baseline(),
+            e2e_p95=self._latency_baseline(),
+            counts=CountRing(math.ceil(self.rate_max_s / self.bucket_s), self.bucket_s),
+            tail=TailWindow(tail_requests, tail_s, tail_max_s, bucket_s=self.bucket_s),
         )
         self.series[(service, instance)] = s
         svc = self._services.get(service)
         if svc is None:
-            svc = self._services[service] = _Service(self._outliers.clone())
+            svc = self._services[service] = _Service(self._outliers.clone(), service)
         svc.instances.add(instance)
         return s
 
+    def _latency_baseline(self) -> LatencyBaseline:
+        return LatencyBaseline(min_entries=self.min_baseline, hold_max_s=self.hold_max_s)
+
+    def _advance(self, s: ServiceSeries, ts: float) -> None:
+        """The sender reported up to ``ts``: a silence longer than ``gap_s`` since its
+        previous report is a gap (its buckets are not observed), not zero traffic."""
+        if ts <= s.watermark:
+            return
+        if s.watermark > -math.inf and ts - s.watermark > self.gap_s:
+            first = math.floor(s.watermark / self.bucket_s) + 1
+            last = math.floor(ts / self.bucket_s) - 1
+            if last >= first:
+                s.gaps.append((first, last))
+        s.watermark = ts
+        self._watermark = max(self._watermark, ts)
+
     def _add(self, s: ServiceSeries, svc: _Service, rec: RequestRecord) -> None:
         b = math.floor(rec.ts / self.bucket_s)
-        if (b + 1) * self.bucket_s + self.grace_s <= s.watermark:
+        if s.next_bucket is not None and b < s.next_bucket:
             self.stats.late_dropped += 1
             return
-        s.watermark = max(s.watermark, rec.ts)
-        self._watermark = max(self._watermark, rec.ts)
         bucket = s.buckets.get(b)
         if bucket is None:
             bucket = s.buckets[b] = Bucket(self.reservoir, self._rng)
@@ -413,6 +488,9 @@ class RequestPipeline:
                 "t": rec.ts,
             }
             self._score_outlier(svc.detector, x, bucket)
+            if svc.detector.cell((rec.context_tokens, rec.output_tokens)) not in svc.dense:
+                svc.novel += 1
+                bucket.novel += 1
 
     @staticmethod
     def _score_outlier(det: RequestOutliers, x: dict[str, Any], bucket: Bucket) -> None:
@@ -426,83 +504,291 @@ class RequestPipeline:
 
     def _close_ready(self, s: ServiceSeries, svc: _Service) -> list[Transition]:
         out: list[Transition] = []
-        limit = s.watermark - self.grace_s
-        for b in sorted(k for k in s.buckets if (k + 1) * self.bucket_s <= limit):
-            bucket = s.buckets.pop(b)
-            self._close(s, svc, b, bucket)
+        limit = math.floor((s.watermark - self.grace_s) / self.bucket_s)  # buckets < limit
+        b = s.next_bucket
+        if b is None:
+            return out
+        while b < limit:
+            bucket = s.buckets.pop(b, None)
+            if bucket is None and self._unobserved(s, b):
+                b = min(limit, s.gaps[0][1] + 1)  # skip the rest of the gap
+                continue
+            self._close(s, svc, b, bucket or Bucket(self.reservoir, self._rng))
             end = (b + 1) * self.bucket_s
             for rule in self.rules:
                 t = self.engine.evaluate(rule, s.labels, s.signals, end)
                 if t is not None:
                     out.append(t)
+            b += 1
+        s.next_bucket = b
         return out
+
+    @staticmethod
+    def _unobserved(s: ServiceSeries, b: int) -> bool:
+        while s.gaps and s.gaps[0][1] < b:
+            s.gaps.popleft()
+        return bool(s.gaps) and s.gaps[0][0] <= b
 
     def _close(self, s: ServiceSeries, svc: _Service, b: int, bucket: Bucket) -> None:
         self.stats.buckets_closed += 1
-        sig = bucket.signals(self.bucket_s)
-        s.tails.append((b, {name: r.values for name, r in bucket.latencies.items()}))
-        while s.tails[0][0] <= b - self.tail_buckets:  # older than the window (a gap)
-            s.tails.popleft()
-        tail_quantiles([values for _, values in s.tails], sig)
-        t = (b + 0.5) * self.bucket_s
-        _holt_winters(s.tpr, "tpr", sig["tokens_per_request"], t, sig)
-        _holt_winters(s.tps, "tps", sig["output_tokens_per_s"], t, sig)
         end = (b + 1) * self.bucket_s
-        self._baseline(s, s.retriever_p99, "retriever_p99", sig["retriever_p99_ms"], end, sig)
-        self._baseline(s, s.e2e_p95, "e2e_p95", sig["e2e_p95_ms"], end, sig)
+        counts = bucket.counts()
+        s.requests_total += counts.n
+        f = s.rps.forecast(end - self.bucket_s / 2)  # before the bucket is learnt
+        expected = math.exp(f.mean) * self.bucket_s if f is not None else None
+        s.counts.push(end, counts, expected)
+        s.tail.push(end, {name: r.values for name, r in bucket.latencies.items()})
+        sig: dict[str, float | None] = {"requests_total": float(s.requests_total)}
+        self._traffic(s, end, counts, expected, sig)
+        tail_signals(s.tail, end, sig)
+        self._latency(s, end, sig)
         sig["outliers"] = float(bucket.outliers)
-        sig["outlier_ratio"] = bucket.outliers / bucket.n
+        sig["outlier_ratio"] = bucket.outliers / bucket.n if bucket.n else None
         s.recent_outliers.append(bucket.outliers)
+        sig["recent_outliers"] = float(sum(s.recent_outliers))
+        s.novel_score = s.novel_score * NOVEL_DECAY + bucket.novel
+        # The cluster detector is per service: the news goes to the instance whose records
+        # landed away from the known clusters most (_new_cluster).
         new = self._new_cluster(svc, b)
-        # The cluster detector is per service: the news goes to the instance that served the
-        # most outliers over the last few buckets.
-        mine = sum(s.recent_outliers)
-        service = s.labels["service"]
-        peers = (self.series.get((service, i)) for i in svc.instances)
-        most = max((sum(o.recent_outliers) for o in peers if o is not None), default=0)
-        sig["new_outlier_cluster"] = new if mine and mine == most else 0.0
-        s.outlier_label = bucket.labels.most_common(1)[0][0] if bucket.labels else None
+        mine = svc.active is not None and svc.active_instance == s.labels["instance"]
+        raised = new if mine else 0.0
+        sig["new_outlier_cluster"] = raised
+        sig["outlier_cluster_size"] = svc.size if raised else None
+        sig["outlier_cluster_active"] = 1.0 if mine else 0.0
+        if mine and svc.active_label:  # the cluster's own description
+            s.outlier_label = svc.active_label
+        elif bucket.labels:
+            s.outlier_label = bucket.labels.most_common(1)[0][0]
+        elif not sum(s.recent_outliers):
+            s.outlier_label = None
         s.signals = sig
-        s.bucket_end = (b + 1) * self.bucket_s
+        s.bucket_end = end
 
-    def _baseline(
+    # ------------------------------------------------------------------ traffic
+
+    def _traffic(
         self,
         s: ServiceSeries,
-        hist: deque[float],
-        name: str,
-        v: float | None,
         end: float,
+        counts: BucketCounts,
+        expected: float | None,
         sig: dict[str, float | None],
     ) -> None:
-        base = statistics.median(hist) if len(hist) >= self.min_baseline else None
-        ratio = None if v is None or not base else v / base
-        sig[f"{name}_baseline_ms"] = base
-        sig[f"{name}_ratio"] = ratio
-        if v is None:
+        w = s.counts.window(
+            target=self.rate_target, max_s=self.rate_max_s, min_s=self._window_min_s(s, end)
+        )
+        span, n = w.span_s, w.n
+        sig["window_s"], sig["window_requests"] = span, float(n)
+        sig["rps"] = n / span if span else None
+        sig["output_tokens_per_s"] = w.tokens / span if span else None
+        sig["errors_ratio"] = w.errors / n if n else None
+        sig["tokens_per_request"] = w.tokens / n if n else None
+        sig["context_tokens_per_request"] = w.context / n if n else None
+        mid = (w.start + end) / 2
+        rate = self._rate_deviation(s, w, mid, w.unexpected == 0, sig)
+        mean = self._mean_deviation(s, w, mid, sig)
+        self._tps(s, w, rate, mean, sig)
+        self._hold(s, end, w, sig)
+        self._learn(s, end, counts, float(counts.n) if expected is None else expected)
+        for family in ("rps", "tpr", "tps"):
+            at, before = s.relearned.get(family, (None, None))
+            sig[f"{family}_relearned_at"], sig[f"{family}_relearned_from"] = at, before
+        held = max(s.rps.held_s(end), s.tpr.held_s(end))
+        sig["rps_held_s"], sig["tpr_held_s"] = s.rps.held_s(end), s.tpr.held_s(end)
+        sig["tps_held_s"] = held
+
+    def _window_min_s(self, s: ServiceSeries, end: float) -> float:
+        """Bursty traffic needs a longer window: long enough that the baselines' excess
+        noise per bucket, averaged over it, is within ``RATE_PRECISION``."""
+        noise = 0.0
+        for base in (s.rps, s.tpr):
+            f = base.forecast(end)
+            noise += f.noise if f is not None else 0.0
+        buckets = math.ceil(noise / RATE_PRECISION**2)
+        return min(self.rate_max_s, max(1, buckets) * self.bucket_s)
+
+    def _rate_deviation(
+        self,
+        s: ServiceSeries,
+        w: CountWindow,
+        mid: float,
+        ready: bool,
+        sig: dict[str, float | None],
+    ) -> float | None:
+        """Requests against the baseline's expectation; returns the forecast's variance."""
+        sig["rps_forecast"] = sig["rps_deviation"] = sig["rps_z"] = None
+        if not ready or w.expected < self.rate_min or not w.span_s:
+            return None
+        f = s.rps.forecast(mid)
+        var = _window_var(f, w.span_s / self.bucket_s)
+        sig["rps_forecast"] = w.expected / w.span_s
+        sig["rps_deviation"] = w.n / w.expected - 1
+        sig["rps_z"] = count_z(w.n, w.expected, 1.0, var)
+        return var
+
+    def _mean_deviation(
+        self, s: ServiceSeries, w: CountWindow, mid: float, sig: dict[str, float | None]
+    ) -> float | None:
+        """Tokens per request against its baseline; returns the forecast's variance."""
+        sig["tpr_forecast"] = sig["tpr_deviation"] = sig["tpr_z"] = sig["tpr_score"] = None
+        f = s.tpr.forecast(mid)
+        if f is None:
+            return None
+        forecast = math.exp(f.mean)
+        sig["tpr_forecast"] = forecast
+        if w.n < self.rate_min:
+            return _window_var(f, w.span_s / self.bucket_s)
+        mean = w.tokens / w.n
+        spread = max(0.0, w.tokens_sq / w.n - mean * mean)
+        var = _window_var(f, w.span_s / self.bucket_s)
+        se2 = spread / w.n + forecast * forecast * var
+        d = mean / forecast - 1
+        z = (mean - forecast) / math.sqrt(se2) if se2 > 0 else 0.0
+        sig["tpr_deviation"], sig["tpr_z"] = d, z
+        sig["tpr_score"] = _drop_score(d, z, self.hold_z)
+        return var
+
+    def _tps(
+        self,
+        s: ServiceSeries,
+        w: CountWindow,
+        rate_var: float | None,
+        mean_var: float | None,
+        sig: dict[str, float | None],
+    ) -> None:
+        """Output tokens per second against requests x tokens per request expected."""
+        sig["tps_forecast"] = sig["tps_deviation"] = sig["tps_z"] = sig["tps_score"] = None
+        tpr = sig["tpr_forecast"]
+        if rate_var is None or mean_var is None or tpr is None:
             return
-        if ratio is not None and ratio > self.baseline_hold:
-            since = s.held_since.setdefault(name, end - self.bucket_s)
-            if end - since <= self.hold_max_s:
-                return  # an anomaly: keep it out of the baseline
-            hist.clear()  # lasted hold_max_s: the new normal
-        s.held_since.pop(name, None)
-        hist.append(v)
+        expected = w.expected * tpr
+        size = tpr * (1 + s.token_cv2)  # E[tokens^2] / E[tokens] of one request
+        d = w.tokens / expected - 1 if expected > 0 else 0.0
+        z = count_z(w.tokens, expected, size, rate_var + mean_var)
+        sig["tps_forecast"] = expected / w.span_s
+        sig["tps_deviation"], sig["tps_z"] = d, z
+        sig["tps_score"] = _drop_score(d, z, self.hold_z)
+
+    def _hold(
+        self, s: ServiceSeries, end: float, w: CountWindow, sig: dict[str, float | None]
+    ) -> None:
+        """Hold each baseline whose window deviates significantly; maybe accept a new
+        level (and remember when, and from what, for the alerts' resolutions)."""
+        tps_before = sig["tps_forecast"]
+        for family, base, observed in (
+            ("rps", s.rps, math.log((w.n + 0.5) / w.span_s) if w.span_s else None),
+            ("tpr", s.tpr, math.log(max(w.tokens / w.n, 0.5)) if w.n else None),
+        ):
+            d, z = sig[f"{family}_deviation"], sig[f"{family}_z"]
+            # enter the hold on a significant deviation; stay in it while the deviation is
+            # larger than the band (noisy traffic makes z waver during a real fault)
+            deviating = (
+                d is not None
+                and z is not None
+                and abs(d) > self.hold_band
+                and (base.holding or abs(z) > self.hold_z)
+            )
+            before = sig[f"{family}_forecast"]
+            if base.hold(end, deviating, observed) and before is not None:
+                s.relearned[family] = (end, before)
+                if tps_before is not None:
+                    s.relearned["tps"] = (end, tps_before)
+
+    def _learn(self, s: ServiceSeries, end: float, c: BucketCounts, expected: float) -> None:
+        """Gather buckets into observations that hold enough requests, then learn them."""
+        want, max_s = self.observation
+        bs = self.bucket_s
+        if s.rps.holding:  # a held bucket is never learnt
+            s.pending_rps = _Pending()
+        else:
+            s.pending_rps.add(end, bs, c, expected)
+        if s.tpr.holding:
+            s.pending_tpr = _Pending()
+        else:
+            s.pending_tpr.add(end, bs, c, expected)
+        p = s.pending_rps
+        if p.start is not None and (p.expected >= want or p.span_s >= max_s):
+            z = math.log((p.n + 0.5) / p.span_s)
+            s.rps.learn((p.start + p.end) / 2, z, 1 / (p.n + 0.5), p.span_s / bs)
+            s.pending_rps = _Pending()
+        p = s.pending_tpr
+        if p.start is not None and (p.n >= want or p.span_s >= max_s):
+            if p.n:
+                mean = p.tokens / p.n
+                cv2 = max(0.0, p.tokens_sq / p.n / (mean * mean) - 1) if mean > 0 else 0.0
+                if p.n >= 10:
+                    s.token_cv2 += 0.1 * (cv2 - s.token_cv2)
+                z = math.log(max(mean, 0.5))
+                s.tpr.learn((p.start + p.end) / 2, z, max(cv2, 1e-4) / p.n, p.span_s / bs)
+            s.pending_tpr = _Pending()
+
+    # ------------------------------------------------------------------ latency
+
+    def _latency(self, s: ServiceSeries, end: float, sig: dict[str, float | None]) -> None:
+        for name, stage, base in (
+            ("retriever_p99", "retriever", s.retriever_p99),
+            ("e2e_p95", "e2e", s.e2e_p95),
+        ):
+            value = sig[f"{name}_ms"]
+            baseline = base.update(end, value, s.tail.seen.get(stage, 0))
+            sig[f"{name}_baseline_ms"] = baseline
+            sig[f"{name}_ratio"] = value / baseline if value is not None and baseline else None
+            sig[f"{name}_held_s"] = base.held_s(end)
+            sig[f"{name}_relearned_at"] = base.relearned_at
+            sig[f"{name}_relearned_from"] = base.relearned_before
+
+    # ------------------------------------------------------------------ outliers, sweeps
 
     def _new_cluster(self, svc: _Service, b: int) -> float:
-        """Whether a sizeable cluster appeared far from the known ones (once per bucket)."""
+        """Whether a sizeable cluster appeared far from the known ones (once per bucket).
+
+        Scanning the clusters is the costliest step of the pipeline, so it runs only once
+        ``min_samples`` records landed outside the dense cells of the last scan (a new
+        cluster far from the known ones is made of such records), while a flagged
+        cluster lasts, and every ``CLUSTER_RESCAN`` buckets to keep the known clusters
+        current."""
         if svc.checked == b:
             return svc.flag
-        far = 4 * svc.detector.eps
-        clusters = [c for c in svc.detector.clusters() if c.size >= self.new_cluster_size]
-        new = bool(svc.known) and any(
-            all(math.dist(c.centroid, k) > far for k in svc.known) for c in clusters
-        )
-        svc.checked, svc.flag = b, 1.0 if new else 0.0
+        svc.checked, svc.flag = b, 0.0
+        due = svc.scanned is None or b - svc.scanned >= CLUSTER_RESCAN
+        if not (svc.novel >= svc.detector.min_samples or svc.active is not None or due):
+            return 0.0
+        svc.scanned, svc.novel = b, 0
+        det = svc.detector
+        far = 4 * det.eps
+        # A cluster must hold 1 % of the window: a fragment of the usual traffic's tail is
+        # a few points; before CLUSTER_WARMUP points nothing is news.
+        size = max(self.new_cluster_size, math.ceil(len(det) * CLUSTER_SHARE))
+        clusters = [c for c in det.clusters() if c.size >= size]
+        if len(det) < CLUSTER_WARMUP:
+            svc.known = [c.centroid for c in clusters]
+            return 0.0
+        svc.dense = det.around(cell for c in clusters for cell in c.cells)
+        known = svc.known
+        new = [c for c in clusters if known and all(math.dist(c.centroid, k) > far for k in known)]
+        svc.flag = 1.0 if new else 0.0
+        svc.size = float(max(c.size for c in new)) if new else 0.0
         svc.known = [c.centroid for c in clusters]
+        if new:
+            svc.active = max(new, key=lambda c: c.size).centroid
+            svc.active_instance = self._novel_instance(svc)
+            svc.active_label = det.describe(svc.active)
+        elif svc.active is not None:  # the flagged cluster lasts while one stays near it
+            near = [c for c in clusters if math.dist(c.centroid, svc.active) <= far]
+            svc.active = near[0].centroid if near else None
         return svc.flag
 
+    def _novel_instance(self, svc: _Service) -> str | None:
+        """The instance whose recent records landed away from the known clusters most."""
+        best, name = 0.0, None
+        for inst in sorted(svc.instances):
+            s = self.series.get((svc.name, inst))
+            if s is not None and s.novel_score > best:
+                best, name = s.novel_score, inst
+        return name
+
     def _sweep(self) -> list[Transition]:
-        """Forget series without records for ``stale_s``; resolve their alerts."""
+        """Forget series without envelopes for ``stale_s``; resolve their alerts."""
         if self._watermark - self._last_sweep < self.bucket_s:
             return []
         self._last_sweep = self._watermark
@@ -531,16 +817,14 @@ class RequestPipeline:
         return out
 
 
-def _holt_winters(
-    det: HoltWinters, prefix: str, v: float | None, t: float, sig: dict[str, float | None]
-) -> None:
-    """Score the bucket's value against the forecast, then learn it."""
-    score = rep = None
-    if v is not None:
-        x = {"value": v, "t": t}
-        score = det.score_one(x)
-        det.learn_one(x)
-        rep = det.report()
-    sig[f"{prefix}_forecast"] = None if rep is None else rep.forecast
-    sig[f"{prefix}_deviation"] = None if rep is None else rep.relative
-    sig[f"{prefix}_score"] = None if rep is None else score
+def _window_var(f: Forecast | None, steps: float) -> float:
+    """A baseline's relative variance over a window of ``steps`` buckets: its own
+    uncertainty, and its excess noise per bucket averaged over the window."""
+    return 0.0 if f is None else f.var + f.noise / max(1.0, steps)
+
+
+def _drop_score(d: float, z: float, z_min: float) -> float:
+    """[0, 1]: how far below its forecast (0.5 at -25 %), if significantly so."""
+    if z > -z_min or d >= 0:
+        return 0.0
+    return min(1.0, -d / 0.5)

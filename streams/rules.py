@@ -5,7 +5,10 @@ on one GPU; ``gpu``: one GPU or MIG instance) and fires when its ``expr`` holds 
 ``for`` of event time. Once firing it resolves when ``resolve`` holds (a separate,
 usually looser condition: hysteresis against flapping) or, without ``resolve``, when
 ``expr`` stops holding; ``keep_firing_for`` keeps it firing that much longer (Prometheus'
-field of the same name)::
+field of the same name), and for series that count requests ``keep_firing_requests``
+also wants that many new requests seen meanwhile, so a quiet night cannot resolve an
+alert on two requests. A signal without a value (no data, or too little evidence behind
+it) neither starts, nor clears, nor resolves anything::
 
     rules:
       - name: GpuMemoryLeak
@@ -75,16 +78,48 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
         "power_w",
     ),
 }
+# Baselines that hold through a fault and may, after holding long enough, accept a new
+# level (detectors/seasonal.py, streams/evidence.py): per series kind, family -> the signal
+# holding the family's forecast. Each family also has the signals ``<family>_held_s`` (how
+# long the baseline has been held), ``<family>_relearned_at`` (event time it last
+# accepted a new level) and ``<family>_relearned_from`` (its forecast before that), so an
+# alert whose ``expected`` is the forecast can say it resolved because of a re-learnt
+# baseline, not because the signal recovered.
+BASELINES: dict[str, dict[str, str]] = {
+    "service": {
+        "rps": "rps_forecast",
+        "tpr": "tpr_forecast",
+        "tps": "tps_forecast",
+        "retriever_p99": "retriever_p99_baseline_ms",
+        "e2e_p95": "e2e_p95_baseline_ms",
+    },
+    "engine": {"tps": "tps_forecast"},
+}
+
+
+def _baseline_signals(series: str) -> tuple[str, ...]:
+    return tuple(
+        f"{family}_{what}"
+        for family in BASELINES[series]
+        for what in ("held_s", "relearned_at", "relearned_from")
+    )
+
+
 SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; streams/requests.py
     "rps", "errors_ratio", "output_tokens_per_s", "tokens_per_request",
     "context_tokens_per_request", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms",
     *(f"{stage}_{q}" for stage in ("retriever", "reranker", "llm")
       for q in ("p50_ms", "p95_ms", "p99_ms", "share")),
-    "ttft_p95_ms", "queue_p95_ms", "tpr_forecast", "tpr_deviation", "tpr_score",
-    "tps_forecast", "tps_deviation", "tps_score", "retriever_p99_baseline_ms",
+    "ttft_p95_ms", "queue_p95_ms", "rps_forecast", "rps_deviation", "rps_z",
+    "tpr_forecast", "tpr_deviation", "tpr_z", "tpr_score",
+    "tps_forecast", "tps_deviation", "tps_z", "tps_score", "retriever_p99_baseline_ms",
     "retriever_p99_ratio", "e2e_p95_baseline_ms", "e2e_p95_ratio", "outliers",
-    "outlier_ratio", "new_outlier_cluster",
+    "recent_outliers", "outlier_ratio", "new_outlier_cluster", "outlier_cluster_size",
+    "outlier_cluster_active",
+    "window_s", "window_requests", "requests_total", *_baseline_signals("service"),
 )  # fmt: skip
+# a cumulative count of the evidence behind a series' signals, for keep_firing_requests
+EVIDENCE_SIGNAL = {"service": "requests_total"}
 # one device event (streams/events.py): 1.0 for what happened (the XID code for xid)
 SERIES_SIGNALS["event"] = ("oom_kill", "xid", "xid_critical", "device_event", "process_exit")
 # one scraped serving engine (streams/metrics.py): rates from counters, gauges, baseline
@@ -93,6 +128,7 @@ SERIES_SIGNALS["engine"] = (
     "tokens_per_request", "preemptions_per_s", "requests_waiting", "requests_running",
     "kv_cache_usage_ratio", "counter_resets", "e2e_mean_s", "ttft_mean_s", "queue_mean_s",
     "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_score",
+    *_baseline_signals("engine"),
 )  # fmt: skip
 SERIES_LABELS: dict[str, tuple[str, ...]] = {
     "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
@@ -138,6 +174,11 @@ class Condition:
         v = signals.get(self.signal)
         return v is not None and not math.isnan(v) and OPS[self.op](v, self.threshold)
 
+    def known(self, signals: Mapping[str, float | None]) -> bool:
+        """Whether the signal has a value (None: no data, or too little evidence)."""
+        v = signals.get(self.signal)
+        return v is not None and not math.isnan(v)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -151,6 +192,7 @@ class Rule:
     annotations: dict[str, str] = field(default_factory=dict)
     keep_firing_for_s: float = 0.0
     resolve: tuple[Condition, ...] = ()
+    keep_firing_requests: int = 0
 
     def holds(self, signals: Mapping[str, float | None]) -> bool:
         return all(c.holds(signals) for c in self.conditions)
@@ -162,10 +204,20 @@ class Rule:
 
     def cleared(self, signals: Mapping[str, float | None]) -> bool:
         """Whether a firing alert may resolve: its ``resolve`` condition holds (hysteresis),
-        or, without one, its ``expr`` no longer holds."""
+        or, without one, its ``expr`` is known and no longer holds. A signal without a
+        value (too little evidence) clears nothing."""
         if self.resolve:
             return all(c.holds(signals) for c in self.resolve)
-        return not self.holds(signals)
+        return all(c.known(signals) for c in self.conditions) and not self.holds(signals)
+
+    @property
+    def baseline(self) -> str | None:
+        """The baseline family whose forecast is this rule's ``expected`` (rules.BASELINES),
+        if any: its re-learning is what a resolution must not call a recovery."""
+        for family, signal in BASELINES.get(self.series, {}).items():
+            if self.expected == signal:
+                return family
+        return None
 
     def expected_value(self, signals: Mapping[str, float | None]) -> float | None:
         """What the value should have been: the rule's number, or its forecast signal."""
@@ -222,6 +274,19 @@ def parse_expr(expr: str, series: str, where: str) -> tuple[Condition, ...]:
     return tuple(conds)
 
 
+def _evidence(v: Any, series: str, where: str) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(f"{where}.keep_firing_requests: must be an integer >= 0, got {v!r}")
+    if v and series not in EVIDENCE_SIGNAL:
+        raise ConfigError(
+            f"{where}.keep_firing_requests: only for series that count requests "
+            f"({', '.join(EVIDENCE_SIGNAL)}), not {series!r}"
+        )
+    return v
+
+
 def _resolve(v: Any, series: str, where: str) -> tuple[Condition, ...]:
     if v is None:
         return ()
@@ -244,6 +309,7 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         "expected",
         "labels",
         "annotations",
+        "keep_firing_requests",
     }
     extra = set(d) - known
     if extra:
@@ -281,6 +347,7 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         conditions=parse_expr(d["expr"], series, where),
         for_s=_duration(d.get("for", 0), f"{where}.for"),
         keep_firing_for_s=_duration(d.get("keep_firing_for", 0), f"{where}.keep_firing_for"),
+        keep_firing_requests=_evidence(d.get("keep_firing_requests"), series, where),
         resolve=_resolve(d.get("resolve"), series, where),
         severity=severity,
         expected=expected if expected is None or isinstance(expected, str) else float(expected),

@@ -49,7 +49,8 @@ from typing import Any
 from ragwatch.errors import RagwatchError
 from ragwatch.streams.pipelines import Pipelines
 
-SNAPSHOT_VERSION = 2  # 2: GPU series keep raw values, signals computed when read
+SNAPSHOT_VERSION = 3  # 2: GPU series keep raw values; 3: request series keep evidence windows
+# and seasonal baselines (a snapshot of 2 is not used: its services learn again, once)
 
 # (module, names) the unpickler may rebuild besides ragwatch's own classes
 _STDLIB: dict[str, frozenset[str]] = {

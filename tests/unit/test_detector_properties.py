@@ -57,6 +57,7 @@ EAGER: dict[str, dict[str, Any]] = {
     "leak": {"window_s": 600.0, "bucket_s": 60.0, "min_span_s": 120.0, "min_points": 3},
     "mad": {"window": 8, "min_samples": 3},
     "request_outliers": {"eps": 16.0, "min_samples": 2, "window": 20, "warmup": 3},
+    "seasonal": {"step_s": 60.0, "season_s": 600.0, "slot_s": 60.0, "warmup": 2},
     "threshold": {"learn_count": 3},
 }
 
@@ -68,6 +69,7 @@ TIME: dict[str, Literal["blind", "drops_late"]] = {
     "leak": "drops_late",
     "mad": "blind",
     "request_outliers": "blind",
+    "seasonal": "drops_late",
     "threshold": "blind",
 }
 
@@ -80,6 +82,7 @@ NON_FINITE: dict[str, tuple[Handling, Handling]] = {
     "leak": ("raises", "ignores"),  # score_one does not read x: the score of the trend so far
     "mad": ("raises", "ignores"),  # score_one: 0.0 for a non-finite value
     "request_outliers": ("raises", "raises"),
+    "seasonal": ("raises", "raises"),
     "threshold": ("raises", "ignores"),  # score_one: 0.0 for NaN, a breach for +-inf
 }
 
@@ -329,15 +332,18 @@ def test_constant_series_scores_zero(
 @pytest.mark.parametrize("value", [0.0, -0.0, -5.0, 0.1, 42e9, -1e-300, 5e-324])
 @pytest.mark.parametrize(("name", "params"), CASES)
 def test_constant_series_is_past_warm_up(name: str, params: dict[str, Any], value: float) -> None:
-    """The same length of constant input as above warms every detector up: a ramp that
-    follows it is scored. So the zeros above are not warm-up zeros."""
+    """The same length of constant input as above warms every detector up: a jump and a
+    ramp that follow it are scored. So the zeros above are not warm-up zeros. (The jump,
+    5 % of the value: a detector that models trends, ``seasonal``, learns a gentle ramp on
+    a large value as its trend, and rightly so.)"""
     k = len(features(name))
     t0 = 1_699_999_200.0
     det = make(name, **params)
     flat = [sample(name, (value,) * k, t0 + 60.0 * i) for i in range(300)]
     assert set(run(det, flat)) == {0.0}
+    jump = 0.05 * abs(value)
     ramp = [
-        sample(name, (value + 1e8 * i,) * k, t0 + 60.0 * (300 + i)) for i in range(1, 121)
+        sample(name, (value + jump + 1e8 * i,) * k, t0 + 60.0 * (300 + i)) for i in range(1, 121)
     ]  # 6e9 units an hour: a leak of 6 GB/h, a jump for everything else
     scores = run(det, ramp)
     assert_scores(scores)

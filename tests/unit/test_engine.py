@@ -83,12 +83,20 @@ CASES: dict[str, tuple[str | float, list[Step]]] = {
             (40.0, HOT, ("pending", "firing", 30.0, None)),
         ],
     ),
-    "missing-signal-does-not-hold": (
+    "missing-signal-neither-starts-nor-resolves": (
         "0s",
         [
             (0.0, None, None),
             (10.0, HOT, ("inactive", "firing", 10.0, None)),
-            (20.0, None, ("firing", "resolved", 10.0, 20.0)),
+            (20.0, None, None),  # unknown (no data, too little evidence): still firing
+            (30.0, OK, ("firing", "resolved", 10.0, 30.0)),
+        ],
+    ),
+    "missing-signal-drops-a-pending-alert": (
+        "1m",
+        [
+            (0.0, HOT, ("inactive", "pending", 0.0, None)),
+            (30.0, None, ("pending", "resolved", 0.0, 30.0)),  # `for` was not observed
         ],
     ),
     "never-holds": ("1m", [(float(t), OK, None) for t in range(0, 600, 60)]),
@@ -198,10 +206,19 @@ def test_annotations_and_value_refresh_while_firing() -> None:
 
 def test_unknown_value_is_reported_as_zero() -> None:
     eng = AlertEngine()
-    rule = hot_rule(0)
+    rule = hot_rule("1m")
     eng.evaluate(rule, {"host": "h1"}, {"temp_c": HOT}, ts=0.0)
     t = eng.evaluate(rule, {"host": "h1"}, {"temp_c": None}, ts=10.0)
     assert t is not None and t.alert.status == "resolved" and t.alert.value == 0.0
+
+
+def test_a_firing_alert_keeps_its_last_known_value_while_the_signal_is_unknown() -> None:
+    eng = AlertEngine()
+    rule = hot_rule(0)
+    eng.evaluate(rule, {"host": "h1"}, {"temp_c": 91.0}, ts=0.0)
+    assert eng.evaluate(rule, {"host": "h1"}, {"temp_c": None}, ts=10.0) is None
+    (alert,) = eng.active.values()
+    assert (alert.status, alert.value, alert.at) == ("firing", 91.0, 0.0)
 
 
 def test_each_series_has_its_own_state() -> None:
@@ -367,3 +384,31 @@ def test_notify_over_a_whole_episode() -> None:
         ("firing", True),
         ("resolved", True),
     ]
+
+
+def test_firing_again_soon_after_resolving_is_a_flap() -> None:
+    eng, rule = AlertEngine(flap_window_s=3600.0), hot_rule(0)
+    labels = {"host": "h1"}
+    first = eng.evaluate(rule, labels, {"temp_c": HOT}, ts=0.0)
+    assert first is not None and not first.flapped
+    eng.evaluate(rule, labels, {"temp_c": OK}, ts=60.0)  # resolved
+    again = eng.evaluate(rule, labels, {"temp_c": HOT}, ts=1800.0)  # 29 min later: a flap
+    assert again is not None and again.flapped and again.alert.status == "firing"
+    eng.evaluate(rule, labels, {"temp_c": OK}, ts=1860.0)
+    later = eng.evaluate(rule, labels, {"temp_c": HOT}, ts=1860.0 + 3601.0)  # over an hour
+    assert later is not None and not later.flapped
+    assert eng.flaps == {again.alert.fingerprint: 1}
+
+
+def test_a_pending_alert_that_clears_is_no_flap_and_resolutions_say_why() -> None:
+    eng, rule = AlertEngine(), hot_rule("1m")
+    labels = {"host": "h1"}
+    eng.evaluate(rule, labels, {"temp_c": HOT}, ts=0.0)
+    dropped = eng.evaluate(rule, labels, {"temp_c": OK}, ts=30.0)
+    assert dropped is not None and dropped.alert.resolution == "recovered"
+    eng.evaluate(rule, labels, {"temp_c": HOT}, ts=40.0)
+    fired = eng.evaluate(rule, labels, {"temp_c": HOT}, ts=100.0)
+    assert fired is not None and fired.alert.status == "firing" and not fired.flapped
+    (gone,) = eng.clear(labels, ts=500.0)
+    assert gone.alert.resolution == "gone" and "silent" in gone.alert.annotations["resolution"]
+    assert eng.flaps == {}

@@ -126,7 +126,7 @@ def test_quantiles_and_rates_are_exact_on_a_hand_made_bucket() -> None:
     ]
     assert pipe.process(env(records)) == []
     assert signals(pipe)["bucket_end"] is None  # not closed: within grace
-    pipe.process(env([rec(T0 + MIN + 120.0)]))  # watermark reaches end + grace
+    pipe.process(env([rec(T0 + MIN + 30.0)]))  # watermark reaches end + grace
     got = signals(pipe)
     assert got["bucket_end"] == T0 + MIN
     sig = got["signals"]
@@ -153,33 +153,41 @@ def test_quantiles_and_rates_are_exact_on_a_hand_made_bucket() -> None:
     assert got["outlier_label"] is None
 
 
-def test_tail_quantiles_span_the_last_tail_buckets_and_p50_stays_per_bucket() -> None:
-    pipe = RequestPipeline([], tail_buckets=3, grace_s=0.0)  # bucket b closes in b + 1
+def tail_run(per_bucket: int, slow_bucket: int, buckets: int) -> list[float | None]:
+    """P99 after each bucket close: 10 requests of one bucket take a second."""
+    pipe = RequestPipeline([], grace_s=0.0)  # bucket b closes in b + 1
     seen = []
-    for b in range(7):
-        slow = b == 1  # 10 of bucket 1's 100 requests take a second
+    for b in range(buckets):
 
-        def e2e(i: int, slow: bool = slow) -> float:
-            return 1000.0 if slow and i < 10 else 100.0
+        def e2e(i: int, b: int = b) -> float:
+            return 1000.0 if b == slow_bucket and i < 10 else 100.0
 
-        pipe.process(env([rec(T0 + b * MIN + i * 0.5, e2e=e2e(i)) for i in range(100)]))
+        step = MIN / per_bucket
+        pipe.process(env([rec(T0 + b * MIN + i * step, e2e=e2e(i)) for i in range(per_bucket)]))
         if b:
             sig = signals(pipe)["signals"]
             assert isinstance(sig, dict)
-            seen.append((sig["e2e_p50_ms"], sig["e2e_p99_ms"]))
-    # bucket 1 stays in the P99 window for three buckets (10 of 200/300 values), then leaves
-    assert [p99 for _, p99 in seen] == [100.0, 1000.0, 1000.0, 1000.0, 100.0, 100.0]
-    assert {p50 for p50, _ in seen} == {100.0}
+            seen.append(sig["e2e_p99_ms"])  # type: ignore[arg-type]
+    return seen
 
 
-def test_a_gap_empties_the_tail_window() -> None:
-    pipe = RequestPipeline([], tail_buckets=3)
-    pipe.process(env([rec(T0 + i, e2e=1000.0) for i in range(10)]))
-    pipe.process(env([rec(T0 + 10 * MIN + i, e2e=100.0) for i in range(10)]))  # closes bucket 0
-    pipe.process(env([rec(T0 + 20 * MIN)]))  # closes bucket 10, 10 minutes later
+def test_tail_quantiles_span_the_last_200_requests_or_2_minutes_whichever_holds_more() -> None:
+    # 100 requests a minute: the window is the last 2 minutes (200 requests)
+    assert tail_run(100, 1, 6) == [100.0, 1000.0, 1000.0, 100.0, 100.0]
+    # 20 a minute: the last 200 requests are 10 minutes; the slow ones stay for 10 buckets
+    quiet = tail_run(20, 1, 16)
+    assert quiet[:4] == [None] * 4  # a P99 of fewer than 100 requests is unknown
+    assert quiet[4:11] == [1000.0] * 7 and quiet[11:] == [100.0] * 4
+
+
+def test_a_quantile_of_too_few_requests_is_unknown() -> None:
+    pipe = RequestPipeline([])
+    pipe.process(env([rec(T0 + i, e2e=100.0 + i) for i in range(30)]))
+    pipe.process(env([rec(T0 + MIN + 30.0)]))  # closes bucket 0
     sig = signals(pipe)["signals"]
     assert isinstance(sig, dict)
-    assert sig["e2e_p99_ms"] == 100.0
+    assert sig["e2e_p50_ms"] == pytest.approx(114.5)  # 30 values: enough for a P50
+    assert sig["e2e_p95_ms"] is None and sig["e2e_p99_ms"] is None  # not for the tails
 
 
 # ---------------------------------------------------------------- event time
@@ -193,20 +201,20 @@ def test_out_of_order_within_grace_counts_in_its_bucket_and_beyond_grace_is_drop
     assert pipe.stats.late_dropped == 0
     pipe.process(env([rec(T0 + 200.0)]))  # closes bucket 0 (60 + 120 <= 200)
     assert signals(pipe)["bucket_end"] == T0 + MIN
-    assert signals(pipe)["signals"]["rps"] == pytest.approx(3 / 60)  # type: ignore[index]
+    assert signals(pipe)["signals"]["requests_total"] == 3.0  # type: ignore[index]
     pipe.process(env([rec(T0 + 10.0), rec(T0 + 59.9)], ts=T0 + 201.0))  # its bucket closed
     assert pipe.stats.late_dropped == 2
-    pipe.process(env([rec(T0 + 300.0)]))  # closes bucket 1 (bucket 3 is within grace)
+    pipe.process(env([rec(T0 + 300.0)]))  # closes buckets 1 and 2 (3 is within grace)
     pipe.process(env([rec(T0 + 250.0)], ts=T0 + 300.0))  # sent again: a duplicate
     assert pipe.stats.duplicates == 1
-    assert signals(pipe)["bucket_end"] == T0 + 2 * MIN
-    assert signals(pipe)["signals"]["rps"] == pytest.approx(2 / 60)  # type: ignore[index]
-    assert pipe.stats.buckets_closed == 2
+    assert signals(pipe)["bucket_end"] == T0 + 3 * MIN  # a minute without requests closes
+    assert signals(pipe)["signals"]["requests_total"] == 5.0  # type: ignore[index]
+    assert pipe.stats.buckets_closed == 3
     assert pipe.stats.records == 10
 
 
 def test_a_silent_instance_is_forgotten_and_its_alerts_resolve() -> None:
-    pipe = RequestPipeline([rule("Busy", "rps", ">", 0.0)])
+    pipe = RequestPipeline([rule("Busy", "rps", ">", 0.0)], stale_s=600.0)
     rng = random.Random(1)
     both = (("rag", "a"), ("rag", "b"))
     fired = play(pipe, T0, 5 * MIN, Traffic(rng), rps=1, instances=both)
@@ -215,6 +223,7 @@ def test_a_silent_instance_is_forgotten_and_its_alerts_resolve() -> None:
     resolved = [t for t in later if t.alert.status == "resolved"]
     assert [t.alert.labels["instance"] for t in resolved] == ["a"]
     assert resolved[0].notify and pipe.stats.evicted_series == 1
+    assert resolved[0].alert.resolution == "gone"
     assert [i["instance"] for i in pipe.service_snapshot("rag")["instances"]] == ["b"]
 
 
@@ -348,18 +357,22 @@ def test_a_healthy_stream_produces_no_transitions() -> None:
 
 def test_memory_is_bounded() -> None:
     pipe = RequestPipeline(
-        [], max_series=3, reservoir=50, baseline_buckets=5, min_baseline=2, stale_s=1e9
+        [], max_series=3, reservoir=50, tail_requests=100, min_baseline=2, stale_s=1e9
     )
     instances = tuple(("rag", f"i{k}") for k in range(5))
-    play(pipe, T0, 30 * MIN, Traffic(random.Random(8)), rps=4, instances=instances, batch_s=10)
+    play(pipe, T0, 100 * MIN, Traffic(random.Random(8)), rps=4, instances=instances, batch_s=10)
     assert len(pipe.series) == 3
-    assert pipe.stats.dropped_records == 2 * 30 * 60 * 4
+    assert pipe.stats.dropped_records == 2 * 100 * 60 * 4
     for s in pipe.series.values():
-        assert len(s.buckets) <= 120 / 60 + 2
-        assert len(s.retriever_p99) == 5 and len(s.e2e_p95) == 5
+        assert len(s.buckets) <= 30 / 60 + 2
+        assert len(s.counts) == s.counts.capacity == 90  # rate_max_s of buckets
+        # the tail window: 2 minutes of 50 sampled values a bucket (>= 100 requests)
+        assert len(s.tail.values("e2e", s.bucket_end or 0.0)) == 100
+        assert all(len(v) <= 2 * 100 + 256 for v in s.tail._vals.values())
+        assert s.retriever_p99.model is not None and s.retriever_p99.model.late == 0
         assert all(len(r.values) <= 50 for b in s.buckets.values() for r in b.latencies.values())
-        assert s.tpr.late == 0
+        assert s.tpr.late == 0 and s.rps.late == 0
     sig = signals(pipe, "rag", "i0")["signals"]
     assert isinstance(sig, dict)
-    assert sig["e2e_p50_ms"] == pytest.approx(750.0, rel=0.05)  # from 50 of 240 values
+    assert sig["e2e_p50_ms"] == pytest.approx(750.0, rel=0.05)  # from 100 of 480 values
     assert sig["retriever_p99_ratio"] == pytest.approx(1.0, rel=0.1)

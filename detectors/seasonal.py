@@ -1,0 +1,440 @@
+"""Seasonal baseline that knows how much evidence it has: a daily profile learnt from
+previous days, a local level and trend, and a hold that keeps a fault out of it.
+
+What it models. Observations ``z`` (for rates and means: the log of the value, so the
+model is multiplicative and a 20x daily rhythm is an additive curve) arrive at irregular
+event times, each with the variance of its own sampling noise (a count of 4 requests
+says less than a count of 400). The expected value at time ``t`` is
+
+    level(t) + trend(t) * elapsed + profile(time of day of t)
+
+- **profile**: one offset per ``slot_s`` of the day (48 half-hours by default), linear
+  between slot centres. It is learnt from *previous days*: every observation adds, with
+  its precision as weight, to its (day, slot) cell; a day after the first observation
+  and every day after, each of the last ``days`` 24-hour spans (each slot's latest cell
+  in it; at least ``min_coverage`` of the slots seen, the others interpolated) minus its
+  mean gives one curve, and the profile is their median (a day with a fault, a deploy or
+  an outage is outvoted; with one or two days, their mean), smoothed over neighbouring
+  slots. Until a day has passed there is no profile and the model is level + trend.
+- **level and trend**: a local linear trend model (a two-state Kalman filter, time in
+  ``step_s`` units, the trend damped by ``damping`` per step) over the observations minus
+  the profile. A noisy observation moves it little, a precise one more, and one more than
+  ``outlier_z`` standard deviations off is not learnt at all (a step or a spike: robust
+  filtering; counted in ``outliers``); ``level_noise``
+  and ``trend_noise`` say how fast the level and trend may wander per step (the weekly
+  rhythm, slow growth and day-to-day differences live here). Each step's innovation also
+  updates ``model_var``, the variance per step that the sampling noise does not explain
+  (bursty traffic, a profile that is off): forecasts carry it (``Forecast.noise``), so
+  tests against them account for it, averaged over the steps they cover.
+- **hold**: the caller judges whether its current evidence deviates significantly
+  (:meth:`hold`); while it does, nothing is learnt (neither level nor profile) and the
+  forecast stays the pre-fault one: the level, trend and uncertainty of the hold's start,
+  moved along the profile only. A
+  deviation that lasts ``hold_max_s`` (default a day; on the first day, before there is
+  a profile to carry the held level along the daily rhythm, at most 3 hours) is accepted
+  as the new normal: the level restarts from the observed one, the profile is kept, and
+  :attr:`relearned` says so, with the level before and after, so an alert that resolves
+  because of it can say "new level accepted after 24 h: 159 vs 248 before" instead of
+  "recovered". When a hold ends, the model carries on from the forecast it held.
+
+Memory is bounded: ``days`` x ``slots`` cells of two floats, the profile and a few
+floats (about 6 KB with the defaults). Event time only; late observations (before the
+last one learnt) are counted and ignored.
+
+It also speaks river's protocol (registered as ``seasonal``), for a univariate series
+``x = {"value", "t"}``: values (divided by the first one's magnitude, so the noise
+parameters are relative) are averaged into ``step_s`` buckets, each closed bucket is one
+observation of unknown noise (all of it then goes to ``model_var``), and
+``score_one`` maps the open bucket's standardised deviation ``|d| / sd`` to [0, 1]
+(``(|d| / sd - 3) / 3``, clipped: 0 within three standard deviations, 1 at six).
+
+>>> base = SeasonalBaseline(step_s=60.0)
+>>> T0 = 1_767_225_600.0                       # midnight UTC
+>>> for i in range(3 * 1440):                  # three days, one observation a minute
+...     t = T0 + 60 * i
+...     rhythm = 1.5 * math.sin(2 * math.pi * ((t - 9 * 3600) % 86400) / 86400)  # 20x
+...     base.learn(t, math.log(100.0) + rhythm, 0.01)
+>>> f = base.forecast(T0 + 3 * 86400 + 15 * 3600)   # day 4, 15:00: the peak
+>>> round(math.exp(f.mean) / 100.0, 1), f.noise < 0.01   # exp(1.5) = 4.48
+(4.4, True)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from array import array
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ragwatch.detectors.base import register
+
+DAY = 86400.0
+# Without a daily profile (the first day), a held level cannot follow the rhythm: it is
+# accepted as the new normal after at most this long.
+UNPROFILED_HOLD_S = 3 * 3600.0
+
+
+class Forecast(NamedTuple):
+    """Expected ``z`` at a time: ``var`` is the uncertainty of the expectation itself (the
+    state's), ``noise`` the variance one observation of one step has beyond its sampling
+    noise (``model_var``): a window of ``m`` steps averages it to ``noise / m``."""
+
+    mean: float
+    var: float
+    noise: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """The variance of one step's observation around the forecast, sampling aside."""
+        return self.var + self.noise
+
+
+@dataclass(frozen=True, slots=True)
+class Relearned:
+    """The baseline accepted a new level at ``at`` after holding for ``held_s``."""
+
+    at: float
+    held_s: float
+    before: float  # forecast z just before the acceptance (the pre-fault baseline)
+    after: float  # the level it restarted from (the observed one)
+
+
+@register("seasonal")
+class SeasonalBaseline:
+    """Profile from previous days + local level/trend + hold (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        step_s: float = 60.0,
+        season_s: float = DAY,
+        slot_s: float = 1800.0,
+        days: int = 7,
+        level_noise: float = 0.001,
+        trend_noise: float = 2e-4,
+        damping: float = 0.995,
+        min_coverage: float = 0.75,
+        warmup: int = 5,
+        hold_max_s: float = DAY,
+        outlier_z: float = 3.5,
+    ) -> None:
+        for name, v in (("step_s", step_s), ("season_s", season_s), ("slot_s", slot_s)):
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+        slots = season_s / slot_s
+        if not (slots >= 2 and abs(slots - round(slots)) < 1e-9):
+            raise ValueError(f"season_s must be a multiple (>= 2) of slot_s, got {season_s!r}")
+        if int(days) != days or days < 1:
+            raise ValueError(f"days must be an integer >= 1, got {days!r}")
+        for name, v in (("level_noise", level_noise), ("trend_noise", trend_noise)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
+        if not 0 < damping <= 1:
+            raise ValueError(f"damping must be in (0, 1], got {damping!r}")
+        if not 0 < min_coverage <= 1:
+            raise ValueError(f"min_coverage must be in (0, 1], got {min_coverage!r}")
+        if int(warmup) != warmup or warmup < 1:
+            raise ValueError(f"warmup must be an integer >= 1, got {warmup!r}")
+        if not (math.isfinite(hold_max_s) and hold_max_s >= 0):
+            raise ValueError(f"hold_max_s must be finite and >= 0, got {hold_max_s!r}")
+        self.step_s, self.season_s, self.slot_s = float(step_s), float(season_s), float(slot_s)
+        self.slots, self.days = round(slots), int(days)
+        self.level_noise, self.trend_noise = float(level_noise), float(trend_noise)
+        self.damping, self.min_coverage = float(damping), float(min_coverage)
+        self.warmup, self.hold_max_s = int(warmup), float(hold_max_s)
+        if not outlier_z > 0:
+            raise ValueError(f"outlier_z must be > 0, got {outlier_z!r}")
+        self.outlier_z = float(outlier_z)
+        self.outliers = 0  # observations too far from the forecast to be learnt
+        # level/trend state: x = (level, trend per step), P = [[p00, p01], [p01, p11]]
+        self._l = self._b = 0.0
+        self._p00, self._p01, self._p11 = 1e6, 0.0, 0.0
+        self._t: float | None = None  # time of the state (the last observation learnt)
+        self._n = 0  # observations learnt since the start or the last restart
+        self.model_var = 0.0
+        # profile: offsets per slot (None until one day completed); cells per (day, slot)
+        self._profile: array[float] | None = None
+        self._w = array("d", [0.0]) * (self.days * self.slots)
+        self._zw = array("d", [0.0]) * (self.days * self.slots)
+        self._row_day = array("q", [-1]) * self.days  # which day each row holds
+        self._day: int | None = None  # the day of the newest observation
+        self._refreshed: float | None = None  # when the profile was last refreshed
+        # hold
+        self._held_since: float | None = None
+        self.relearned: Relearned | None = None
+        self.late = 0
+        # river protocol: the open bucket, values divided by the first one's magnitude
+        self._open: int | None = None
+        self._mean = 0.0
+        self._count = 0
+        self._scale: float | None = None
+
+    def clone(self) -> SeasonalBaseline:
+        return SeasonalBaseline(
+            step_s=self.step_s,
+            season_s=self.season_s,
+            slot_s=self.slot_s,
+            days=self.days,
+            level_noise=self.level_noise,
+            trend_noise=self.trend_noise,
+            damping=self.damping,
+            min_coverage=self.min_coverage,
+            warmup=self.warmup,
+            hold_max_s=self.hold_max_s,
+            outlier_z=self.outlier_z,
+        )
+
+    # -- what callers read --------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Whether forecasts are available (``warmup`` observations learnt)."""
+        return self._n >= self.warmup
+
+    @property
+    def has_profile(self) -> bool:
+        """Whether a daily profile has been learnt (one day has completed)."""
+        return self._profile is not None
+
+    @property
+    def holding(self) -> bool:
+        return self._held_since is not None
+
+    def held_s(self, t: float) -> float:
+        """How long the baseline has been held at ``t`` (0 when it is learning)."""
+        return 0.0 if self._held_since is None else max(0.0, t - self._held_since)
+
+    def forecast(self, t: float) -> Forecast | None:
+        """Expected ``z`` at ``t`` (>= the last observation) and its variance; None while
+        warming up. While held, the level, trend and variance stay those of the hold's
+        start (the pre-fault baseline); only the profile moves with ``t``."""
+        if not self.ready or self._t is None:
+            return None
+        horizon = t if self._held_since is None else min(t, self._held_since)
+        steps = max(0.0, (horizon - self._t) / self.step_s)
+        decay = self.damping**steps
+        reach = steps if self.damping == 1.0 else (1 - decay) / (1 - self.damping)
+        level = self._l + self._b * reach
+        var = (
+            self._p00
+            + 2 * reach * self._p01
+            + reach * reach * self._p11
+            + steps * self.level_noise**2
+        )
+        return Forecast(level + self.profile_at(t), var, self.model_var)
+
+    def profile_at(self, t: float) -> float:
+        """The profile's offset at ``t`` (0 without a profile), linear between slots."""
+        p = self._profile
+        if p is None:
+            return 0.0
+        pos = (t % self.season_s) / self.slot_s - 0.5
+        lo = math.floor(pos)
+        frac = pos - lo
+        return p[lo % self.slots] * (1 - frac) + p[(lo + 1) % self.slots] * frac
+
+    # -- what callers do ----------------------------------------------------------------
+
+    def learn(self, t: float, z: float, var: float, steps: float = 1.0) -> None:
+        """One observation ``z`` at ``t`` with sampling variance ``var`` (>= 0), covering
+        ``steps`` steps (an average over more steps has less excess noise). Ignored
+        while the baseline is held; counted in ``late`` if older than the state."""
+        if not (math.isfinite(t) and math.isfinite(z) and math.isfinite(var) and var >= 0):
+            raise ValueError(f"seasonal: need finite t, z and var >= 0, got {t!r} {z!r} {var!r}")
+        steps = max(1.0, steps) if math.isfinite(steps) else 1.0
+        if self._t is not None and t < self._t:
+            self.late += 1
+            return
+        self._roll_day(t)
+        if self._held_since is not None:
+            return
+        if self._n == 0 or self._t is None:
+            self._restart(t, z - self.profile_at(t))
+        else:
+            self._update(t, z - self.profile_at(t), var, steps)
+        w = 1.0 / (var + self.model_var / steps + 1e-6)
+        cell = self._cell(t)
+        self._w[cell] += w
+        self._zw[cell] += w * z
+
+    def hold(self, t: float, deviating: bool, observed: float | None = None) -> bool:
+        """Tell the baseline whether the caller's evidence at ``t`` deviates significantly
+        from :meth:`forecast`. While it does, nothing is learnt; once it has for
+        ``hold_max_s``, the level restarts from ``observed`` (the caller's current ``z``)
+        and :attr:`relearned` records it. Returns whether it accepted a new level now."""
+        self._roll_day(t)  # time moves on while nothing is learnt: the profile still refreshes
+        if not deviating:
+            if self._held_since is not None and self._t is not None:
+                # the hold is over: carry on from the forecast it held (the time it lasted
+                # is not a gap: the level was watched, not lost)
+                self._t += max(0.0, t - max(self._held_since, self._t))
+            self._held_since = None
+            return False
+        if self._held_since is None:
+            self._held_since = t
+            return False
+        held = t - self._held_since
+        longest = self.hold_max_s if self.has_profile else min(self.hold_max_s, UNPROFILED_HOLD_S)
+        if held < longest or observed is None or not math.isfinite(observed):
+            return False
+        f = self.forecast(t)
+        before = f.mean if f is not None else observed
+        self._held_since = None
+        self._restart(t, observed - self.profile_at(t))
+        self._n = self.warmup  # the observed level is known: no warm-up again
+        self.relearned = Relearned(t, held, before, observed)
+        return True
+
+    # -- river's protocol (univariate series) -------------------------------------------
+
+    def learn_one(self, x: dict[str, Any]) -> None:
+        t, v = _read(x)
+        if self._scale is None:
+            self._scale = abs(v) if abs(v) > 1e-9 else 1.0
+        v /= self._scale
+        bucket = math.floor(t / self.step_s)
+        if self._open is not None and bucket < self._open:
+            self.late += 1
+            return
+        if self._open is not None and bucket > self._open and math.isfinite(self._mean):
+            self.learn((self._open + 0.5) * self.step_s, self._mean, 0.0)
+        if self._open != bucket:
+            self._open, self._mean, self._count = bucket, 0.0, 0
+        self._count += 1
+        self._mean += v / self._count - self._mean / self._count  # no overflow near the max
+
+    def score_one(self, x: dict[str, Any]) -> float:
+        t, v = _read(x)
+        if self._scale is None:
+            return 0.0
+        v /= self._scale
+        bucket = math.floor(t / self.step_s)
+        if self._open is not None and bucket < self._open:
+            return 0.0
+        n = self._count + 1
+        mean = self._mean + v / n - self._mean / n if bucket == self._open else v
+        f = self.forecast((bucket + 0.5) * self.step_s)
+        if f is None:
+            return 0.0
+        d = abs(mean - f.mean)
+        if d == 0.0 or not math.isfinite(d):
+            return 0.0 if d == 0.0 else 1.0
+        sd = math.sqrt(f.total)
+        if not sd > 0:
+            return 1.0 if d > 1e-9 * max(1.0, abs(f.mean)) else 0.0
+        return min(1.0, max(0.0, (d / sd - 3.0) / 3.0))
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _restart(self, t: float, level: float) -> None:
+        self._l, self._b = level, 0.0
+        self._p00, self._p01, self._p11 = 1.0, 0.0, self.trend_noise**2 * 100
+        self._t = t
+        self._n = 1
+
+    def _update(self, t: float, y: float, var: float, steps_seen: float) -> None:
+        """Kalman predict to ``t`` then update with the deseasonalised ``y`` (an average
+        over ``steps_seen`` steps)."""
+        assert self._t is not None
+        steps = max(0.0, (t - self._t) / self.step_s)
+        decay = self.damping**steps
+        reach = steps if self.damping == 1.0 else (1 - decay) / (1 - self.damping)
+        # predict: x = F x, P = F P F' + Q * steps, F = [[1, reach], [0, decay]]
+        level, trend = self._l + reach * self._b, decay * self._b
+        p00 = self._p00 + 2 * reach * self._p01 + reach * reach * self._p11
+        p01 = decay * (self._p01 + reach * self._p11)
+        p11 = decay * decay * self._p11
+        p00 += steps * self.level_noise**2
+        p11 += steps * self.trend_noise**2
+        # update with y (observes the level), noise var + model_var
+        nu = y - level
+        s = p00 + var + self.model_var / steps_seen
+        # what the sampling noise and the state do not explain (clipped: one outlier must
+        # not blow it up), per step; a slow average, so a burst of noise raises it gradually
+        excess = (min(nu * nu, 9 * s) - p00 - var) * steps_seen if s > 0 else nu * nu
+        self.model_var = max(0.0, self.model_var + 0.02 * (excess - self.model_var))
+        if s > 0 and nu * nu > self.outlier_z**2 * s:
+            self.outliers += 1  # a step or a spike: not learnt (robust filtering)
+            return
+        if s > 0:
+            k0, k1 = p00 / s, p01 / s
+            level += k0 * nu
+            trend += k1 * nu
+            p00, p01, p11 = (1 - k0) * p00, (1 - k0) * p01, p11 - k1 * p01
+        if not all(map(math.isfinite, (level, trend, p00, p01, p11, self.model_var))):
+            self.model_var = 0.0  # overflowed (values near the float range): start over
+            self._restart(t, y)
+            return
+        self._l, self._b, self._p00, self._p01, self._p11 = level, trend, p00, p01, p11
+        self._t = t
+        self._n = min(self._n + 1, self.warmup)
+
+    def _cell(self, t: float) -> int:
+        day = math.floor(t / self.season_s)
+        slot = math.floor((t % self.season_s) / self.slot_s) % self.slots
+        return (day % self.days) * self.slots + slot
+
+    def _roll_day(self, t: float) -> None:
+        """Start the day of ``t`` if it is new (its row of cells starts empty); every
+        ``season_s`` since the first observation, refresh the profile."""
+        day = math.floor(t / self.season_s)
+        if self._day != day:
+            self._day = day
+            row = day % self.days
+            if self._row_day[row] != day:
+                base = row * self.slots
+                for i in range(base, base + self.slots):
+                    self._w[i] = self._zw[i] = 0.0
+                self._row_day[row] = day
+        if self._refreshed is None:
+            self._refreshed = t
+        elif t - self._refreshed >= self.season_s:
+            self._refreshed = t
+            self._refresh_profile(t)
+
+    def _refresh_profile(self, t: float) -> None:
+        curves = [c for k in range(self.days) if (c := self._curve(t - k * self.season_s))]
+        if not curves:
+            return
+        if len(curves) >= 3:
+            new = [statistics.median(c[s] for c in curves) for s in range(self.slots)]
+        else:
+            new = [statistics.fmean(c[s] for c in curves) for s in range(self.slots)]
+        n = self.slots  # smoothed over neighbouring slots: one odd slot is not a rhythm
+        smooth = [0.25 * new[i - 1] + 0.5 * new[i] + 0.25 * new[(i + 1) % n] for i in range(n)]
+        mean = statistics.fmean(smooth)
+        profile = array("d", (v - mean for v in smooth))
+        # keep the forecast continuous: the level absorbs the change of profile at t; the
+        # trend so far followed the rhythm the profile now carries, so it starts over
+        old_here = self.profile_at(t)
+        self._profile = profile
+        self._l += old_here - self.profile_at(t)
+        self._b = 0.0
+
+    def _curve(self, end: float) -> list[float] | None:
+        """The offsets of the ``season_s`` ending at ``end`` (each slot's latest complete
+        cell before it, minus their mean), or None if too few of its slots were seen."""
+        raw = [math.nan] * self.slots
+        known = []
+        for s in range(self.slots):
+            day = math.floor((end - (s + 1) * self.slot_s) / self.season_s)
+            row = day % self.days
+            i = row * self.slots + s
+            if self._row_day[row] == day and self._w[i] > 0:
+                raw[s] = self._zw[i] / self._w[i]
+                known.append(s)
+        if len(known) < self.min_coverage * self.slots:
+            return None
+        for a, b in zip(known, [*known[1:], known[0] + self.slots], strict=True):
+            for j in range(a + 1, b):  # circular linear interpolation over unseen slots
+                raw[j % self.slots] = raw[a] + (raw[b % self.slots] - raw[a]) * (j - a) / (b - a)
+        mean = statistics.fmean(raw)
+        return [v - mean for v in raw]
+
+
+def _read(x: dict[str, Any]) -> tuple[float, float]:
+    t, v = float(x["t"]), float(x["value"])
+    if not (math.isfinite(t) and math.isfinite(v)):
+        raise ValueError(f"seasonal needs finite t and value, got t={t!r} value={v!r}")
+    return t, v
