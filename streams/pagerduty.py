@@ -7,7 +7,10 @@ annotation, cut to PagerDuty's 1024 characters; ``source`` from the first of the
 ``component``, ``group`` and ``class`` from labels and the rule; ``custom_details`` with
 labels, value, expected and annotations, the root-cause hint first) and ``links`` to the
 alert on the status page; a resolved alert ``event_action: resolve``. A pending alert
-sends nothing.
+sends nothing. An alert that resolved only because its baseline accepted the deviation as
+the new normal (``Alert.resolution == "relearned"``: the fault went on for a day) is not
+a recovery, so it does not close the PagerDuty alert: it sends a trigger that updates it,
+its summary starting "NOT RECOVERED, new level accepted", and a person resolves it.
 
 Both carry the same ``dedup_key``: ``ragwatch-`` + the SHA-256 hex of the rule and the
 alert's sorted labels (the identity the engine fingerprints), so a resolve closes the
@@ -43,6 +46,9 @@ adds a log entry to the open alert, a second resolve of a resolved alert is drop
 >>> gone = pagerduty_event(replace(a, status="resolved", ends_at=60.0), cfg)
 >>> gone == {"routing_key": "R" * 32, "event_action": "resolve", "dedup_key": ev["dedup_key"]}
 True
+>>> kept = pagerduty_event(replace(a, status="resolved", resolution="relearned"), cfg)
+>>> kept["event_action"], kept["payload"]["summary"][:35]
+('trigger', 'NOT RECOVERED, new level accepted: ')
 """
 
 from __future__ import annotations
@@ -194,11 +200,14 @@ def pagerduty_event(
     """The Events API v2 event for one alert (None for a pending one). Pure; never
     raises; at most ``MAX_EVENT_BYTES`` of JSON (custom details go first when over)."""
     base = {"routing_key": config.routing_key.get(), "dedup_key": dedup_key(alert)}
-    if alert.status == "resolved":
+    if alert.status == "resolved" and alert.resolution != "relearned":
         return {**base, "event_action": "resolve"}
-    if alert.status != "firing":
+    if alert.status not in ("firing", "resolved"):
         return None
     payload = _payload(alert, config)
+    if alert.status == "resolved":  # re-learnt, not recovered: the incident stays open
+        note = alert.annotations.get("resolution", "the baseline accepted the new level")
+        payload["summary"] = _cut(f"NOT RECOVERED, new level accepted: {note}", MAX_SUMMARY)
     event: dict[str, Any] = {**base, "event_action": "trigger", "payload": payload}
     event["client"] = "ragwatch"
     if external_url and len(external_url) <= 2048:

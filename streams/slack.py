@@ -96,6 +96,7 @@ EMOJI = {
     "info": ":large_blue_circle:",
 }
 RESOLVED_EMOJI = ":white_check_mark:"
+RELEARNED_EMOJI = ":arrows_counterclockwise:"  # resolved because the baseline gave up
 SEVERITY_ORDER = ("critical", "error", "warning", "info")
 FIRST_LABELS = ("host", "gpu", "mig", "pid", "process", "container", "service", "instance")
 HEADER_LABELS = frozenset({"alertname", "severity"})  # shown in the header already
@@ -182,11 +183,15 @@ def _name(a: Alert) -> str:
 
 
 def _emoji(a: Alert) -> str:
-    return EMOJI.get(a.severity, EMOJI["warning"]) if a.status == "firing" else RESOLVED_EMOJI
+    if a.status == "firing":
+        return EMOJI.get(a.severity, EMOJI["warning"])
+    return RELEARNED_EMOJI if a.resolution == "relearned" else RESOLVED_EMOJI
 
 
 def _status(a: Alert) -> str:
-    return "FIRING" if a.status == "firing" else "RESOLVED"
+    if a.status == "firing":
+        return "FIRING"
+    return "NOT RECOVERED (new level accepted)" if a.resolution == "relearned" else "RESOLVED"
 
 
 def _worst(alerts: Iterable[Alert]) -> Alert:
@@ -240,6 +245,8 @@ def _alert_blocks(a: Alert, external_url: str) -> list[dict[str, Any]]:
     blocks = [_alert_section(a)]
     ann = a.annotations
     cause = [f":mag: *Likely cause:* {escape(clip(ann['hint'], 1500))}"] if ann.get("hint") else []
+    if a.status == "resolved" and ann.get("resolution"):
+        cause.insert(0, f"{_emoji(a)} *{_status(a)}:* {escape(clip(ann['resolution'], 1000))}")
     if ann.get("runbook"):
         cause.append(f":book: *Runbook:* {escape(clip(ann['runbook'], 1000))}")
     if cause:
@@ -292,6 +299,8 @@ def slack_message(n: Notification) -> dict[str, Any]:
     count = f" ({len(n.alerts)} alerts)" if len(n.alerts) > 1 else ""
     status = "FIRING" if n.status == "firing" else "RESOLVED"
     emoji = _emoji(worst) if n.status == "firing" else RESOLVED_EMOJI
+    if n.status != "firing" and any(a.resolution == "relearned" for a in n.alerts):
+        status, emoji = "NOT RECOVERED (new level accepted)", RELEARNED_EMOJI
     groups = [_alert_blocks(a, n.external_url) for a in n.alerts]
     blocks = _fit([_header(f"{emoji} {status}: {escape(name)}{count}")], groups, "alerts")
     summary = worst.annotations.get("summary") or _ident(worst)

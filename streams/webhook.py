@@ -136,6 +136,7 @@ def alertmanager_payload(
                 "fingerprint": a.fingerprint,
                 "value": a.value,
                 "expected": a.expected,
+                **({"resolution": a.resolution} if a.status == "resolved" and a.resolution else {}),
             }
             for a in alerts
         ],

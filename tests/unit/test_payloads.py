@@ -224,3 +224,56 @@ def test_config_errors_name_the_receiver_and_the_field(cls: Any, d: Any, message
         cls.from_mapping("r", d)
     assert str(err.value).startswith(f"receiver {message}"), str(err.value)
     assert "\n" not in str(err.value) and "s3cretPath" not in str(err.value)
+
+
+# ---------------------------------------------------------------- re-learnt, not recovered
+
+
+def _relearned() -> Alert:
+    note = "not recovered: the baseline accepted the new level 24.0 h after the alert started"
+    return Alert(
+        rule="TokensPerRequestDrop",
+        severity="warning",
+        status="resolved",
+        labels={"alertname": "TokensPerRequestDrop", "service": "rag", "instance": "rag-1"},
+        annotations={
+            "summary": "tokens per request 159, -36 %",
+            "resolution": note + " (159 vs 248)",
+        },
+        value=-0.36,
+        expected=159.0,
+        starts_at=0.0,
+        ends_at=86400.0,
+        fingerprint="f9",
+        resolution="relearned",
+    )
+
+
+def test_a_relearned_resolution_is_never_shown_as_a_recovery() -> None:
+    a = _relearned()
+    n = Notification.of("r", {"alertname": a.rule}, [a])
+    slack = orjson.dumps(slack_message(n)).decode()
+    assert "NOT RECOVERED (new level accepted)" in slack and "159 vs 248" in slack
+    assert ":white_check_mark:" not in slack
+    body = orjson.loads(webhook_body(n))
+    (alert,) = body["alerts"]
+    assert alert["status"] == "resolved" and alert["resolution"] == "relearned"
+    assert "159 vs 248" in alert["annotations"]["resolution"]
+    event = pagerduty_event(a, CFG)
+    assert event is not None and event["event_action"] == "trigger"  # the incident stays open
+    assert event["payload"]["summary"].startswith("NOT RECOVERED, new level accepted")
+
+
+def test_a_recovery_still_resolves_everywhere() -> None:
+    from dataclasses import replace
+
+    a = replace(_relearned(), resolution="recovered", annotations={"summary": "back"})
+    n = Notification.of("r", {"alertname": a.rule}, [a])
+    assert "RESOLVED" in orjson.dumps(slack_message(n)).decode()
+    assert pagerduty_event(a, CFG) == {
+        "routing_key": "K" * 32,
+        "dedup_key": dedup_key(a),
+        "event_action": "resolve",
+    }
+    (alert,) = orjson.loads(webhook_body(n))["alerts"]
+    assert alert["resolution"] == "recovered"
