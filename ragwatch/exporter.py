@@ -56,6 +56,7 @@ METRICS: dict[str, str] = {
     "ragwatch_service_queue_latency_seconds": "Queueing latency quantile",
     "ragwatch_service_ttft_seconds": "Time-to-first-token quantile",
     "ragwatch_service_latency_baseline_seconds": "Rolling baseline of a latency signal",
+    "ragwatch_alert_flaps_total": "Times an alert fired again within 6 h of resolving",
     "ragwatch_notifier_outbox_pending": "Notifications waiting in the outbox",
     "ragwatch_notifier_dead_letters": "Notifications that failed for good",
     "ragwatch_notifier_last_seen_timestamp_seconds": "Wall time the notifier last reported",
@@ -164,6 +165,9 @@ def families(
         for inst in svc.get("instances") or []:
             _instance(f, str(svc.get("service", "")), inst)
     _notifier(f, status.get("notifier") or {})
+    for flap in status.get("flaps") or []:
+        labels = {"alertname": str(flap.get("rule")), "fingerprint": str(flap.get("fingerprint"))}
+        f.add("ragwatch_alert_flaps_total", labels, flap.get("count"))
     states = Counter(s.get("state") for s in status.get("silences") or [])
     for state in ("active", "pending"):
         f.add("ragwatch_silences", {"state": state}, states.get(state, 0))

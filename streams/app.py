@@ -206,6 +206,7 @@ class Delivery(mode.Service):
                     **{f"events_{k}": v for k, v in asdict(pipes.events.stats).items()},
                     **{f"metrics_{k}": v for k, v in asdict(pipes.metrics.stats).items()},
                     "series": len(gpus.series) + len(requests.series) + len(pipes.metrics.series),
+                    "alert_flaps": sum(pipes.engine.flaps.values()),
                     "watermark": pipes.watermark,
                 },
             )

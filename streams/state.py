@@ -71,6 +71,7 @@ class Keys:
     def __init__(self, prefix: str) -> None:
         self.active = f"{prefix}:alerts:active"
         self.history = f"{prefix}:alerts:history"
+        self.flaps = f"{prefix}:alerts:flaps"  # "RULE:FINGERPRINT" -> times it flapped
         self.hosts = f"{prefix}:hosts"
         self.services = f"{prefix}:services"
         self.workers = f"{prefix}:workers"
@@ -119,6 +120,8 @@ class RedisState:
                 pipe.hset(self.keys.active, t.alert.fingerprint, data)
             pipe.lpush(self.keys.history, data)
             pipe.ltrim(self.keys.history, 0, HISTORY_MAX - 1)
+            if t.flapped:  # fired again soon after resolving: one fault paging twice
+                pipe.hincrby(self.keys.flaps, f"{t.alert.rule}:{t.alert.fingerprint}", 1)
             await pipe.execute()
 
     def forget_index(self) -> None:
@@ -317,4 +320,18 @@ def read_status(
         "workers": _json_hash(client, keys.workers),
         "silences": read_silences(client, prefix, now=now),
         "notifier": read_notifier(client, prefix),
+        "flaps": read_flaps(client, prefix),
     }
+
+
+def read_flaps(client: Any, prefix: str) -> list[dict[str, Any]]:
+    """Alerts that fired again within ``engine.FLAP_WINDOW_S`` of resolving, and how often
+    (``rule``, ``fingerprint``, ``count``), most flapping first."""
+    out = []
+    for field, raw in client.hgetall(Keys(prefix).flaps).items():
+        name = field.decode() if isinstance(field, bytes) else str(field)
+        rule, _, fp = name.partition(":")
+        count = _float(raw)
+        if fp and count is not None:
+            out.append({"rule": rule, "fingerprint": fp, "count": int(count)})
+    return sorted(out, key=lambda f: (-f["count"], f["rule"], f["fingerprint"]))

@@ -66,3 +66,28 @@ async def test_a_flush_of_more_series_than_a_chunk_writes_every_point(
             assert [orjson.loads(r) for r in raw] == [[1.0, float(pid), None, 0.5]]
     finally:
         await client.aclose()
+
+
+async def test_a_flapping_alert_is_counted_in_redis(rw_env: dict[str, str]) -> None:
+    from ragwatch.streams.engine import AlertEngine
+    from ragwatch.streams.rules import parse_rule
+    from ragwatch.streams.state import read_flaps
+
+    prefix = rw_env["RAGWATCH_REDIS_PREFIX"]
+    client = aioredis.from_url(rw_env["RAGWATCH_REDIS_URL"])
+    store = RedisState(client, prefix)
+    rule = parse_rule({"name": "Hot", "series": "gpu", "expr": "temp_c > 80"})
+    eng, labels = AlertEngine(), {"host": "h1", "gpu": "0"}
+    try:
+        for ts, temp in ((0.0, 90.0), (60.0, 50.0), (120.0, 90.0), (180.0, 50.0), (240.0, 90.0)):
+            t = eng.evaluate(rule, labels, {"temp_c": temp}, ts)
+            assert t is not None
+            await store.write_transition(t)
+    finally:
+        await client.aclose()
+    sync = redis.Redis.from_url(rw_env["RAGWATCH_REDIS_URL"])
+    try:
+        (flap,) = read_flaps(sync, prefix)
+    finally:
+        sync.close()
+    assert flap == {"rule": "Hot", "fingerprint": t.alert.fingerprint, "count": 2}

@@ -120,3 +120,11 @@ def test_an_empty_status_exports_only_the_basics() -> None:
         "ragwatch_notifier_dead_letters",
         "ragwatch_silences",
     }
+
+
+def test_flapping_alerts_are_counters_per_alert() -> None:
+    flaps = [{"rule": "RetrievalSlowdown", "fingerprint": "abc", "count": 3}]
+    got = scrape({"flaps": flaps})
+    (sample,) = got["ragwatch_alert_flaps"]
+    assert sample.name == "ragwatch_alert_flaps_total" and sample.value == 3.0
+    assert sample.labels == {"alertname": "RetrievalSlowdown", "fingerprint": "abc"}
