@@ -7,10 +7,12 @@ CSV series (``timestamp,value``, NAB's shape). Envelopes go through
 :class:`~ragwatch.streams.pipelines.Pipelines` with the worker's rules, so they give the
 worker's transitions; a CSV series has no rule, so each file is scored by one detector
 (score, then learn) and its score crossing the threshold fires (up) or resolves (down)
-an ``AnomalyScore`` alert. Files are streamed and merged by event time (a heap on
-``ts``, stable: ties and each file's own order are kept), so memory does not grow with
-the input. A line that does not parse is counted with its file, line and reason; it never
-stops the replay.
+an ``AnomalyScore`` alert. Every input is played in event-time order: the envelopes of
+all JSONL files are sorted together by ``ts`` (a recording is in consumption order, one
+partition read ahead of another; ties keep the files' order, then each file's), with an
+external merge sort so memory stays bounded (:mod:`ragwatch.event_order`); CSV series are
+merged in by a heap, each in its own order. A line that does not parse is counted with its
+file, line and reason; it never stops the replay.
 
 >>> parse_time("2014-04-01 00:05:00"), parse_time("1396310700")
 (1396310700.0, 1396310700.0)
@@ -51,6 +53,7 @@ from ragwatch.codec import decode, decode_as, encode, to_dict
 from ragwatch.config import Settings
 from ragwatch.detectors import Detector, make, score_then_learn
 from ragwatch.errors import ConfigError, SchemaError
+from ragwatch.event_order import Item, sort_items
 from ragwatch.schema import (
     Alert,
     AlertStatus,
@@ -143,25 +146,65 @@ def parse_time(text: str) -> float:
 
 
 def read_jsonl(path: Path, tally: Tally) -> Iterator[Telemetry]:
-    """The valid envelopes of one JSONL file (gzip if it ends in .gz), streamed."""
+    """The valid envelopes of one JSONL file (gzip if it ends in .gz), in event-time order
+    (:mod:`ragwatch.event_order`)."""
+    return _decoded(sort_items(_lines(path, 0, tally)), [path], tally)
+
+
+def _lines(path: Path, index: int, tally: Tally) -> Iterator[Item]:
+    """Every line of one JSONL file that has an event time, unvalidated (validated once
+    in order, by :func:`_decoded`); a line without one is rejected here."""
     n = 0
     try:
         with _open(path) as f:
             for n, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
-                try:
-                    env = decode(raw)
-                except SchemaError as exc:
-                    tally.reject(path, n, exc.reason)
+                ts = _event_time(raw)
+                if ts is None:
+                    _reject(path, n, raw, tally)
                     continue
-                if isinstance(env, Alert):
-                    tally.reject(path, n, "kind 'alert' is an output, not telemetry")
-                    continue
-                tally.envelopes += 1
-                yield env
+                yield Item(ts, index, n, raw)
     except (OSError, EOFError, zlib.error) as exc:
         tally.reject(path, n + 1, f"unreadable: {exc}")
+
+
+def _event_time(raw: bytes) -> float | None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    ts = obj.get("ts") if isinstance(obj, dict) else None
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        return None
+    return float(ts)
+
+
+def _reject(path: Path, n: int, raw: bytes, tally: Tally) -> None:
+    """Why a line is not telemetry (alerts have no ``ts`` and are outputs)."""
+    try:
+        env = decode(raw)
+    except SchemaError as exc:
+        tally.reject(path, n, exc.reason)
+        return
+    if isinstance(env, Alert):
+        tally.reject(path, n, "kind 'alert' is an output, not telemetry")
+    else:  # every telemetry kind has a valid ts: not reached
+        tally.reject(path, n, "no event time")
+
+
+def _decoded(items: Iterator[Item], paths: Sequence[Path], tally: Tally) -> Iterator[Telemetry]:
+    for item in items:
+        try:
+            env = decode(item.raw)
+        except SchemaError as exc:
+            tally.reject(paths[item.file], item.line, exc.reason)
+            continue
+        if isinstance(env, Alert):
+            tally.reject(paths[item.file], item.line, "kind 'alert' is an output, not telemetry")
+            continue
+        tally.envelopes += 1
+        yield env
 
 
 def read_csv(path: Path, lane: int, tally: Tally) -> Iterator[Point]:
@@ -227,15 +270,19 @@ def _open(path: Path) -> io.BufferedIOBase:
 
 
 def merged(files: Sequence[Path], tally: Tally) -> Iterator[Telemetry | Point]:
-    """Every file's items, merged by event time (stable; each file's order is kept)."""
+    """Every file's items in event-time order: the envelopes of all JSONL files sorted
+    together (a recording is in consumption order; ties keep the files' order, then each
+    file's), CSV series merged in, each in its own order."""
     tally.files = len(files)
-    streams: list[Iterable[Telemetry | Point]] = [
-        read_csv(p, i, tally) if p.name.endswith(".csv") else read_jsonl(p, tally)
-        for i, p in enumerate(files)
+    csvs: list[Iterable[Telemetry | Point]] = [
+        read_csv(p, i, tally) for i, p in enumerate(files) if p.name.endswith(".csv")
     ]
-    if len(streams) == 1:
-        return iter(streams[0])
-    return heapq.merge(*streams, key=lambda item: item.ts)
+    jsonl = [(i, p) for i, p in enumerate(files) if not p.name.endswith(".csv")]
+    lines = (item for i, p in jsonl for item in _lines(p, i, tally))
+    envelopes = _decoded(sort_items(lines), files, tally)
+    if not csvs:
+        return iter(envelopes)
+    return heapq.merge(envelopes, *csvs, key=lambda item: item.ts)
 
 
 # ---------------------------------------------------------------- replaying

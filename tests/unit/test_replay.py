@@ -12,10 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
+from ragwatch import replay as replay_mod
 from ragwatch.agents.scenario import build
 from ragwatch.cli import main
 from ragwatch.codec import encode, to_dict
 from ragwatch.errors import ConfigError
+from ragwatch.event_order import sort_items
 from ragwatch.replay import (
     Point,
     Tally,
@@ -191,10 +193,23 @@ def test_files_are_merged_by_event_time_stably(tmp_path: Path) -> None:
     ]
 
 
-def test_one_file_keeps_its_own_order(tmp_path: Path) -> None:
-    """Kafka keeps order per key, not across keys: a recording is replayed as consumed."""
-    f = write_jsonl(tmp_path / "rec.jsonl", [gpu("a", 30), gpu("b", 10), gpu("a", 40)])
-    assert [(e.host, e.ts) for e in merged([f], Tally())] == [("a", 30), ("b", 10), ("a", 40)]
+def test_one_file_is_played_in_event_time_order_too(tmp_path: Path) -> None:
+    """A recording is in consumption order (partition a read ahead of b): replay sorts it,
+    keeping each sender's own order on ties."""
+    envs = [gpu("a", 30), gpu("a", 40), gpu("b", 10), gpu("b", 30), gpu("b", 50)]
+    f = write_jsonl(tmp_path / "rec.jsonl", envs)
+    got = [(e.host, e.ts) for e in merged([f], Tally())]
+    assert got == [("b", 10), ("a", 30), ("b", 30), ("a", 40), ("b", 50)]
+
+
+def test_sorting_spills_to_disk_with_the_same_result(tmp_path: Path) -> None:
+    envs = [gpu("a", float(t)) for t in range(300, 0, -1)]  # newest first
+    f = write_jsonl(tmp_path / "rec.jsonl", envs)
+    tally = Tally()
+    lines = replay_mod._lines(f, 0, tally)
+    spilled = list(sort_items(lines, budget_bytes=2_000))  # many runs
+    assert [i.ts for i in spilled] == [float(t) for t in range(1, 301)]
+    assert [e.ts for e in merged([f], Tally())] == [float(t) for t in range(1, 301)]
 
 
 def test_a_dir_means_its_inputs_sorted(tmp_path: Path) -> None:
