@@ -64,9 +64,11 @@ def build(
     interval_s: float = 10.0,
     start_ts: float = 1_767_225_600.0,
     heal_after_s: float | None = None,
+    base_qps: float = 20.0,
 ) -> World:
     """The fleet and request simulators of ``scenario``; ValueError on a bad combination.
-    ``heal_after_s``: the request faults end that long after they start."""
+    ``heal_after_s``: the request faults end that long after they start; ``base_qps``:
+    each instance's daily mean of requests per second (a tenth of them recorded)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     if services < 1 and scenario in REQUEST_SCENARIOS:
@@ -91,6 +93,7 @@ def build(
                 scenario=scenario,
                 start_ts=start_ts,
                 batch_s=interval_s,
+                base_qps=base_qps,
                 fault_start_s=cfg.leak_start_s,
                 fault_end_s=None if heal_after_s is None else cfg.leak_start_s + heal_after_s,
                 hosts=tuple(host_name(h) for h in range(hosts)),
