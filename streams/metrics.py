@@ -19,8 +19,13 @@ all label sets of a name are summed (ratios: the maximum), like ``sum by (instan
 - mean latencies from histogram and summary ``_sum`` / ``_count`` rates: ``e2e_mean_s``,
   ``ttft_mean_s``, ``queue_mean_s``, ``tpot_mean_s``;
 - gauges: ``requests_waiting``, ``requests_running``, ``kv_cache_usage_ratio``;
-- a Holt-Winters baseline (5-minute buckets, one day season, ``direction="down"``) on
-  generation tokens/s: ``tps_forecast``, ``tps_deviation``, ``tps_score``.
+- a seasonal baseline (:class:`~ragwatch.detectors.seasonal.SeasonalBaseline` of the
+  log of generation tokens/s, fed each 5-minute bucket's mean: a daily profile learnt
+  from previous days, a level and trend, held while the rate deviates significantly, a
+  new level accepted after a day) with ``tps_forecast``, ``tps_deviation``, ``tps_z``
+  (the deviation in standard deviations: the requests' sampling noise when the engine
+  counts requests, plus the baseline's uncertainty), ``tps_score``, ``tps_held_s``,
+  ``tps_relearned_at`` and ``tps_relearned_from``.
 
 Signals are None until a counter has two points in the window. Metrics that are not in
 :data:`COUNTERS` or :data:`GAUGES` are ignored here (they stay on the topic for other
@@ -52,12 +57,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragwatch.detectors.holt_winters import HoltWinters
+from ragwatch.detectors.seasonal import SeasonalBaseline
 from ragwatch.schema import MetricsEnvelope
 from ragwatch.streams.engine import AlertEngine, Transition
+from ragwatch.streams.evidence import count_z
 from ragwatch.streams.rules import Rule
 
 log = logging.getLogger(__name__)
+
+BASELINE_BUCKET_S = 300.0  # one observation of the tokens/s baseline per 5 minutes
+HOLD_BAND, HOLD_Z = 0.1, 3.0  # the baseline holds through a deviation this large and sure
 
 SERIES = "engine"
 SeriesKey = tuple[str, str]  # host, target
@@ -108,12 +117,15 @@ class EngineSeries:
     """One scraped target: its counters, gauges, baseline and latest signals."""
 
     labels: dict[str, str]
-    tps: HoltWinters
+    tps: SeasonalBaseline  # log generation tokens/s
     counters: dict[LabelKey, _Counter] = field(default_factory=dict)
     gauges: dict[LabelKey, float] = field(default_factory=dict)
     last_ts: float = 0.0
     resets: int = 0
     signals: dict[str, float | None] = field(default_factory=dict)
+    bucket: int | None = None  # the open baseline bucket, and its sums: tokens/s, requests/s
+    sums: tuple[float, float, int] = (0.0, 0.0, 0)
+    relearned: tuple[float, float] | None = None  # when the baseline accepted a level, from
 
 
 @dataclass
@@ -211,8 +223,8 @@ class MetricsPipeline:
             if len(self.series) >= self.max_series:
                 self.stats.dropped_series += 1
                 return None
-            hw = HoltWinters(bucket_s=300.0, direction="down")
-            s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, hw)
+            base = SeasonalBaseline(step_s=BASELINE_BUCKET_S)
+            s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, base)
         return s
 
     def _add(self, s: EngineSeries, env: MetricsEnvelope) -> None:
@@ -272,16 +284,55 @@ class MetricsPipeline:
             sig[f"{m}_mean_s"] = ratio(
                 rates.get(f"ragwatch_{m}_seconds_sum"), rates.get(f"ragwatch_{m}_seconds_count")
             )
-        score = rep = None
-        if tokens is not None:
-            x = {"value": tokens, "t": ts}
-            score = s.tps.score_one(x)
-            s.tps.learn_one(x)
-            rep = s.tps.report()
-        sig["tps_forecast"] = None if rep is None else rep.forecast
-        sig["tps_deviation"] = None if rep is None else rep.relative
-        sig["tps_score"] = None if rep is None else score
+        self._baseline(s, ts, tokens, requests, sig)
         return sig
+
+    def _baseline(
+        self,
+        s: EngineSeries,
+        ts: float,
+        tokens: float | None,
+        requests: float | None,
+        sig: dict[str, float | None],
+    ) -> None:
+        """Generation tokens/s against the seasonal baseline, then hold or learn it."""
+        for k in ("forecast", "deviation", "z", "score"):
+            sig[f"tps_{k}"] = None
+        base = s.tps
+        f = base.forecast(ts) if tokens is not None else None
+        if f is not None and tokens is not None:
+            forecast = math.exp(f.mean)
+            d = tokens / forecast - 1
+            rel_var = f.var + f.noise
+            if requests:  # the requests' own noise: a compound Poisson count of tokens
+                w = self.window_s
+                z = count_z(tokens * w, forecast * w, 1.05 * tokens / requests, rel_var)
+            else:
+                z = math.log((tokens + 1e-9) / forecast) / math.sqrt(rel_var or 1e-12)
+            sig["tps_forecast"], sig["tps_deviation"], sig["tps_z"] = forecast, d, z
+            sig["tps_score"] = min(1.0, -d / 0.5) if d < 0 and z < -HOLD_Z else 0.0
+            deviating = abs(d) > HOLD_BAND and (base.holding or abs(z) > HOLD_Z)
+            if base.hold(ts, deviating, math.log(tokens + 1e-9)):
+                s.relearned = (ts, forecast)
+        if tokens is not None:
+            self._learn(s, ts, tokens, requests)
+        sig["tps_held_s"] = base.held_s(ts)
+        sig["tps_relearned_at"] = s.relearned[0] if s.relearned else None
+        sig["tps_relearned_from"] = s.relearned[1] if s.relearned else None
+
+    def _learn(self, s: EngineSeries, ts: float, tokens: float, requests: float | None) -> None:
+        """Each BASELINE_BUCKET_S bucket's mean tokens/s is one observation."""
+        b = math.floor(ts / BASELINE_BUCKET_S)
+        if s.bucket is not None and b != s.bucket:
+            total, reqs, n = s.sums
+            if n:
+                mean, req_mean = total / n, reqs / n
+                var = 1.05 / (req_mean * BASELINE_BUCKET_S) if req_mean > 0 else 0.0
+                s.tps.learn((s.bucket + 0.5) * BASELINE_BUCKET_S, math.log(mean + 1e-9), var)
+            s.sums = (0.0, 0.0, 0)
+        s.bucket = b
+        total, reqs, n = s.sums
+        s.sums = (total + tokens, reqs + (requests or 0.0), n + 1)
 
     def _sweep(self) -> list[Transition]:
         out: list[Transition] = []

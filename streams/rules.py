@@ -127,7 +127,7 @@ SERIES_SIGNALS["engine"] = (
     "requests_per_s", "errors_ratio", "generation_tokens_per_s", "prompt_tokens_per_s",
     "tokens_per_request", "preemptions_per_s", "requests_waiting", "requests_running",
     "kv_cache_usage_ratio", "counter_resets", "e2e_mean_s", "ttft_mean_s", "queue_mean_s",
-    "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_score",
+    "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_z", "tps_score",
     *_baseline_signals("engine"),
 )  # fmt: skip
 SERIES_LABELS: dict[str, tuple[str, ...]] = {

@@ -9,7 +9,7 @@ where the series has none). The charts (:data:`CHARTS`):
 ========================================  ==============================================
 series id                                 value, forecast, score
 ========================================  ==============================================
-``service:SVC:INSTANCE:tokens_per_s``     output tokens/s, Holt-Winters forecast, score
+``service:SVC:INSTANCE:tokens_per_s``     output tokens/s, seasonal baseline, score
 ``service:SVC:INSTANCE:tokens_per_req``   tokens/request, forecast, score
 ``service:SVC:INSTANCE:retriever_p99``    retriever P99 ms, its baseline, none
 ``service:SVC:INSTANCE:e2e_p95``          e2e P95 ms, its baseline, none

@@ -11,9 +11,9 @@ snapshot before processing the message:
   signals), its scraped engines (counters, baselines), the aging alerts and recent
   identities of its device events, and the engine state of every alert labelled with
   that host (pending timers included);
-- a **service** snapshot holds its instances' series (open buckets, Holt-Winters models,
-  baselines), the shared request-outlier detector, and the engine state of every alert
-  labelled with that service.
+- a **service** snapshot holds its instances' series (open buckets, evidence windows,
+  seasonal baselines), the shared request-outlier detector, and the engine state of every
+  alert labelled with that service.
 
 Together with the pipelines dropping what they have seen already (a sample not newer than
 its series' last, an envelope not newer than its sender's last, a device event seen
