@@ -18,8 +18,11 @@ every ``flush_interval_s`` (or as soon as ``max_batch`` records wait), validates
 records (bad values are dropped and counted as ``invalid``, so one never poisons a batch),
 builds :class:`~ragwatch.schema.RequestsEnvelope` batches of at most ``max_batch`` records,
 encodes them with :mod:`ragwatch.codec` and writes them to the sink with key = service.
-Sink errors are logged and counted. ``close()`` stops the thread and flushes what is left;
-it does **not** close the sink, which belongs to the caller.
+Sink errors are logged and counted. When nothing was sent for ``heartbeat_s`` (30 s) the
+flusher sends an envelope without records (:meth:`RequestRecorder.heartbeat`): a quiet
+minute then reads as zero traffic to the worker, not as an instance gone silent.
+``close()`` stops the thread and flushes what is left; it does **not** close the sink,
+which belongs to the caller.
 
 The flusher is a daemon thread: close the recorder at shutdown (or use it as a context
 manager), or what is still buffered is lost. A forked child has no flusher, so make the
@@ -96,6 +99,7 @@ class RecorderStats:
     sent_envelopes: int = 0
     sink_errors: int = 0
     failed_records: int = 0
+    heartbeats: int = 0  # envelopes without records, sent while idle
 
 
 # The status of a request whose timing went wrong in the caller's hands (an unhashable stage
@@ -251,6 +255,7 @@ class RequestRecorder:
         host: str | None = None,
         pid: int | None = None,
         flush_interval_s: float = 1.0,
+        heartbeat_s: float = 30.0,
         max_batch: int = 1000,
         buffer_size: int = 100_000,
         clock: Callable[[], float] = time.time,
@@ -261,6 +266,9 @@ class RequestRecorder:
             raise ValueError("topic, service and instance must be non-empty strings")
         if not flush_interval_s > 0:
             raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s!r}")
+        if not heartbeat_s > 0:
+            raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
+        self.heartbeat_s = heartbeat_s
         if max_batch < 1 or buffer_size < 1:
             raise ValueError(f"max_batch and buffer_size must be >= 1: {max_batch}, {buffer_size}")
         self.sink, self.topic, self.service, self.instance = sink, topic, service, instance
@@ -282,6 +290,8 @@ class RequestRecorder:
         # Flusher side: one drain at a time; its counters are written under _drain_lock.
         self._drain_lock = threading.Lock()
         self._sent_records = self._sent_envelopes = self._sink_errors = self._failed = 0
+        self._sent_at: float | None = None  # when the flusher last wrote an envelope
+        self._heartbeats = 0  # envelopes without records (heartbeat)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -384,13 +394,35 @@ class RequestRecorder:
             sent_envelopes=self._sent_envelopes,
             sink_errors=self._sink_errors,
             failed_records=self._failed,
+            heartbeats=self._heartbeats,
         )
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()  # before draining, so a wake-up during the drain is kept
-            self._drain()
+            if not self._drain() and self._idle_s() >= self.heartbeat_s:
+                self.heartbeat()
+
+    def _idle_s(self) -> float:
+        """Seconds since the flusher last sent anything (0 the first time; 0 if the clock
+        is broken: a broken clock sends no heartbeats, it never raises)."""
+        try:
+            now = self._clock()
+        except Exception:
+            return 0.0
+        if self._sent_at is None:
+            self._sent_at = now
+        return now - self._sent_at
+
+    def heartbeat(self) -> bool:
+        """Send an envelope without records: "no requests until now", so a quiet minute
+        reads as zero traffic, not as a missing instance. The flusher sends one when
+        nothing was sent for ``heartbeat_s``. Returns whether the sink took it."""
+        with self._drain_lock:
+            before = self._heartbeats
+            self._write([])
+            return self._heartbeats > before
 
     def _drain(self) -> int:
         with self._drain_lock:
@@ -456,6 +488,10 @@ class RequestRecorder:
                 len(records),
                 exc_info=True,
             )
+            return 0
+        self._sent_at = env.ts
+        if not records:
+            self._heartbeats += 1
             return 0
         self._sent_envelopes += 1
         self._sent_records += len(records)

@@ -479,3 +479,20 @@ def _no_leftover_flusher_threads() -> Iterator[None]:
     yield
     left = [t for t in set(threading.enumerate()) - before if t.name.startswith("ragwatch-sdk")]
     assert left == []
+
+
+def test_an_idle_recorder_sends_heartbeats_so_quiet_minutes_count_as_zero_traffic() -> None:
+    now = [1000.0]
+    sink = ListSink()
+    with recorder(sink, flush_interval_s=0.01, heartbeat_s=30.0, clock=lambda: now[0],
+                  autostart=True) as rec:  # fmt: skip
+        rec.record(e2e_ms=1.0)
+        wait_for(lambda: rec.stats.sent_records == 1)
+        now[0] += 29.0
+        time.sleep(0.05)
+        assert rec.stats.heartbeats == 0  # sent something 29 s ago
+        now[0] += 2.0
+        wait_for(lambda: rec.stats.heartbeats == 1)
+    envs = envelopes(sink)
+    assert [len(e.records) for e in envs] == [1, 0] and envs[1].ts == 1031.0
+    assert rec.stats.sent_envelopes == 1  # heartbeats are counted apart
