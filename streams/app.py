@@ -45,6 +45,7 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.acks import HeldAcks
 from ragwatch.streams.engine import Transition
+from ragwatch.streams.marks import SweepMarks
 from ragwatch.streams.outage import OutageLog
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
@@ -308,9 +309,8 @@ def register_processors(
     busy: Counter[tuple[str, str]] = Counter()  # messages of a key being processed and sent
     partitions: dict[tuple[str, str], set[Any]] = {}  # (domain, key) -> the TPs it came on
     assigned: set[Any] = set()
-    # per input partition: (newest event time read, wall time of that read), for the
-    # pipelines' sweep marks (sweep_marks below)
-    marks: dict[Any, tuple[float, float]] = {}
+    # per input partition: the newest event time read, for the pipelines' sweep marks
+    marks = SweepMarks(idle_s=IDLE_PARTITION_S)
     sweepers: dict[str, Any] = {
         "gpu": pipes.gpus,
         "requests": pipes.requests,
@@ -372,9 +372,7 @@ def register_processors(
                     )
                     await held.release([h])
                     continue
-                mark = marks.get(msg.tp)
-                if mark is None or ts > mark[0]:
-                    marks[msg.tp] = (ts, time.monotonic())
+                marks.read(msg.topic, msg.partition, ts)
                 k = key(env)
                 busy[(domain, k)] += 1  # no snapshot of k until its transitions are sent
                 try:
@@ -469,8 +467,7 @@ def register_processors(
             for kind, d in dirty.items():
                 if DOMAIN[kind] == domain:
                     d.discard(k)
-        for tp in lost:
-            marks.pop(tp, None)
+        marks.forget((tp.topic, tp.partition) for tp in lost)
         log.info(
             "rebalance: %d partition(s) gone to other workers: forgot %d host(s)/service(s) "
             "and %d unsnapshotted message(s) (the new owner reads them again)",
@@ -484,16 +481,9 @@ def register_processors(
         partitions (one read from in the last IDLE_PARTITION_S): after a restart or a
         rebalance, partitions are caught up at different paces, and one read far ahead
         must not make the hosts of another look silent and resolve their alerts."""
-        wall = time.monotonic()
         for kind, pipeline in sweepers.items():
-            topic = settings.topic(kind)
-            live = [
-                ts
-                for tp, (ts, at) in marks.items()
-                if tp.topic == topic and wall - at < IDLE_PARTITION_S
-            ]
-            if live:  # else nothing is read: keep the last mark (no sweep runs meanwhile)
-                pipeline.sweep_mark = min(live)
+            # nothing read from the topic lately: keep the last mark (no sweep runs meanwhile)
+            pipeline.sweep_mark = marks.mark(settings.topic(kind), default=pipeline.sweep_mark)
 
     async def snapshot(batch: list[tuple[str, str]], now: float) -> bool:
         """Write the snapshots of ``batch``, then ack the messages they hold."""

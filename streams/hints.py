@@ -21,7 +21,11 @@ The hint joins both with a suspicion, for example::
 The alert's own signal is left out of its hint (its summary already says it). Hints are
 computed from the state of the worker that raises the alert, when the alert starts
 firing: the host's GPU telemetry and its services' requests must be consumed by the same
-worker to be joined (always true with one worker; see the README for several).
+worker to be joined (always true with one worker; see the README for several). They are
+joined only within ``window_s`` of the alert's own event time: a worker reads topics and
+partitions at different paces (a catch-up reads one hours ahead of another), so the other
+side's state is used only if it is about the same time, and the hint says so when it is
+not ("GPU telemetry of gpu-node-01 is read up to 2.0 h before this alert: not joined").
 
 >>> from ragwatch.schema import Alert
 >>> from ragwatch.streams.gpu import GpuPipeline
@@ -116,21 +120,40 @@ class Correlator:
         labels = alert.labels
         rule = self._rules.get(alert.rule)
         own = {c.signal for c in rule.conditions} if rule else set()
+        at = alert.at if alert.at is not None else alert.starts_at
         if "instance" in labels and "service" in labels:
-            return self._service_hint(labels, own)
-        return self._host_hint(alert, rule.series if rule else "", own)
+            return self._service_hint(labels, own, at)
+        return self._host_hint(alert, rule.series if rule else "", own, at)
+
+    def _gpu_lag(self, host: str, at: float) -> str | None:
+        """Why the host's GPU state cannot be joined with an alert at ``at`` (None: it
+        can): no GPU telemetry of it, or only far from that time."""
+        times = [s.last_ts for s in self.gpus.host_series(host).values()]
+        if not times:
+            return None  # nothing to join: the hint says what it knows without it
+        gap = max(times) - at
+        if abs(gap) <= self.window_s:
+            return None
+        side = "after" if gap > 0 else "before"
+        return (
+            f"GPU telemetry of {host} is read up to {abs(gap) / 3600:.1f} h {side} this "
+            "alert: not joined"
+        )
 
     # ------------------------------------------------------------------ the two views
 
-    def _service_hint(self, labels: Mapping[str, str], own: set[str]) -> str:
+    def _service_hint(self, labels: Mapping[str, str], own: set[str], at: float) -> str:
         instance = labels["instance"]
         s = self.requests.series.get((labels["service"], instance))
         host = s.host if s is not None else None
         symptoms = self._symptoms(s, own) if s is not None else []
-        causes = self._causes(host) if host else []
+        lag = self._gpu_lag(host, at) if host else None
+        causes = self._causes(host) if host and not lag else []
         effects = f"{instance} also shows {', '.join(symptoms)}" if symptoms else ""
         text = ", while ".join(x for x in (", ".join(causes), effects) if x)
-        if host is None:
+        if lag:
+            suspicion = f"{lag}: suspect the service itself until it is"
+        elif host is None:
             suspicion = (
                 f"the host of {instance} is unknown (the SDK sends it; set host=), so no GPU "
                 "signal can be joined: suspect the service itself"
@@ -153,7 +176,7 @@ class Correlator:
             )
         return f"{text}: {suspicion}" if text else suspicion
 
-    def _host_hint(self, alert: Alert, series: str, own: set[str]) -> str:
+    def _host_hint(self, alert: Alert, series: str, own: set[str], at: float) -> str:
         labels = alert.labels
         host = labels.get("host", "")
         leaks = self._leaks(host)
@@ -163,7 +186,7 @@ class Correlator:
         causes = self._causes(host, skip_pid=labels.get("pid") if series == "process" else None)
         if series == "process" and culprit is not None:
             causes.insert(0, culprit.describe(host))
-        instances = self._instances_on(host)
+        instances = self._instances_on(host, at)
         degraded = [inst for inst, symptoms in instances if symptoms]
         effects = "; ".join(
             f"{inst} on the same host shows {', '.join(symptoms)}"
@@ -203,14 +226,6 @@ class Correlator:
         return f"{text}: {suspicion}" if text else suspicion
 
     # ------------------------------------------------------------------ facts
-
-    def _requests_now(self) -> float:
-        """The newest closed request bucket: instances are fresh relative to the request
-        stream itself (in a fast replay, GPU and request topics are consumed at different
-        paces, and GPU event time can run hours ahead)."""
-        return max(
-            (s.bucket_end for s in self.requests.series.values() if s.bucket_end), default=0.0
-        )
 
     def _leaks(self, host: str) -> list[_Leak]:
         out = []
@@ -260,12 +275,13 @@ class Correlator:
             if a.labels.get("host") == host and a.labels.get("type") == kind
         ]
 
-    def _instances_on(self, host: str) -> list[tuple[str, list[str]]]:
-        """(instance, its symptoms) of every fresh service instance running on ``host``."""
-        now = self._requests_now()
+    def _instances_on(self, host: str, at: float) -> list[tuple[str, list[str]]]:
+        """(instance, its symptoms) of every service instance running on ``host`` whose
+        signals are about the alert's time (within ``window_s`` of ``at``)."""
         out = []
         for (_, inst), s in sorted(self.requests.series.items()):
-            if s.host == host and s.bucket_end is not None and now - s.bucket_end <= self.window_s:
+            fresh = s.bucket_end is not None and abs(s.bucket_end - at) <= self.window_s
+            if s.host == host and fresh:
                 out.append((inst, self._symptoms(s, set())))
         return out
 

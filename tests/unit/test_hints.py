@@ -109,3 +109,22 @@ def test_an_oom_kill_hint_points_at_the_leak_that_filled_the_gpu() -> None:
     hint = t.alert.annotations["hint"]
     assert f"the OOM killer took pid {pid} on GPU {gpu}" in hint
     assert hint.endswith(f"suspect a leak in pid {pid}")
+
+
+def test_a_host_read_hours_away_from_the_alert_is_not_joined() -> None:
+    """A worker catching up reads the GPU topic hours ahead of the requests: the leak
+    there is not what the service alert of two hours ago saw."""
+    world = build("all", hosts=2, gpus=1, services=1, interval_s=60.0)
+    envs = list(world.envelopes(hours=3.0))
+    pipes = Pipelines(load_rules())
+    for env in envs:  # every GPU envelope first: the GPU side is 3 h ahead
+        if not isinstance(env, RequestsEnvelope):
+            pipes.process(env)
+    hints = [
+        t.alert.annotations["hint"]
+        for env in envs
+        if isinstance(env, RequestsEnvelope)
+        for t in pipes.process(env)
+        if t.alert.status == "firing" and t.previous != "firing"
+    ]
+    assert hints and all("not joined" in h and "leak" not in h for h in hints), hints
