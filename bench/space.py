@@ -28,7 +28,8 @@ GpuMemoryLeak):
 - ``pages``: firing transitions per expected rule (want at most 1 each);
 - ``delay_min``: first firing of an expected rule after the fault start (None: missed);
 - ``resolved_during``: resolutions (from firing) of alerts on the target while the fault
-  lasts (want 0);
+  lasts (want 0), and apart from them ``relearned_during``: resolutions marked
+  "relearned" (the baseline accepted the fault as the new normal and the alert says so);
 
 and per draw ``false_pages``: firing transitions that belong to no fault (want 0), per
 healthy series-day (two instances and one GPU, minus the fault windows).
@@ -305,9 +306,7 @@ def score(d: Draw, transitions: list[Transition]) -> dict[str, Any]:
         pages = Counter(a.rule for _, a in mine)
         expected = [a for _, a in mine if a.rule in EXPECTED[f.kind]]
         first = min((a.at or 0.0 for a in expected), default=None)
-        during = [
-            a.rule for a in resolved if _matches(a.labels, target) and start <= (a.at or 0.0) < end
-        ]
+        during = [a for a in resolved if _matches(a.labels, target) and start <= (a.at or 0) < end]
         faults.append(
             {
                 **asdict(f),
@@ -315,12 +314,8 @@ def score(d: Draw, transitions: list[Transition]) -> dict[str, Any]:
                 "pages": {r: pages[r] for r in EXPECTED[f.kind]},
                 "other_pages": {r: n for r, n in pages.items() if r not in EXPECTED[f.kind]},
                 "delay_min": None if first is None else round((first - start) / 60.0, 1),
-                "resolved_during": during,
-                "relearned": [
-                    a.rule
-                    for a in resolved
-                    if _matches(a.labels, target) and a.resolution == "relearned"
-                ],
+                "resolved_during": [a.rule for a in during if a.resolution != "relearned"],
+                "relearned_during": [a.rule for a in during if a.resolution == "relearned"],
             }
         )
     false = [
@@ -415,7 +410,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "pages_per_rule_histogram": dict(sorted(Counter(pages).items())),
         "detected": round(len(detected) / max(1, len(faults)), 4),
         "resolved_while_fault_lasts": sum(len(f["resolved_during"]) for f in faults),
-        "relearned_resolutions": sum(len(f["relearned"]) for f in faults),
+        "relearned_while_fault_lasts": sum(len(f["relearned_during"]) for f in faults),
         "false_pages": len(false),
         "healthy_series_days": round(healthy_days, 1),
         "false_pages_per_healthy_series_day": round(len(false) / max(healthy_days, 1e-9), 4),
@@ -439,6 +434,7 @@ def _group(fs: list[dict[str, Any]]) -> dict[str, Any]:
         "median_duration_min": round(statistics.median(f["duration_s"] for f in fs) / 60, 0),
         "more_than_one_page": sum(any(n > 1 for n in f["pages"].values()) for f in fs),
         "resolved_during": sum(len(f["resolved_during"]) for f in fs),
+        "relearned_during": sum(len(f["relearned_during"]) for f in fs),
     }
 
 
@@ -456,15 +452,15 @@ def table(s: dict[str, Any]) -> str:
         f"{100 * s['faults_with_at_most_one_page_per_rule']:.1f} %   "
         f"(pages per rule: {s['pages_per_rule_histogram']})",
         f"  detected: {100 * s['detected']:.1f} %   resolutions while a fault lasts: "
-        f"{s['resolved_while_fault_lasts']}   re-learnt (marked) resolutions: "
-        f"{s['relearned_resolutions']}",
+        f"{s['resolved_while_fault_lasts']}   baselines re-learnt while it lasted "
+        f"(resolutions marked as such): {s['relearned_while_fault_lasts']}",
         f"  false pages: {s['false_pages']} ({s['false_pages_per_healthy_series_day']:.4f} per "
         f"healthy series-day) {s['false_pages_by_rule']}",
         f"  consumption orders: {s['consumption_orders_same']} of {s['consumption_orders']} "
         "gave the same transitions as event-time order",
         "",
         f"{'kind/phase':<22}{'faults':>7}{'detected':>9}{'p50 min':>9}{'p90 min':>9}"
-        f"{'max min':>9}{'rpm':>7}{'dur min':>8}{'>1 page':>8}{'resolved':>9}",
+        f"{'max min':>9}{'rpm':>7}{'dur min':>8}{'>1 page':>8}{'resolved':>9}{'relearnt':>9}",
     ]
     for name, g in s["by_kind_and_phase"].items():
         cells = [g["delay_min_p50"], g["delay_min_p90"], g["delay_min_max"]]
@@ -472,6 +468,7 @@ def table(s: dict[str, Any]) -> str:
         lines.append(
             f"{name:<22}{g['faults']:>7}{g['detected']:>9}{fmt}{g['median_rate_rpm']:>7}"
             f"{g['median_duration_min']:>8.0f}{g['more_than_one_page']:>8}{g['resolved_during']:>9}"
+            f"{g['relearned_during']:>9}"
         )
     return "\n".join(lines)
 

@@ -85,7 +85,8 @@ Key = tuple[int, ...]
 @dataclass(frozen=True, slots=True)
 class Cluster:
     """One DBSCAN cluster of the window: its core points' centroid (in ``features`` order),
-    how many core points it has, and the grid cells (side ``eps``) they lie in."""
+    how many core points it has, and grid cells (side ``eps``) it covers: the cell of one
+    core point per sub-cell, so every cell with its core points is at most one away."""
 
     centroid: Point
     size: int
@@ -440,15 +441,18 @@ class RequestOutliers:
                 if ra != rb and _linked(sub, blocks, key, other, self.eps):
                     parent[max(ra, rb)] = min(ra, rb)
         groups: dict[Key, list[Point]] = {}
+        cells: dict[Key, set[Key]] = {}  # per cluster, the cell of one point per sub-cell
         for key, pts in sub.items():
-            groups.setdefault(find(key), []).extend(pts)
+            root = find(key)
+            groups.setdefault(root, []).extend(pts)
+            cells.setdefault(root, set()).add(self._key(min(pts)))
         out = [
             Cluster(
                 tuple(sum(c) / len(pts) for c in zip(*pts, strict=True)),
                 len(pts),
-                frozenset(self._key(p) for p in pts),
+                frozenset(cells[root]),
             )
-            for pts in groups.values()
+            for root, pts in groups.items()
         ]
         out.sort(key=lambda c: (-c.size, c.centroid))
         return out

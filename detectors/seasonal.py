@@ -19,8 +19,9 @@ says less than a count of 400). The expected value at time ``t`` is
 - **level and trend**: a local linear trend model (a two-state Kalman filter, time in
   ``step_s`` units, the trend damped by ``damping`` per step) over the observations minus
   the profile. A noisy observation moves it little, a precise one more, and one more than
-  ``outlier_z`` standard deviations off is not learnt at all (a step or a spike: robust
-  filtering; counted in ``outliers``); ``level_noise``
+  ``outlier_z`` standard deviations off is not learnt at all (a spike: robust filtering;
+  counted in ``outliers``), unless it is the fifth in a row on the same side (a step:
+  learnt, with the level's uncertainty widened to it); ``level_noise``
   and ``trend_noise`` say how fast the level and trend may wander per step (the weekly
   rhythm, slow growth and day-to-day differences live here). Each step's innovation also
   updates ``model_var``, the variance per step that the sampling noise does not explain
@@ -30,8 +31,9 @@ says less than a count of 400). The expected value at time ``t`` is
   (:meth:`hold`); while it does, nothing is learnt (neither level nor profile) and the
   forecast stays the pre-fault one: the level, trend and uncertainty of the hold's start,
   moved along the profile only. A
-  deviation that lasts ``hold_max_s`` (default a day; on the first day, before there is
-  a profile to carry the held level along the daily rhythm, at most 3 hours) is accepted
+  deviation that lasts ``hold_max_s`` (default a day; before there is a profile to carry
+  the held level along the daily rhythm, only as long as the trend seen so far cannot
+  have moved it by 10 %, and at least 3 hours) is accepted
   as the new normal: the level restarts from the observed one, the profile is kept, and
   :attr:`relearned` says so, with the level before and after, so an alert that resolves
   because of it can say "new level accepted after 24 h: 159 vs 248 before" instead of
@@ -70,9 +72,12 @@ from typing import Any, NamedTuple
 from ragwatch.detectors.base import register
 
 DAY = 86400.0
-# Without a daily profile (the first day), a held level cannot follow the rhythm: it is
-# accepted as the new normal after at most this long.
+# Without a daily profile (the first day), a held level cannot follow the rhythm: one with
+# a steep trend is accepted as the new normal after this long (see _longest_hold).
 UNPROFILED_HOLD_S = 3 * 3600.0
+HOLD_DRIFT = 0.1  # without a profile: how far the trend may carry the level while held
+OUTLIER_RUN = 5  # outliers in a row on one side are a step, not spikes
+DRIFT_ALPHA = 0.01  # per observation: the average |trend| spans hours, not a fault's onset
 
 
 class Forecast(NamedTuple):
@@ -118,6 +123,7 @@ class SeasonalBaseline:
         warmup: int = 5,
         hold_max_s: float = DAY,
         outlier_z: float = 3.5,
+        unprofiled_hold_s: float | None = None,
     ) -> None:
         for name, v in (("step_s", step_s), ("season_s", season_s), ("slot_s", slot_s)):
             if not (math.isfinite(v) and v > 0):
@@ -147,6 +153,11 @@ class SeasonalBaseline:
             raise ValueError(f"outlier_z must be > 0, got {outlier_z!r}")
         self.outlier_z = float(outlier_z)
         self.outliers = 0  # observations too far from the forecast to be learnt
+        if unprofiled_hold_s is not None and not unprofiled_hold_s >= 0:
+            raise ValueError(f"unprofiled_hold_s must be >= 0, got {unprofiled_hold_s!r}")
+        self.unprofiled_hold_s = unprofiled_hold_s
+        self._run = 0  # consecutive outliers on the same side (signed: + above, - below)
+        self._drift = 0.0  # slow average of |trend|: how fast the level moves (the rhythm)
         # level/trend state: x = (level, trend per step), P = [[p00, p01], [p01, p11]]
         self._l = self._b = 0.0
         self._p00, self._p01, self._p11 = 1e6, 0.0, 0.0
@@ -183,6 +194,7 @@ class SeasonalBaseline:
             warmup=self.warmup,
             hold_max_s=self.hold_max_s,
             outlier_z=self.outlier_z,
+            unprofiled_hold_s=self.unprofiled_hold_s,
         )
 
     # -- what callers read --------------------------------------------------------------
@@ -275,8 +287,7 @@ class SeasonalBaseline:
             self._held_since = t
             return False
         held = t - self._held_since
-        longest = self.hold_max_s if self.has_profile else min(self.hold_max_s, UNPROFILED_HOLD_S)
-        if held < longest or observed is None or not math.isfinite(observed):
+        if held < self._longest_hold() or observed is None or not math.isfinite(observed):
             return False
         f = self.forecast(t)
         before = f.mean if f is not None else observed
@@ -285,6 +296,20 @@ class SeasonalBaseline:
         self._n = self.warmup  # the observed level is known: no warm-up again
         self.relearned = Relearned(t, held, before, observed)
         return True
+
+    def _longest_hold(self) -> float:
+        """How long a deviation is held before it is the new normal: ``hold_max_s``; without
+        a profile, as long as the trend seen so far cannot have moved the level by more
+        than ``HOLD_DRIFT`` at its average pace over the last hours (the rhythm the held
+        level cannot follow), at least
+        ``UNPROFILED_HOLD_S`` (or ``unprofiled_hold_s`` when given)."""
+        if self.has_profile:
+            return self.hold_max_s
+        if self.unprofiled_hold_s is not None:
+            return min(self.hold_max_s, self.unprofiled_hold_s)
+        drift = self._drift / self.step_s  # per second, as seen over the last hours
+        reach = HOLD_DRIFT / drift if drift > 0 else math.inf
+        return min(self.hold_max_s, max(UNPROFILED_HOLD_S, reach))
 
     # -- river's protocol (univariate series) -------------------------------------------
 
@@ -328,6 +353,7 @@ class SeasonalBaseline:
     # -- internals ----------------------------------------------------------------------
 
     def _restart(self, t: float, level: float) -> None:
+        self._run = 0
         self._l, self._b = level, 0.0
         self._p00, self._p01, self._p11 = 1.0, 0.0, self.trend_noise**2 * 100
         self._t = t
@@ -355,8 +381,14 @@ class SeasonalBaseline:
         excess = (min(nu * nu, 9 * s) - p00 - var) * steps_seen if s > 0 else nu * nu
         self.model_var = max(0.0, self.model_var + 0.02 * (excess - self.model_var))
         if s > 0 and nu * nu > self.outlier_z**2 * s:
-            self.outliers += 1  # a step or a spike: not learnt (robust filtering)
-            return
+            side = 1 if nu > 0 else -1
+            self._run = self._run + side if self._run * side > 0 else side
+            if abs(self._run) < OUTLIER_RUN:
+                self.outliers += 1  # a spike: not learnt (robust filtering)
+                return
+            p00 += nu * nu  # a step: OUTLIER_RUN in a row on one side: learn it after all
+            s = p00 + var + self.model_var / steps_seen
+        self._run = 0
         if s > 0:
             k0, k1 = p00 / s, p01 / s
             level += k0 * nu
@@ -367,6 +399,7 @@ class SeasonalBaseline:
             self._restart(t, y)
             return
         self._l, self._b, self._p00, self._p01, self._p11 = level, trend, p00, p01, p11
+        self._drift += DRIFT_ALPHA * (abs(trend) - self._drift)
         self._t = t
         self._n = min(self._n + 1, self.warmup)
 

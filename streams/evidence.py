@@ -317,8 +317,12 @@ class LatencyBaseline:
     relearned_before: float | None = None
 
     def __post_init__(self) -> None:
-        if self.model is None:
-            self.model = SeasonalBaseline(warmup=self.min_entries, hold_max_s=self.hold_max_s)
+        if self.model is None:  # a slowdown far past any rhythm of latency: held a day
+            self.model = SeasonalBaseline(
+                warmup=self.min_entries,
+                hold_max_s=self.hold_max_s,
+                unprofiled_hold_s=self.hold_max_s,
+            )
 
     def baseline(self, now: float) -> float | None:
         assert self.model is not None

@@ -119,6 +119,7 @@ SeriesKey = tuple[str, str]  # service, instance
 MAX_SENDERS = 64  # per instance: processes whose last envelope ts is remembered
 RECENT_BUCKETS = 5  # recent_outliers: over this many buckets
 CLUSTER_RESCAN = 60  # buckets between scans of a service's clusters without novelty
+CLUSTER_ACTIVE_RESCAN = 5  # ... while a flagged cluster lasts (is it still there?)
 NOVEL_DECAY = 0.9  # per bucket: which instance's records a new cluster is made of
 CLUSTER_SHARE = 0.01  # of the window's points: the smallest cluster that is news
 CLUSTER_WARMUP = 200  # points the outlier window holds before a cluster is news
@@ -744,14 +745,15 @@ class RequestPipeline:
 
         Scanning the clusters is the costliest step of the pipeline, so it runs only once
         ``min_samples`` records landed outside the dense cells of the last scan (a new
-        cluster far from the known ones is made of such records), while a flagged
-        cluster lasts, and every ``CLUSTER_RESCAN`` buckets to keep the known clusters
-        current."""
+        cluster far from the known ones is made of such records), every
+        ``CLUSTER_ACTIVE_RESCAN`` buckets while a flagged cluster lasts, and every
+        ``CLUSTER_RESCAN`` buckets to keep the known clusters current."""
         if svc.checked == b:
             return svc.flag
         svc.checked, svc.flag = b, 0.0
-        due = svc.scanned is None or b - svc.scanned >= CLUSTER_RESCAN
-        if not (svc.novel >= svc.detector.min_samples or svc.active is not None or due):
+        since = math.inf if svc.scanned is None else b - svc.scanned
+        due = since >= (CLUSTER_ACTIVE_RESCAN if svc.active is not None else CLUSTER_RESCAN)
+        if not (svc.novel >= svc.detector.min_samples or due):
             return 0.0
         svc.scanned, svc.novel = b, 0
         det = svc.detector

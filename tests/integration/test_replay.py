@@ -7,12 +7,15 @@ worker publishes on ``ragwatch.alerts`` (pending, firing, resolved) must come ou
 replay, alert by alert and in the same order per alert: rule, status, labels and
 ``starts_at``. Hints and ``at`` are not compared: a hint joins the GPU and request sides of
 a host, and the worker consumes those topics at their own paces. ``ragwatch record`` then
-copies the topics back to a file, and replaying that recording gives the same alerts too.
+copies the topics back to a file, and replaying that recording gives the same alerts too:
+also when the worker (and the recorder) read some partitions hours of event time ahead of
+the others.
 """
 
 from __future__ import annotations
 
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -129,6 +132,77 @@ def test_the_same_input_gives_the_same_alerts_online_and_offline(
     )
     assert proc.returncode == 0, proc.stderr
     assert f"recorded {len(envelopes)} envelopes" in proc.stderr
+    assert per_alert(replayed(recording, rw_env)) == per_alert(online)
+    assert worker.stop() == 0
+
+
+def test_a_recording_of_unevenly_consumed_partitions_replays_to_the_live_alerts(
+    rw_env: dict[str, str],
+    redis_client: redis.Redis,
+    start_ragwatch: Callable[..., Any],
+    make_settings: Callable[[dict[str, str]], Settings],
+    tmp_path: Path,
+) -> None:
+    """The worker reads one GPU partition and one request partition to the end (two hours
+    of event time) before the others get anything: hosts and services on the others look
+    hours behind. The worker's alerts must be those of event-time order, and so must a
+    recording of the topics (in consumption order) replayed."""
+    settings = make_settings(rw_env)
+    parts = settings.topic_partitions
+    assert parts >= 2
+    world = build("all", hosts=4, gpus=1, services=2, interval_s=10, heal_after_s=40 * 60)
+    envelopes = list(world.envelopes(hours=2.0))
+    played = tmp_path / "played.jsonl"
+    played.write_bytes(b"".join(encode(e) + b"\n" for e in envelopes))
+
+    def partition(e: Any) -> int:
+        return zlib.crc32(e.key.encode()) % parts
+
+    first = [e for e in envelopes if partition(e) == (0 if e.kind != "requests" else 1)]
+    rest = [e for e in envelopes if partition(e) != (0 if e.kind != "requests" else 1)]
+    assert first and rest and {e.kind for e in rest} >= {"gpu", "requests"}
+    producer = Producer(settings.kafka_config())
+
+    def produce(batch: list[Any]) -> None:
+        for e in batch:
+            topic = settings.topic(TOPIC[e.kind])
+            producer.produce(topic, encode(e), e.key.encode(), partition=partition(e))
+        assert producer.flush(30) == 0
+
+    produce(first)
+    worker = start_ragwatch(["worker"], rw_env)
+
+    def read(n: int) -> Callable[[], dict[str, Any]]:
+        def done() -> dict[str, Any]:
+            c = worker_counters(redis_client, rw_env)
+            return c if c and c["messages"] - c["deadletter"] >= n else {}
+
+        return done
+
+    wait_until(read(len(first)), 90, lambda: f"the first partitions: {worker.output()[-2000:]}")
+    produce(rest)
+    for name in ("gpu", "requests"):  # make the last batch of each partition visible
+        for p in range(parts):
+            producer.produce(settings.topic(name), SENTINEL, partition=p)
+    assert producer.flush(10) == 0
+    wait_until(read(len(envelopes)), 90, lambda: f"everything: {worker.output()[-2000:]}")
+    time.sleep(2.0)
+    counters = worker_counters(redis_client, rw_env)
+    records = read_records(settings, settings.topic("alerts"), counters["transitions"])
+    online = [to_dict(decode_as(Alert, m.value())) for m in records]
+    in_order = replayed(played, rw_env)
+    assert {a["rule"] for a in online if a["status"] == "firing"} >= {
+        "GpuMemoryLeak",
+        "ThroughputDrop",
+        "RetrievalSlowdown",
+    }
+    assert per_alert(online) == per_alert(in_order)
+
+    recording = tmp_path / "uneven.jsonl.gz"
+    proc = run_ragwatch(
+        "record", "--out", str(recording), "--max-messages", str(len(envelopes)), env=rw_env
+    )
+    assert proc.returncode == 0, proc.stderr
     assert per_alert(replayed(recording, rw_env)) == per_alert(online)
     assert worker.stop() == 0
 
