@@ -23,7 +23,9 @@ says less than a count of 400). The expected value at time ``t`` is
   counted in ``outliers``), unless it is the fifth in a row on the same side (a step:
   learnt, with the level's uncertainty widened to it); ``level_noise``
   and ``trend_noise`` say how fast the level and trend may wander per step (the weekly
-  rhythm, slow growth and day-to-day differences live here). Each step's innovation also
+  rhythm, slow growth and day-to-day differences live here; on the first day the trend
+  also follows the daily rhythm, afterwards the profile does and the trend may wander a
+  quarter as fast). Each step's innovation also
   updates ``model_var``, the variance per step that the sampling noise does not explain
   (bursty traffic, a profile that is off): forecasts carry it (``Forecast.noise``), so
   tests against them account for it, averaged over the steps they cover.
@@ -78,6 +80,7 @@ UNPROFILED_HOLD_S = 3 * 3600.0
 HOLD_DRIFT = 0.1  # without a profile: how far the trend may carry the level while held
 OUTLIER_RUN = 5  # outliers in a row on one side are a step, not spikes
 DRIFT_ALPHA = 0.01  # per observation: the average |trend| spans hours, not a fault's onset
+PROFILED_TREND = 0.1  # trend_noise is scaled by this once there is a profile
 
 
 class Forecast(NamedTuple):
@@ -372,7 +375,9 @@ class SeasonalBaseline:
         p01 = decay * (self._p01 + reach * self._p11)
         p11 = decay * decay * self._p11
         p00 += steps * self.level_noise**2
-        p11 += steps * self.trend_noise**2
+        # once a profile carries the daily rhythm, the trend only follows slow drift
+        trend_noise = self.trend_noise * (PROFILED_TREND if self._profile is not None else 1.0)
+        p11 += steps * trend_noise**2
         # update with y (observes the level), noise var + model_var
         nu = y - level
         s = p00 + var + self.model_var / steps_seen
@@ -430,40 +435,59 @@ class SeasonalBaseline:
         curves = [c for k in range(self.days) if (c := self._curve(t - k * self.season_s))]
         if not curves:
             return
-        if len(curves) >= 3:
-            new = [statistics.median(c[s] for c in curves) for s in range(self.slots)]
+        n, m = self.slots, len(curves)
+        if m >= 3:  # the median of m values is about pi/2 times as noisy as their mean
+            new = [statistics.median(c[0][s] for c in curves) for s in range(n)]
+            var = [math.pi / 2 * sum(c[1][s] for c in curves) / m**2 for s in range(n)]
         else:
-            new = [statistics.fmean(c[s] for c in curves) for s in range(self.slots)]
-        n = self.slots  # smoothed over neighbouring slots: one odd slot is not a rhythm
+            new = [statistics.fmean(c[0][s] for c in curves) for s in range(n)]
+            var = [sum(c[1][s] for c in curves) / m**2 for s in range(n)]
+        # smoothed over neighbouring slots: one odd slot is not a rhythm
         smooth = [0.25 * new[i - 1] + 0.5 * new[i] + 0.25 * new[(i + 1) % n] for i in range(n)]
+        svar = [0.0625 * var[i - 1] + 0.25 * var[i] + 0.0625 * var[(i + 1) % n] for i in range(n)]
         mean = statistics.fmean(smooth)
-        profile = array("d", (v - mean for v in smooth))
+        # what the slots' spread holds beyond their sampling noise is the rhythm: each slot
+        # is shrunk towards 0 by how much of it is noise (a flat series learnt from a few
+        # requests a minute gets no profile, a 20x rhythm all of it)
+        rhythm = max(0.0, statistics.pvariance(smooth) - statistics.fmean(svar))
+        profile = array(
+            "d",
+            (
+                (v - mean) * (rhythm / (rhythm + w) if rhythm + w > 0 else 0.0)
+                for v, w in zip(smooth, svar, strict=True)
+            ),
+        )
         # keep the forecast continuous: the level absorbs the change of profile at t; the
         # trend so far followed the rhythm the profile now carries, so it starts over
         old_here = self.profile_at(t)
         self._profile = profile
         self._l += old_here - self.profile_at(t)
-        self._b = 0.0
+        self._b, self._p01 = 0.0, 0.0
+        self._p11 = min(self._p11, (self.trend_noise * PROFILED_TREND) ** 2 * 100)
 
-    def _curve(self, end: float) -> list[float] | None:
+    def _curve(self, end: float) -> tuple[list[float], list[float]] | None:
         """The offsets of the ``season_s`` ending at ``end`` (each slot's latest complete
-        cell before it, minus their mean), or None if too few of its slots were seen."""
+        cell before it, minus their mean) and their sampling variances, or None if too few
+        of its slots were seen."""
         raw = [math.nan] * self.slots
+        var = [math.nan] * self.slots
         known = []
         for s in range(self.slots):
             day = math.floor((end - (s + 1) * self.slot_s) / self.season_s)
             row = day % self.days
             i = row * self.slots + s
             if self._row_day[row] == day and self._w[i] > 0:
-                raw[s] = self._zw[i] / self._w[i]
+                raw[s], var[s] = self._zw[i] / self._w[i], 1.0 / self._w[i]
                 known.append(s)
         if len(known) < self.min_coverage * self.slots:
             return None
         for a, b in zip(known, [*known[1:], known[0] + self.slots], strict=True):
             for j in range(a + 1, b):  # circular linear interpolation over unseen slots
-                raw[j % self.slots] = raw[a] + (raw[b % self.slots] - raw[a]) * (j - a) / (b - a)
+                frac = (j - a) / (b - a)
+                raw[j % self.slots] = raw[a] + (raw[b % self.slots] - raw[a]) * frac
+                var[j % self.slots] = 2 * max(var[a], var[b % self.slots])
         mean = statistics.fmean(raw)
-        return [v - mean for v in raw]
+        return [v - mean for v in raw], var
 
 
 def _read(x: dict[str, Any]) -> tuple[float, float]:

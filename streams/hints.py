@@ -86,6 +86,10 @@ _SYMPTOMS: tuple[tuple[str, float, str], ...] = (
 )
 
 
+# a symptom counts only when its test says it is more than noise (|z| >= 3), if it has one
+_SIGNIFICANCE = {"tpr_deviation": "tpr_z", "tps_deviation": "tps_z", "errors_ratio": "errors_z"}
+
+
 class Correlator:
     """Explains firing alerts with the other signals of their host and services."""
 
@@ -291,6 +295,9 @@ class Correlator:
         for signal, limit, phrase in _SYMPTOMS:
             v = s.signals.get(signal)
             if signal in own or v is None:
+                continue
+            sure = s.signals.get(_SIGNIFICANCE.get(signal, ""))
+            if sure is not None and abs(sure) < 3:  # within the window's sampling noise
                 continue
             if (limit < 0 and v <= limit) or (limit > 0 and v >= limit):
                 out.append(phrase.format(v=v))

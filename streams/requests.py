@@ -21,7 +21,9 @@ two requests) but over windows that hold enough of them (:mod:`ragwatch.streams.
   (at least one bucket, more for bursty traffic: enough that the baselines' measured
   excess noise averages down to 8 %; at most ``rate_max_s``): ``rps``, ``errors_ratio``,
   ``output_tokens_per_s``, ``tokens_per_request`` (errors included),
-  ``context_tokens_per_request``, and the window itself: ``window_s``,
+  ``context_tokens_per_request``, ``errors_baseline`` (the usual share of failures) and
+  ``errors_z`` (a binomial test of the window's failures against it), and the window
+  itself: ``window_s``,
   ``window_requests``; ``requests_total`` counts every request of the series (for
   ``keep_firing_requests``);
 - seasonal baselines (:class:`~ragwatch.detectors.seasonal.SeasonalBaseline`: a daily
@@ -125,6 +127,7 @@ CLUSTER_SHARE = 0.01  # of the window's points: the smallest cluster that is new
 CLUSTER_WARMUP = 200  # points the outlier window holds before a cluster is news
 TOKEN_CV2 = 0.05  # tokens per request: variance / mean^2 until the series has measured it
 RATE_PRECISION = 0.08  # the relative excess noise a rate window averages bursts down to
+ERROR_PRIOR = 0.005  # the share of failed requests assumed before a series has measured it
 
 __all__ = ["Bucket", "RequestPipeline", "Reservoir", "ServiceSeries", "quantile"]
 
@@ -240,6 +243,7 @@ class ServiceSeries:
     # sends in order, several processes of one instance interleave
     last_envelope_ts: dict[int | None, float] = field(default_factory=dict)
     requests_total: int = 0
+    error_base: float = ERROR_PRIOR  # the usual share of failed requests (slow average)
     novel_score: float = 0.0  # novel records, decaying by NOVEL_DECAY per bucket
     token_cv2: float = TOKEN_CV2
     pending_rps: _Pending = field(default_factory=_Pending)
@@ -583,6 +587,7 @@ class RequestPipeline:
         sig["rps"] = n / span if span else None
         sig["output_tokens_per_s"] = w.tokens / span if span else None
         sig["errors_ratio"] = w.errors / n if n else None
+        self._errors(s, w, sig)
         sig["tokens_per_request"] = w.tokens / n if n else None
         sig["context_tokens_per_request"] = w.context / n if n else None
         mid = (w.start + end) / 2
@@ -597,6 +602,21 @@ class RequestPipeline:
         held = max(s.rps.held_s(end), s.tpr.held_s(end))
         sig["rps_held_s"], sig["tpr_held_s"] = s.rps.held_s(end), s.tpr.held_s(end)
         sig["tps_held_s"] = held
+
+    def _errors(self, s: ServiceSeries, w: CountWindow, sig: dict[str, float | None]) -> None:
+        """Failed requests against their usual share: a binomial z (a quarter of slack for
+        the baseline itself), learnt slowly while not significant."""
+        p0, n = s.error_base, w.n
+        sig["errors_baseline"] = p0
+        sig["errors_z"] = None
+        if n < self.rate_min:
+            return
+        expected = n * p0
+        var = expected * (1 - p0) + (0.25 * expected) ** 2
+        z = (w.errors - expected) / math.sqrt(var) if var > 0 else 0.0
+        sig["errors_z"] = z
+        if abs(z) < self.hold_z:
+            s.error_base += 0.02 * (w.errors / n - p0)
 
     def _window_min_s(self, s: ServiceSeries, end: float) -> float:
         """Bursty traffic needs a longer window: long enough that the baselines' excess

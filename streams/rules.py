@@ -8,7 +8,9 @@ usually looser condition: hysteresis against flapping) or, without ``resolve``, 
 field of the same name), and for series that count requests ``keep_firing_requests``
 also wants that many new requests seen meanwhile, so a quiet night cannot resolve an
 alert on two requests. A signal without a value (no data, or too little evidence behind
-it) neither starts, nor clears, nor resolves anything::
+it) neither starts, nor clears, nor resolves anything. ``value`` names the signal the
+alert's value reports (default: ``expr``'s first), so that it can be in the units of
+``expected`` (a P99 in ms beside its baseline, not their ratio)::
 
     rules:
       - name: GpuMemoryLeak
@@ -116,7 +118,8 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; stream
     "retriever_p99_ratio", "e2e_p95_baseline_ms", "e2e_p95_ratio", "outliers",
     "recent_outliers", "outlier_ratio", "new_outlier_cluster", "outlier_cluster_size",
     "outlier_cluster_active",
-    "window_s", "window_requests", "requests_total", *_baseline_signals("service"),
+    "window_s", "window_requests", "requests_total", "errors_baseline", "errors_z",
+    *_baseline_signals("service"),
 )  # fmt: skip
 # a cumulative count of the evidence behind a series' signals, for keep_firing_requests
 EVIDENCE_SIGNAL = {"service": "requests_total"}
@@ -193,6 +196,7 @@ class Rule:
     keep_firing_for_s: float = 0.0
     resolve: tuple[Condition, ...] = ()
     keep_firing_requests: int = 0
+    value_signal: str | None = None  # what the alert's value reports (default: expr's first)
 
     def holds(self, signals: Mapping[str, float | None]) -> bool:
         return all(c.holds(signals) for c in self.conditions)
@@ -227,8 +231,9 @@ class Rule:
         return self.expected
 
     def value(self, signals: Mapping[str, float | None]) -> float:
-        """The alert's value: the first condition's signal."""
-        v = signals.get(self.conditions[0].signal)
+        """The alert's value: the rule's ``value`` signal, else the first condition's (so
+        that value and expected can be in the same units: a P99 and its baseline)."""
+        v = signals.get(self.value_signal or self.conditions[0].signal)
         return float(v) if v is not None else math.nan
 
     def render(
@@ -274,6 +279,14 @@ def parse_expr(expr: str, series: str, where: str) -> tuple[Condition, ...]:
     return tuple(conds)
 
 
+def _signal(v: Any, series: str, where: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or v not in SERIES_SIGNALS[series]:
+        raise ConfigError(f"{where}: unknown signal {v!r} for series {series!r}")
+    return v
+
+
 def _evidence(v: Any, series: str, where: str) -> int:
     if v is None:
         return 0
@@ -310,6 +323,7 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         "labels",
         "annotations",
         "keep_firing_requests",
+        "value",
     }
     extra = set(d) - known
     if extra:
@@ -348,6 +362,7 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         for_s=_duration(d.get("for", 0), f"{where}.for"),
         keep_firing_for_s=_duration(d.get("keep_firing_for", 0), f"{where}.keep_firing_for"),
         keep_firing_requests=_evidence(d.get("keep_firing_requests"), series, where),
+        value_signal=_signal(d.get("value"), series, f"{where}.value"),
         resolve=_resolve(d.get("resolve"), series, where),
         severity=severity,
         expected=expected if expected is None or isinstance(expected, str) else float(expected),

@@ -376,3 +376,27 @@ def test_memory_is_bounded() -> None:
     assert isinstance(sig, dict)
     assert sig["e2e_p50_ms"] == pytest.approx(750.0, rel=0.05)  # from 100 of 480 values
     assert sig["retriever_p99_ratio"] == pytest.approx(1.0, rel=0.1)
+
+
+def test_errors_are_judged_against_their_usual_share_binomially() -> None:
+    pipe = RequestPipeline([])
+    quiet = [rec(T0 + 30.0, status="error")]  # one request in the minute, and it failed
+    pipe.process(env(quiet))
+    pipe.process(env([rec(T0 + MIN + 30.0)]))
+    sig = signals(pipe)["signals"]
+    assert isinstance(sig, dict)
+    assert sig["errors_ratio"] == 1.0 and sig["errors_z"] is None  # too few requests
+    busy = RequestPipeline([])
+    traffic = Traffic(random.Random(12))
+    play(busy, T0, 30 * MIN, traffic, rps=3)
+    calm = signals(busy)["signals"]
+    assert isinstance(calm, dict) and calm["errors_z"] is not None and abs(calm["errors_z"]) < 3
+    failing = [
+        rec(T0 + 30 * MIN + i / 3, status="error" if i % 5 == 0 else "ok") for i in range(360)
+    ]
+    busy.process(env(failing))
+    busy.process(env([rec(T0 + 33 * MIN)]))
+    hot = signals(busy)["signals"]
+    assert isinstance(hot, dict)
+    assert hot["errors_ratio"] is not None and hot["errors_ratio"] > 0.1
+    assert hot["errors_z"] is not None and hot["errors_z"] > 5

@@ -470,3 +470,31 @@ def test_expected_may_name_the_forecast_signal() -> None:
     r = rule(series="service", expr="tpr_deviation < -0.25", expected="tpr_forecast")
     assert r.expected_value({"tpr_forecast": 250.0}) == 250.0
     assert r.expected_value({"tpr_forecast": None}) is None
+
+
+def test_value_names_the_signal_the_alert_reports() -> None:
+    rule = parse_rule(
+        {"name": "Slow", "series": "service", "expr": "retriever_p99_ratio > 3",
+         "value": "retriever_p99_ms", "expected": "retriever_p99_baseline_ms"}
+    )  # fmt: skip
+    signals = {
+        "retriever_p99_ratio": 4.0,
+        "retriever_p99_ms": 480.0,
+        "retriever_p99_baseline_ms": 120.0,
+    }
+    assert (rule.value(signals), rule.expected_value(signals)) == (480.0, 120.0)
+    with pytest.raises(ConfigError, match="value: unknown signal"):
+        parse_rule({"name": "X", "series": "service", "expr": "rps > 1", "value": "nope"})
+
+
+def test_keep_firing_requests_is_for_series_that_count_requests() -> None:
+    ok = parse_rule(
+        {"name": "A", "series": "service", "expr": "rps > 1", "keep_firing_requests": 200}
+    )
+    assert ok.keep_firing_requests == 200
+    with pytest.raises(ConfigError, match="only for series that count requests"):
+        parse_rule({"name": "B", "series": "gpu", "expr": "temp_c > 1", "keep_firing_requests": 5})
+    with pytest.raises(ConfigError, match="integer >= 0"):
+        parse_rule(
+            {"name": "C", "series": "service", "expr": "rps > 1", "keep_firing_requests": -1}
+        )
