@@ -91,7 +91,7 @@ def test_a_10x_burst_makes_lag_grow_then_drain_with_bounded_memory(
         # then encoded up front, so the burst rate is the broker's and the worker's business
         for phase, (rate, seconds) in zip(("before", "burst"), PHASES, strict=True):
             run(phase, rate, iter(encoded(int(rate * seconds))))
-        steady_lag = max([x[2] for x in samples if x[0] == "before"][2:] + [NORMAL * HOSTS])
+        steady_lag = max([*[x[2] for x in samples if x[0] == "before"][2:], NORMAL * HOSTS])
 
         def after() -> Iterator[list[tuple[str, bytes]]]:
             start = time.monotonic()
