@@ -55,6 +55,7 @@ bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/throughput.py
 	$(PY) bench/latency.py
 	$(PY) bench/quality.py
+	$(PY) bench/space.py --draws 200
 
 soak: setup ## 10 minutes of scenario all with random worker kills (bench/soak.py)
 	$(PY) bench/soak.py
