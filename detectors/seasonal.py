@@ -112,6 +112,8 @@ class Relearned:
 class SeasonalBaseline:
     """Profile from previous days + local level/trend + hold (see module docstring)."""
 
+    _held_q: float | None = None  # also for snapshots taken before it existed
+
     def __init__(
         self,
         *,
@@ -176,6 +178,7 @@ class SeasonalBaseline:
         self._refreshed: float | None = None  # when the profile was last refreshed
         # hold
         self._held_since: float | None = None
+        self._held_q: float | None = None  # the trend's pace when the hold began
         self.relearned: Relearned | None = None
         self.late = 0
         # river protocol: the open bucket, values divided by the first one's magnitude
@@ -237,7 +240,26 @@ class SeasonalBaseline:
             + reach * reach * self._p11
             + steps * self.level_noise**2
         )
-        return Forecast(level + self.profile_at(t), var, self.model_var)
+        return Forecast(level + self.profile_at(t), var + self._held_var(t), self.model_var)
+
+    def _trend_q(self) -> float:
+        """How far the trend may wander per step: once a profile carries the daily rhythm
+        the trend only follows slow drift."""
+        return self.trend_noise * (PROFILED_TREND if self._profile is not None else 1.0)
+
+    def _held_var(self, t: float) -> float:
+        """How uncertain a held forecast has become by ``t``: the level it froze may since
+        have moved by the level and trend noise of the steps held (a trend that wanders by
+        ``q`` a step moves the level by ``q**2 * k**3 / 3`` in ``k`` steps). Without a
+        profile the trend carries the daily rhythm, so after hours a held level on the
+        first day is a guess, and what departs from it slowly is not significant; a
+        sudden step is (``k`` is small at its onset), and with a profile the trend
+        wanders a tenth as fast, so a day's hold stays sharp."""
+        if self._held_since is None or self._t is None:
+            return 0.0
+        k = max(0.0, (t - max(self._held_since, self._t)) / self.step_s)
+        q = self._trend_q() if self._held_q is None else self._held_q
+        return k * self.level_noise**2 + k * k * self._p11 + q * q * k**3 / 3
 
     def profile_at(self, t: float) -> float:
         """The profile's offset at ``t`` (0 without a profile), linear between slots."""
@@ -284,17 +306,17 @@ class SeasonalBaseline:
                 # the hold is over: carry on from the forecast it held (the time it lasted
                 # is not a gap: the level was watched, not lost)
                 self._t += max(0.0, t - max(self._held_since, self._t))
-            self._held_since = None
+            self._held_since = self._held_q = None
             return False
         if self._held_since is None:
-            self._held_since = t
+            self._held_since, self._held_q = t, self._trend_q()
             return False
         held = t - self._held_since
         if held < self._longest_hold() or observed is None or not math.isfinite(observed):
             return False
         f = self.forecast(t)
         before = f.mean if f is not None else observed
-        self._held_since = None
+        self._held_since = self._held_q = None
         self._restart(t, observed - self.profile_at(t))
         self._n = self.warmup  # the observed level is known: no warm-up again
         self.relearned = Relearned(t, held, before, observed)
@@ -376,8 +398,7 @@ class SeasonalBaseline:
         p11 = decay * decay * self._p11
         p00 += steps * self.level_noise**2
         # once a profile carries the daily rhythm, the trend only follows slow drift
-        trend_noise = self.trend_noise * (PROFILED_TREND if self._profile is not None else 1.0)
-        p11 += steps * trend_noise**2
+        p11 += steps * self._trend_q() ** 2
         # update with y (observes the level), noise var + model_var
         nu = y - level
         s = p00 + var + self.model_var / steps_seen
