@@ -28,8 +28,10 @@ GpuMemoryLeak):
 - ``pages``: firing transitions per expected rule (want at most 1 each);
 - ``delay_min``: first firing of an expected rule after the fault start (None: missed);
 - ``resolved_during``: resolutions (from firing) of alerts on the target while the fault
-  lasts (want 0), and apart from them ``relearned_during``: resolutions marked
-  "relearned" (the baseline accepted the fault as the new normal and the alert says so);
+  lasts (want 0; not those of another fault's rule on the same target that ended, as a
+  throughput drop inside a longer retrieval fault), and apart from them
+  ``relearned_during``: resolutions marked "relearned" (the baseline accepted the fault
+  as the new normal and the alert says so);
 
 and per draw ``false_pages``: firing transitions that belong to no fault (want 0), per
 healthy series-day (two instances and one GPU, minus the fault windows).
@@ -60,7 +62,7 @@ from typing import Any
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig, host_name
 from ragwatch.agents.sim_requests import Fault, RequestSimConfig, RequestSimulator
-from ragwatch.schema import Envelope, RequestsEnvelope
+from ragwatch.schema import Alert, Envelope, RequestsEnvelope
 from ragwatch.streams.engine import Transition
 from ragwatch.streams.marks import SweepMarks
 from ragwatch.streams.pipelines import Pipelines
@@ -306,7 +308,13 @@ def score(d: Draw, transitions: list[Transition]) -> dict[str, Any]:
         pages = Counter(a.rule for _, a in mine)
         expected = [a for _, a in mine if a.rule in EXPECTED[f.kind]]
         first = min((a.at or 0.0 for a in expected), default=None)
-        during = [a for a in resolved if _matches(a.labels, target) and start <= (a.at or 0) < end]
+        during = [
+            a
+            for a in resolved
+            if _matches(a.labels, target)
+            and start <= (a.at or 0) < end
+            and not _ended_its_own_fault(d, f, a)
+        ]
         faults.append(
             {
                 **asdict(f),
@@ -329,6 +337,21 @@ def score(d: Draw, transitions: list[Transition]) -> dict[str, Any]:
         "false_pages": false,
         "healthy_series_days": round((3 * d.end_s - faulty_s) / DAY, 3),
     }
+
+
+def _ended_its_own_fault(d: Draw, f: FaultSpec, a: Alert) -> bool:
+    """Whether ``a`` (resolved while ``f`` lasts) is not ``f``'s but another fault's on the
+    same target, which was on when ``a`` began and is over when it resolves: a throughput
+    drop that ends inside a longer retrieval fault resolves rightly."""
+    if a.rule in EXPECTED[f.kind]:
+        return False
+    for g in d.faults:
+        if g is f or a.rule not in EXPECTED[g.kind] or g.target() != f.target():
+            continue
+        g_start = d.start_ts + g.start_s
+        if g_start <= a.starts_at <= g_start + g.duration_s <= (a.at or 0.0):
+            return True
+    return False
 
 
 def _hours(d: Draw, ts: float | None) -> float:
