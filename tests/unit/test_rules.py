@@ -370,6 +370,16 @@ def test_default_leak_rule_renders_an_actionable_summary() -> None:
     assert "<" not in "".join(out.values())
 
 
+def test_default_outlier_cluster_summary_counts_the_cluster() -> None:
+    (rule,) = [r for r in load_rules() if r.name == "RequestOutlierCluster"]
+    labels = {"service": "rag-api", "instance": "rag-api-1"}
+    # the cluster's members are clustered, so the recent outlier count can be 0 beside it
+    signals = {"new_outlier_cluster": 1.0, "outlier_cluster_size": 23.0, "recent_outliers": 0.0}
+    assert rule.render(labels, signals)["summary"] == (
+        "rag-api (rag-api-1): a new cluster of 23 unusual requests far from the usual traffic"
+    )
+
+
 def test_load_rules_from_a_file(tmp_path: Path) -> None:
     path = write(
         tmp_path,
