@@ -53,11 +53,13 @@ two requests) but over windows that hold enough of them (:mod:`ragwatch.streams.
   ``new_outlier_cluster`` (1.0 when a cluster of at least ``new_cluster_size`` core
   points and 1 % of the window appears more than 4 eps from every cluster of the
   previous check, once the window holds 200 points, else 0.0; ``outlier_cluster_size``
-  is its size; it goes to the instance whose records landed away from the known
-  clusters most, and ``outlier_cluster_active`` stays 1.0 there while the cluster
-  lasts). :attr:`ServiceSeries.outlier_label` (a string, not a signal) describes that
-  cluster's requests while it lasts ("long context, short output"), else the most common
-  label of the bucket's outliers (at most 20 a bucket are labelled).
+  is the size of the instance's latest cluster when it appeared, so its alert's
+  resolution still says which cluster ended; it goes to the instance whose records
+  landed away from the known clusters most, and ``outlier_cluster_active`` stays 1.0
+  there while the cluster lasts). :attr:`ServiceSeries.outlier_label` (a string, not a
+  signal) describes that cluster's requests while it lasts ("long context, short
+  output"), else the most common label of the bucket's outliers (at most 20 a bucket are
+  labelled).
 
 **Holding.** A baseline learns nothing while its window deviates by more than
 ``hold_band`` and ``hold_z`` standard deviations (a latency baseline: while the quantile
@@ -237,6 +239,7 @@ class ServiceSeries:
     bucket_end: float | None = None  # end of the last closed bucket
     signals: dict[str, float | None] = field(default_factory=dict)
     outlier_label: str | None = None  # its outlier cluster's, or its outliers' (_close)
+    cluster_size: float | None = None  # its latest outlier cluster's size when it appeared
     recent_outliers: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_BUCKETS))
     host: str | None = None  # where the instance runs (its envelopes' ``host``), if known
     # the newest envelope ts per sending process (pid; None if not sent): each process
@@ -558,7 +561,9 @@ class RequestPipeline:
         mine = svc.active is not None and svc.active_instance == s.labels["instance"]
         raised = new if mine else 0.0
         sig["new_outlier_cluster"] = raised
-        sig["outlier_cluster_size"] = svc.size if raised else None
+        if raised:
+            s.cluster_size = svc.size
+        sig["outlier_cluster_size"] = s.cluster_size
         sig["outlier_cluster_active"] = 1.0 if mine else 0.0
         if mine and svc.active_label:  # the cluster's own description
             s.outlier_label = svc.active_label
