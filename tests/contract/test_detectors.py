@@ -16,7 +16,6 @@ import math
 import pickle
 import random
 import statistics
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragwatch.detectors import REGISTRY, Detector, make, score_then_learn
+from tests.timing import chunk_seconds
 
 with contextlib.suppress(ValueError):
     make("")  # any call to make() loads the built-in detectors into REGISTRY
@@ -218,11 +218,6 @@ def test_cost_per_sample_does_not_grow(name: str) -> None:
     det = make(name)
     rng = random.Random(2)
     xs = [{"value": 40 * GB + rng.gauss(0, 40e6), "t": T0 + i} for i in range(50_000)]
-    chunks: list[float] = []
-    for i in range(0, len(xs), 5_000):
-        start = time.perf_counter()
-        for x in xs[i : i + 5_000]:
-            det.learn_one(x)
-        chunks.append(time.perf_counter() - start)
+    chunks = chunk_seconds(det.learn_one, xs, 5_000)
     early, late = statistics.median(chunks[1:4]), statistics.median(chunks[-3:])
     assert late < 3 * early, f"{name}: {[round(c * 1e3) for c in chunks]} ms per 5,000"

@@ -9,7 +9,6 @@ import math
 import pickle
 import random
 import statistics
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 from ragwatch.detectors import make, score_then_learn
 from ragwatch.detectors.request_outliers import Cluster, RequestOutliers
+from tests.timing import chunk_seconds
 
 T0 = 1_699_999_200.0
 ODD = {"context_tokens": 12000, "output_tokens": 20}
@@ -286,11 +286,6 @@ def test_cost_per_request_does_not_grow() -> None:
             "output_tokens": rng.randint(5, 40),
             "t": xs[i]["t"],
         }
-    chunks: list[float] = []
-    for i in range(0, len(xs), 3_000):
-        start = time.perf_counter()
-        for x in xs[i : i + 3_000]:
-            score_then_learn(det, x)
-        chunks.append(time.perf_counter() - start)
+    chunks = chunk_seconds(lambda x: score_then_learn(det, x), xs, 3_000)
     early, late = statistics.median(chunks[2:5]), statistics.median(chunks[-3:])
     assert late < 3 * early, [round(c * 1e3) for c in chunks]
