@@ -254,7 +254,9 @@ class SeasonalBaseline:
         profile the trend carries the daily rhythm, so after hours a held level on the
         first day is a guess, and what departs from it slowly is not significant; a
         sudden step is (``k`` is small at its onset), and with a profile the trend
-        wanders a tenth as fast, so a day's hold stays sharp."""
+        wanders a tenth as fast, so a day's hold stays sharp. A hold that began without a
+        profile keeps that pace (``_held_q``) when the profile arrives: the level it froze
+        carried the rhythm, not the profile's offset from it."""
         if self._held_since is None or self._t is None:
             return 0.0
         k = max(0.0, (t - max(self._held_since, self._t)) / self.step_s)
@@ -397,7 +399,6 @@ class SeasonalBaseline:
         p01 = decay * (self._p01 + reach * self._p11)
         p11 = decay * decay * self._p11
         p00 += steps * self.level_noise**2
-        # once a profile carries the daily rhythm, the trend only follows slow drift
         p11 += steps * self._trend_q() ** 2
         # update with y (observes the level), noise var + model_var
         nu = y - level
