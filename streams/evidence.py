@@ -88,6 +88,7 @@ class BucketCounts:
     tokens_sq: float = 0.0  # sum of squares of output tokens per request
     context: float = 0.0  # context tokens
     observed: bool = True  # False: the sender was silent (a gap), not zero traffic
+    clustered: int = 0  # requests of an active outlier cluster, not counted in the above
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,7 @@ class CountWindow:
     expected: float  # expected requests (the expectations the buckets were closed with)
     start: float  # start of the oldest bucket in it (event time)
     unexpected: int = 0  # buckets closed without an expectation (counted as observed)
+    clustered: int = 0  # requests of an active outlier cluster, not counted in ``n``
 
 
 class CountRing:
@@ -113,7 +115,16 @@ class CountRing:
 
     __slots__ = ("_cols", "_end", "_head", "_len", "bucket_s", "capacity")
 
-    _FIELDS = ("n", "errors", "tokens", "tokens_sq", "context", "observed", "expected")
+    _FIELDS = (
+        "n",
+        "errors",
+        "tokens",
+        "tokens_sq",
+        "context",
+        "observed",
+        "expected",
+        "clustered",
+    )
 
     def __init__(self, capacity: int, bucket_s: float) -> None:
         if capacity < 1 or not bucket_s > 0:
@@ -138,6 +149,7 @@ class CountRing:
             c.context,
         )
         cols["observed"][i] = 1.0 if c.observed else 0.0
+        cols["clustered"][i] = c.clustered
         cols["expected"][i] = math.nan if expected is None else expected
         self._end[i] = end
         self._head = (i + 1) % self.capacity
@@ -152,8 +164,8 @@ class CountRing:
         an expectation counts its observed requests). Unobserved buckets (gaps) are
         skipped and do not count towards the span."""
         cols, ends = self._cols, self._end
-        n_col, e_col, t_col, q_col, c_col, o_col, x_col = (cols[f] for f in self._FIELDS)
-        n = errors = unexpected = 0
+        n_col, e_col, t_col, q_col, c_col, o_col, x_col, k_col = (cols[f] for f in self._FIELDS)
+        n = errors = unexpected = clustered = 0
         tokens = tokens_sq = context = exp = span = 0.0
         k = 0
         start = self.newest_end() or 0.0
@@ -169,6 +181,7 @@ class CountRing:
             tokens += t_col[i]
             tokens_sq += q_col[i]
             context += c_col[i]
+            clustered += int(k_col[i])
             x = x_col[i]
             if x != x:  # NaN: no expectation when it closed
                 x = n_col[i]
@@ -179,7 +192,9 @@ class CountRing:
             if exp >= target and span >= min_s:
                 break
         first = ends[i] - self.bucket_s if k else start
-        return CountWindow(k, span, n, errors, tokens, tokens_sq, context, exp, first, unexpected)
+        return CountWindow(
+            k, span, n, errors, tokens, tokens_sq, context, exp, first, unexpected, clustered
+        )
 
 
 @dataclass

@@ -24,8 +24,8 @@ two requests) but over windows that hold enough of them (:mod:`ragwatch.streams.
   ``context_tokens_per_request``, ``errors_baseline`` (the usual share of failures) and
   ``errors_z`` (a binomial test of the window's failures against it), and the window
   itself: ``window_s``,
-  ``window_requests``; ``requests_total`` counts every request of the series (for
-  ``keep_firing_requests``);
+  ``window_requests``, ``clustered_requests`` (an outlier cluster's, see below);
+  ``requests_total`` counts every request of the series (for ``keep_firing_requests``);
 - seasonal baselines (:class:`~ragwatch.detectors.seasonal.SeasonalBaseline`: a daily
   profile learnt from previous days, a local level and trend) of requests per second and
   of tokens per request; their product is the forecast of output tokens per second. Each
@@ -59,7 +59,12 @@ two requests) but over windows that hold enough of them (:mod:`ragwatch.streams.
   there while the cluster lasts). :attr:`ServiceSeries.outlier_label` (a string, not a
   signal) describes that cluster's requests while it lasts ("long context, short
   output"), else the most common label of the bucket's outliers (at most 20 a bucket are
-  labelled).
+  labelled). While a cluster is active, the records landing in its cells are counted
+  apart (``clustered_requests`` over the rate window): they are the fault its alert is
+  about, not the service's usual traffic, so the traffic baselines and their tests
+  (requests, errors, tokens: everything but ``rps``, which says what was served, and the
+  latencies) leave them out. Learnt, hours of a cluster that doubles a quiet service's
+  traffic would read as a drop at the same time on the next day.
 
 **Holding.** A baseline learns nothing while its window deviates by more than
 ``hold_band`` and ``hold_z`` standard deviations (a latency baseline: while the quantile
@@ -168,13 +173,20 @@ class Bucket:
     outliers: int = 0
     novel: int = 0  # ok records away from the service's known clusters
     labels: Counter[str] = field(default_factory=Counter)
+    clustered: int = 0  # records of the service's active outlier cluster (in none of the above)
 
-    def add(self, rec: RequestRecord) -> None:
-        self.n += 1
-        self.errors += rec.status != "ok"
-        self.output_tokens += rec.output_tokens
-        self.output_sq += rec.output_tokens * rec.output_tokens
-        self.context_tokens += rec.context_tokens
+    def add(self, rec: RequestRecord, clustered: bool = False) -> None:
+        """One record; one of an active outlier cluster is counted apart (``clustered``):
+        it is the fault RequestOutlierCluster pages for, not the service's usual traffic,
+        so the traffic baselines neither learn it nor test it. Its latencies count."""
+        if clustered:
+            self.clustered += 1
+        else:
+            self.n += 1
+            self.errors += rec.status != "ok"
+            self.output_tokens += rec.output_tokens
+            self.output_sq += rec.output_tokens * rec.output_tokens
+            self.context_tokens += rec.context_tokens
         self._sample("e2e", rec.e2e_ms)
         for stage, ms in rec.stages.items():
             if stage in STAGES:
@@ -192,7 +204,12 @@ class Bucket:
 
     def counts(self) -> BucketCounts:
         return BucketCounts(
-            self.n, self.errors, self.output_tokens, self.output_sq, self.context_tokens
+            self.n,
+            self.errors,
+            self.output_tokens,
+            self.output_sq,
+            self.context_tokens,
+            clustered=self.clustered,
         )
 
 
@@ -274,6 +291,7 @@ class _Service:
     active: tuple[float, ...] | None = None  # centroid of the flagged cluster, while it lasts
     active_instance: str | None = None  # the instance it was raised on
     active_label: str | None = None  # what its requests look like ("long context, ...")
+    active_cells: frozenset[tuple[int, ...]] = frozenset()  # its cells and their neighbours
 
 
 @dataclass
@@ -488,17 +506,20 @@ class RequestPipeline:
         bucket = s.buckets.get(b)
         if bucket is None:
             bucket = s.buckets[b] = Bucket(self.reservoir, self._rng)
-        bucket.add(rec)
-        if rec.status == "ok":
-            x: dict[str, Any] = {
-                "context_tokens": rec.context_tokens,
-                "output_tokens": rec.output_tokens,
-                "t": rec.ts,
-            }
-            self._score_outlier(svc.detector, x, bucket)
-            if svc.detector.cell((rec.context_tokens, rec.output_tokens)) not in svc.dense:
-                svc.novel += 1
-                bucket.novel += 1
+        if rec.status != "ok":
+            bucket.add(rec)
+            return
+        cell = svc.detector.cell((rec.context_tokens, rec.output_tokens))
+        bucket.add(rec, cell in svc.active_cells)
+        x: dict[str, Any] = {
+            "context_tokens": rec.context_tokens,
+            "output_tokens": rec.output_tokens,
+            "t": rec.ts,
+        }
+        self._score_outlier(svc.detector, x, bucket)
+        if cell not in svc.dense:
+            svc.novel += 1
+            bucket.novel += 1
 
     @staticmethod
     def _score_outlier(det: RequestOutliers, x: dict[str, Any], bucket: Bucket) -> None:
@@ -541,7 +562,7 @@ class RequestPipeline:
         self.stats.buckets_closed += 1
         end = (b + 1) * self.bucket_s
         counts = bucket.counts()
-        s.requests_total += counts.n
+        s.requests_total += counts.n + counts.clustered
         f = s.rps.forecast(end - self.bucket_s / 2)  # before the bucket is learnt
         expected = math.exp(f.mean) * self.bucket_s if f is not None else None
         s.counts.push(end, counts, expected)
@@ -551,7 +572,8 @@ class RequestPipeline:
         tail_signals(s.tail, end, sig)
         self._latency(s, end, sig)
         sig["outliers"] = float(bucket.outliers)
-        sig["outlier_ratio"] = bucket.outliers / bucket.n if bucket.n else None
+        served = bucket.n + bucket.clustered
+        sig["outlier_ratio"] = bucket.outliers / served if served else None
         s.recent_outliers.append(bucket.outliers)
         sig["recent_outliers"] = float(sum(s.recent_outliers))
         s.novel_score = s.novel_score * NOVEL_DECAY + bucket.novel
@@ -589,7 +611,8 @@ class RequestPipeline:
         )
         span, n = w.span_s, w.n
         sig["window_s"], sig["window_requests"] = span, float(n)
-        sig["rps"] = n / span if span else None
+        sig["rps"] = (n + w.clustered) / span if span else None  # all it served
+        sig["clustered_requests"] = float(w.clustered)
         sig["output_tokens_per_s"] = w.tokens / span if span else None
         sig["errors_ratio"] = w.errors / n if n else None
         self._errors(s, w, sig)
@@ -797,12 +820,14 @@ class RequestPipeline:
         svc.size = float(max(c.size for c in new)) if new else 0.0
         svc.known = [c.centroid for c in clusters]
         if new:
-            svc.active = max(new, key=lambda c: c.size).centroid
+            biggest = max(new, key=lambda c: c.size)
+            svc.active, svc.active_cells = biggest.centroid, det.around(biggest.cells)
             svc.active_instance = self._novel_instance(svc)
             svc.active_label = det.describe(svc.active)
         elif svc.active is not None:  # the flagged cluster lasts while one stays near it
             near = [c for c in clusters if math.dist(c.centroid, svc.active) <= far]
             svc.active = near[0].centroid if near else None
+            svc.active_cells = det.around(near[0].cells) if near else frozenset()
         return svc.flag
 
     def _novel_instance(self, svc: _Service) -> str | None:

@@ -119,7 +119,7 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; stream
     "recent_outliers", "outlier_ratio", "new_outlier_cluster", "outlier_cluster_size",
     "outlier_cluster_active",
     "window_s", "window_requests", "requests_total", "errors_baseline", "errors_z",
-    *_baseline_signals("service"),
+    "clustered_requests", *_baseline_signals("service"),
 )  # fmt: skip
 # a cumulative count of the evidence behind a series' signals, for keep_firing_requests
 EVIDENCE_SIGNAL = {"service": "requests_total"}

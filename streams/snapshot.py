@@ -49,7 +49,9 @@ from typing import Any
 from ragwatch.errors import RagwatchError
 from ragwatch.streams.pipelines import Pipelines
 
-SNAPSHOT_VERSION = 3  # 2: GPU series keep raw values; 3: request series keep evidence windows
+# 2: GPU series keep raw values; 3: request series keep evidence windows; 4: request
+# buckets count an outlier cluster's records apart
+SNAPSHOT_VERSION = 4
 # and seasonal baselines (a snapshot of 2 is not used: its services learn again, once)
 
 # (module, names) the unpickler may rebuild besides ragwatch's own classes

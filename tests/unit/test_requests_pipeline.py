@@ -328,6 +328,43 @@ def test_long_context_short_output_requests_are_outliers_and_a_new_cluster() -> 
     assert out[1].alert.ends_at == out[0].alert.starts_at + MIN
 
 
+def test_an_outlier_clusters_requests_are_kept_out_of_the_traffic_baselines() -> None:
+    """Hours of an outlier cluster that doubles the traffic (a client looping on odd
+    requests) page once, for the cluster: the usual traffic's baselines neither hold nor
+    learn its requests, so tokens per request do not drop and, once it ends, throughput
+    does not either (learnt, its hours would read as a drop on the next day)."""
+    rules = [
+        rule("TokensPerRequestDrop", "tpr_deviation", "<", -0.25, 300.0),
+        rule("ThroughputDrop", "tps_deviation", "<", -0.25, 300.0),
+        rule("NewCluster", "new_outlier_cluster", ">=", 1.0),
+    ]
+    pipe = RequestPipeline(rules)
+    usual = Traffic(random.Random(8))
+    assert play(pipe, T0, 60 * MIN, usual, rps=1) == []
+    rng = random.Random(9)
+    start, out = T0 + 60 * MIN, []
+    for k in range(24 * 60):  # two hours, a batch every 5 s: 5 usual requests, 5 odd ones
+        t = start + 5 * k
+        batch = [usual.record(t + rng.random() * 5) for _ in range(5)]
+        batch += [
+            rec(t + rng.random() * 5, ctx=12000 + rng.randrange(40), out=20 + rng.randrange(5))
+            for _ in range(5)
+        ]
+        out += pipe.process(env(sorted(batch, key=lambda r: r.ts)))
+        if k == 12 * 60:  # an hour in
+            sig = signals(pipe)["signals"]
+            assert isinstance(sig, dict)
+            assert sig["rps_held_s"] == 0.0 and sig["tpr_held_s"] == 0.0
+            assert abs(sig["rps_deviation"]) < 0.2  # type: ignore[arg-type]
+            assert sig["clustered_requests"] and sig["clustered_requests"] > 0
+            assert sig["rps"] > 1.6  # type: ignore[operator]  # what it served: both
+    out += play(pipe, start + 120 * MIN, 60 * MIN, usual, rps=1)
+    assert [(t.alert.rule, t.alert.status) for t in out if t.notify][:1] == [
+        ("NewCluster", "firing")
+    ]
+    assert {t.alert.rule for t in out} == {"NewCluster"}
+
+
 # ---------------------------------------------------------------- quiet and bounded
 
 
