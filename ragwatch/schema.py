@@ -72,6 +72,7 @@ def _opt_str(d: Mapping[str, Any], key: str, path: str) -> str | None:
 
 
 MAX_LABEL_LEN = 256
+MAX_JSON_DEPTH = 32  # free-form values (event attributes): lists and objects nested this deep
 
 
 def _check_label(v: str, name: str) -> str:
@@ -178,17 +179,32 @@ def _opt_choice(d: Mapping[str, Any], key: str, path: str, choices: tuple[str, .
 
 
 def _check_json_value(v: Any, name: str) -> None:
-    """Free-form values (event attributes): finite numbers, 64-bit ints, at any depth."""
-    if isinstance(v, float) and not math.isfinite(v):
-        raise SchemaError(f"{name}: must be finite, got {v!r}")
-    if isinstance(v, int) and not isinstance(v, bool) and not -MAX_INT - 1 <= v <= MAX_UINT:
-        raise SchemaError(f"{name}: integer out of 64-bit range")
-    if isinstance(v, list):
-        for i, item in enumerate(v):
-            _check_json_value(item, f"{name}[{i}]")
-    elif isinstance(v, dict):
-        for k, item in v.items():
-            _check_json_value(item, f"{name}.{k}")
+    """Free-form values (event attributes): finite numbers, 64-bit ints, nested at most
+    ``MAX_JSON_DEPTH`` deep (an iterative walk: no input can exhaust the stack, and
+    ``encode`` of what was accepted cannot fail on depth).
+
+    >>> _check_json_value({"a": [1, 2.5, {"b": "c"}]}, "attrs")
+    >>> deep: list[Any] = []
+    >>> for _ in range(1000):
+    ...     deep = [deep]
+    >>> _check_json_value(deep, "attrs")
+    Traceback (most recent call last):
+    ...
+    ragwatch.schema.SchemaError: attrs: nested deeper than 32 levels
+    """
+    todo: list[tuple[Any, str, int]] = [(v, name, 0)]
+    while todo:
+        v, path, depth = todo.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SchemaError(f"{path}: must be finite, got {v!r}")
+        if isinstance(v, int) and not isinstance(v, bool) and not -MAX_INT - 1 <= v <= MAX_UINT:
+            raise SchemaError(f"{path}: integer out of 64-bit range")
+        if isinstance(v, list | dict):
+            if depth >= MAX_JSON_DEPTH:
+                raise SchemaError(f"{name}: nested deeper than {MAX_JSON_DEPTH} levels")
+            items = enumerate(v) if isinstance(v, list) else v.items()
+            fmt = "{}[{}]" if isinstance(v, list) else "{}.{}"
+            todo.extend((item, fmt.format(path, k), depth + 1) for k, item in items)
 
 
 def check_header(d: Mapping[str, Any], kind: str) -> None:

@@ -359,6 +359,11 @@ def register_processors(
                     await dead_letter(msg, exc.reason, raw)
                     await held.release([h])
                     continue
+                except Exception as exc:  # a decoder bug must not stall the partition either
+                    log.exception("decoding failed %s[%d]", msg.topic, msg.partition)
+                    await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}", raw)
+                    await held.release([h])
+                    continue
                 ts = newest(env)
                 ahead = ts - time.time()
                 if ahead > settings.max_clock_skew:

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import redis
+from confluent_kafka import Consumer, TopicPartition
 
 from ragwatch.agents.publisher import KafkaPublisher
 from ragwatch.agents.sim import SimConfig
@@ -37,6 +38,13 @@ def requests_env(record: dict[str, Any], **over: Any) -> bytes:
 def event_env(**over: Any) -> bytes:
     env = {"v": 1, "kind": "event", "host": "gpu-node-01", "ts": START, "type": "oom_kill"}
     return orjson.dumps({**env, **over})
+
+
+def deep_event(depth: int) -> bytes:
+    """An event whose attribute nests lists ``depth`` levels deep, envelope included (orjson
+    reads up to 1,023; a recursive check would run out of stack on it)."""
+    head = event_env()[:-1]
+    return head + b',"detail":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
 
 
 def test_hostile_messages_are_dead_lettered_with_a_reason_and_nothing_stalls(
@@ -74,6 +82,7 @@ def test_hostile_messages_are_dead_lettered_with_a_reason_and_nothing_stalls(
             event_env(type="rm -rf"): "type: must be one of",
             event_env(process="worker\r\n*bold*"): "control character U+000D",
             event_env(ts=future): "ahead of this worker's clock",
+            deep_event(1023): "detail: nested deeper than 32 levels",
         },
     }
     publisher = KafkaPublisher(settings.kafka_config())
@@ -108,3 +117,13 @@ def test_hostile_messages_are_dead_lettered_with_a_reason_and_nothing_stalls(
     assert c["deadletter"] == n_bad
     assert not redis_client.hexists(keys.hosts, "h" * 300)
     assert worker.stop() == 0
+    # every bad event was acked in order: the events partition's commit passed them all
+    consumer = Consumer({**settings.kafka_config(), "group.id": settings.app_id})
+    try:
+        topic = settings.topic("events")
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        parts = [TopicPartition(topic, p) for p in meta.partitions]
+        committed = consumer.committed(parts, timeout=10)
+    finally:
+        consumer.close()
+    assert sum(max(tp.offset, 0) for tp in committed) >= len(bad["events"])

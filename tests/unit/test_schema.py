@@ -1292,6 +1292,23 @@ def test_bug_nested_non_finite_event_attribute_is_rejected() -> None:
         codec.from_dict(d)
 
 
+@pytest.mark.parametrize("depth", [34, 255, 990, 1023])
+def test_bug_deeply_nested_event_attributes_are_a_schema_error(depth: int) -> None:
+    """orjson reads 1,023 levels; a recursive check ran out of stack (RecursionError) and
+    depth 255-990 was accepted but could not be encoded again (orjson writes 254)."""
+    head = codec.encode(EventEnvelope(host="h", ts=1.0, type="xid"))[:-1]
+    data = head + b',"detail":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+    rejects(data, "detail: nested deeper than 32 levels")
+
+
+def test_event_attributes_nested_32_deep_round_trip() -> None:
+    value: Any = 1
+    for _ in range(31):
+        value = {"x": value}
+    env = EventEnvelope(host="h", ts=1.0, type="xid", attrs={"detail": value})
+    assert codec.decode(codec.encode(env)) == env
+
+
 def test_bug_event_attrs_cannot_override_the_envelope_header() -> None:
     with pytest.raises(SchemaError, match="would overwrite the envelope header"):
         EventEnvelope(host="h", ts=1.0, type="xid", attrs={"v": 2, "kind": "alert", "ts": -1})
