@@ -190,7 +190,7 @@ def _check_json_value(v: Any, name: str) -> None:
     >>> _check_json_value(deep, "attrs")
     Traceback (most recent call last):
     ...
-    ragwatch.schema.SchemaError: attrs: nested deeper than 32 levels
+    ragwatch.errors.SchemaError: attrs: nested deeper than 32 levels
     """
     todo: list[tuple[Any, str, int]] = [(v, name, 0)]
     while todo:

@@ -9,8 +9,12 @@ already renamed vLLM, TGI and Triton metrics to engine-neutral ``ragwatch_*`` na
 series (one label set) becomes a rate over the last ``window_s`` of event time, with
 Prometheus' reset handling: a value below the previous one means the counter restarted
 from zero (the server restarted), so the increase is the new value, never a negative
-rate or a drop to zero; resets are counted (``counter_resets``). The rates and gauges of
-all label sets of a name are summed (ratios: the maximum), like ``sum by (instance)``:
+rate or a drop to zero; resets are counted (``counter_resets``). A value that would mean
+more than ``MAX_COUNTER_RATE`` (10^12) a second, or a reset to a negative value, is
+garbage: the counter starts over from it (its window dropped), counted in
+``MetricsStats.implausible_counters``, so no scraped number can make a rate huge or inf.
+The rates and gauges of all label sets of a name are summed (ratios: the maximum), like
+``sum by (instance)``:
 
 - ``requests_per_s`` (``ragwatch_requests_total``, else succeeded + failed),
   ``errors_ratio``, ``generation_tokens_per_s``, ``prompt_tokens_per_s``,
@@ -66,6 +70,9 @@ from ragwatch.streams.rules import Rule
 log = logging.getLogger(__name__)
 
 BASELINE_BUCKET_S = 300.0  # one observation of the tokens/s baseline per 5 minutes
+# No engine counts 10^12 of anything a second: a counter growing faster is garbage (or an
+# attack: 0, 1.79e308, 0, 1.79e308 made the reset offset inf for good) and starts over.
+MAX_COUNTER_RATE = 1e12
 HOLD_BAND, HOLD_Z = 0.1, 3.0  # the baseline holds through a deviation this large and sure
 
 SERIES = "engine"
@@ -89,21 +96,39 @@ GAUGES = ("ragwatch_requests_waiting", "ragwatch_requests_running", "ragwatch_kv
 
 @dataclass
 class _Counter:
-    """One counter label set: its raw last value and reset-adjusted points in the window."""
+    """One counter label set: its raw last value and, in the window, points of its
+    cumulative increase (resets and implausible values accounted for)."""
 
     last: float
-    offset: float = 0.0  # sum of the values before each reset
-    points: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, adjusted)
+    total: float = 0.0  # the increase seen so far (what Prometheus' increase() adds up)
+    points: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, total)
 
-    def add(self, ts: float, value: float, window_s: float) -> bool:
+    def add(self, ts: float, value: float, window_s: float) -> str | None:
+        """One scraped value; returns ``"reset"`` (it restarted from zero: the increase is
+        the new value), ``"implausible"`` (it grew faster than ``MAX_COUNTER_RATE`` a
+        second, or a reset to a negative value: the counter starts over from this value,
+        its window dropped, so no rate of it is ever huge, negative or inf) or None.
+
+        >>> c = _Counter(0.0)
+        >>> [c.add(t, v, 60.0) for t, v in ((15, 100.0), (30, 1.79e308), (45, 0.0), (60, 50.0))]
+        [None, 'implausible', 'reset', None]
+        >>> c.rate()  # 0 then 50 tokens in the 15 s since the counter started over
+        1.6666666666666667
+        """
         reset = value < self.last
-        if reset:
-            self.offset += self.last
+        increase = value if reset else value - self.last
+        prev = self.points[-1][0] if self.points else None
         self.last = value
-        self.points.append((ts, value + self.offset))
+        if prev is not None and not 0 <= increase <= MAX_COUNTER_RATE * max(ts - prev, 1.0):
+            self.total = 0.0
+            self.points.clear()
+            self.points.append((ts, 0.0))
+            return "implausible"
+        self.total += increase
+        self.points.append((ts, self.total))
         while len(self.points) > 2 and ts - self.points[1][0] >= window_s:
             self.points.popleft()  # keep one point at or beyond the window's start
-        return reset
+        return "reset" if reset else None
 
     def rate(self) -> float | None:
         if len(self.points) < 2:
@@ -133,6 +158,7 @@ class MetricsStats:
     envelopes: int = 0
     samples: int = 0
     counter_resets: int = 0
+    implausible_counters: int = 0  # values that restarted a counter (see _Counter.add)
     duplicates: int = 0  # scrapes not newer than their series' last
     dropped_label_sets: int = 0
     dropped_series: int = 0
@@ -245,9 +271,12 @@ class MetricsPipeline:
                     self.stats.dropped_label_sets += 1
                     continue
                 c = s.counters[key] = _Counter(sample.value)
-            if c.add(env.ts, sample.value, self.window_s):
+            seen = c.add(env.ts, sample.value, self.window_s)
+            if seen == "reset":
                 s.resets += 1
                 self.stats.counter_resets += 1
+            elif seen == "implausible":
+                self.stats.implausible_counters += 1
 
     def _signals(self, s: EngineSeries, ts: float) -> dict[str, float | None]:
         rates: dict[str, float] = {}

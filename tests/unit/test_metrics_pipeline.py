@@ -124,3 +124,23 @@ def test_a_throughput_drop_pages_and_a_snapshot_keeps_the_engine() -> None:
     assert alert.starts_at - (T0 + 3 * 3600) <= 10 * 60
     assert "generated tokens/s" in alert.annotations["summary"]
     assert alert.annotations["hint"]
+
+
+def test_a_counter_near_the_float_maximum_starts_over_instead_of_breaking_the_target() -> None:
+    """Scrapes 0, 1.79e308, 0, 1.79e308 (all finite) made the reset offset inf: every later
+    scrape of the target raised, also after a snapshot. Now such a value restarts the
+    counter (counted), and the target's rate is back once the window holds normal data."""
+    pipes = Pipelines(load_rules())
+    tokens = 0.0
+    for i in range(400):
+        tokens += 1500.0  # 100 tokens/s, 15 s scrapes; minutes 25-26: the attack
+        value = (0.0, 1.79e308, 0.0, 1.79e308)[i - 100] if 100 <= i < 104 else tokens
+        pipes.process(scrape(T0 + 15.0 * i, ("ragwatch_generation_tokens_total", {}, value)))
+        if i == 200:
+            assert pipes.metrics.stats.implausible_counters == 2  # 1.79e308 after 0, twice
+            restored = Pipelines(load_rules())
+            assert load_host(restored, "node-1", dump_host(pipes, "node-1")) == 1
+            pipes = restored
+    sig = signals(pipes.metrics)
+    assert sig["generation_tokens_per_s"] == pytest.approx(100.0)
+    assert all(v is None or math.isfinite(v) for v in sig.values())
