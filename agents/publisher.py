@@ -158,7 +158,8 @@ class KafkaPublisher:
         """Records not yet acknowledged: retry + spool + memory + in flight."""
         with self._lock:
             spooled = len(self.spool) if self.spool else 0
-            return len(self._retry) + spooled + len(self._memory) + self._in_flight
+            taken_back = len(self._reclaimed)
+            return len(self._retry) + spooled + len(self._memory) + taken_back + self._in_flight
 
     def write(self, topic: str, key: str, value: bytes) -> None:
         """Queue one record; never blocks on the network, never raises for Kafka trouble."""
@@ -201,7 +202,7 @@ class KafkaPublisher:
         if self.spool is not None:
             self._spool_backlog(self.spool)
             self.spool.close()
-        elif remaining:
+        elif remaining or self._retry or self._memory:  # (purged in flight: back in retry)
             lost = len(self._retry) + len(self._memory)
             self.stats.dropped += lost
             log.error(
@@ -270,26 +271,55 @@ class KafkaPublisher:
             memory = self._memory
             while memory and len(out) < n:
                 out.append(memory.popleft())
+            # in flight from now on (until produced, given back or dropped), so that queued
+            # never misses a record between here and produce()
+            self._in_flight += len(out)
         return out
 
     def _feed(self, producer: Any) -> None:
         batch = self._take(self.max_in_flight - self._in_flight)
         produce, on_delivery = producer.produce, self._on_delivery
-        sent = 0
-        for topic, key, value in batch:
+        for i, (topic, key, value) in enumerate(batch):
             try:
                 produce(topic, value, key, on_delivery=on_delivery)
             except BufferError:
-                with self._lock:  # give back, in order, what did not fit
-                    self._retry.extendleft(reversed(batch[sent:]))
+                self._give_back(batch[i:])  # in order, what did not fit
                 break
-            sent += 1
-        self._in_flight += sent
-        self.stats.produced += sent
+            except Exception as exc:  # KafkaException: refused before it left (too large)
+                if not self._refused(exc, topic, key):
+                    self._give_back(batch[i:])
+                    break
+                self._in_flight -= 1
+                continue
+            self.stats.produced += 1
+
+    def _give_back(self, records: list[Record]) -> None:
+        with self._lock:
+            self._retry.extendleft(reversed(records))
+            self._in_flight -= len(records)
+
+    def _refused(self, exc: Exception, topic: str, key: str) -> bool:
+        """A record ``produce`` refused: dropped and counted if no retry can fix it
+        (True), else False (the caller gives it back to be sent again)."""
+        err: Any = exc.args[0] if exc.args else None
+        code = err.code() if hasattr(err, "code") else None
+        if code not in PERMANENT:
+            log.warning("produce failed, will be re-sent: %s", exc)
+            return False
+        self.stats.dropped += 1
+        log.error("record refused by the producer, dropped: %s (topic=%s key=%r)", err, topic, key)
+        return True
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
-        """Delivery report (on the sender thread, inside poll): count, or take it back."""
-        self._in_flight -= 1
+        """Delivery report (on the sender thread, inside poll): count, or take it back.
+        It leaves the in-flight count last, so :meth:`flush` (which watches it from
+        another thread) never returns before the record is counted or taken back."""
+        try:
+            self._count_delivery(err, msg)
+        finally:
+            self._in_flight -= 1
+
+    def _count_delivery(self, err: Any, msg: Any) -> None:
         if err is None:
             self.stats.delivered += 1
             self._progress = True

@@ -76,6 +76,10 @@ from ragwatch.detectors.base import register
 
 REQUEST_FEATURES = ("context_tokens", "output_tokens")
 VALUE_FEATURES = ("value",)
+# A core point farther than this many eps is as far as it matters (a score >= 0.975):
+# beyond it the nearest-core search need not look, so its cost is bounded by the grid
+# around the point, not by how many cells a scattered (or hostile) window occupies.
+FAR_EPS = 4
 LONG, SHORT = 2.0, 0.5  # x / median above LONG is "long", below SHORT is "short"
 
 Point = tuple[float, ...]
@@ -133,14 +137,20 @@ class RequestOutliers:
         for p in self._buf:
             self._cells.setdefault(self._key(p), deque()).append(p)
         self._core: dict[Key, list[Point]] = {}  # cell -> its core points, when clean
+        self._learnt = 0  # points learnt since (un)pickling: when the window last moved
+        self._spread_cache: tuple[int, list[float], list[float]] | None = None
         self._dirty: set[Key] = set(self._cells)  # occupied cells whose cache is stale
         d = 1 if self._features is None else len(self._features)
-        self._offsets = self._make_offsets(d)
+        self._offsets, self._far_offsets = self._make_offsets(d)
 
     @staticmethod
-    def _make_offsets(d: int) -> list[Key]:
+    def _make_offsets(d: int) -> tuple[list[Key], list[list[Key]]]:
         # Own cell first, so a dense point finds its neighbours early.
-        return sorted(itertools.product((-1, 0, 1), repeat=d), key=lambda o: any(o))
+        near = sorted(itertools.product((-1, 0, 1), repeat=d), key=lambda o: any(o))
+        rings: list[list[Key]] = [[] for _ in range(FAR_EPS + 2)]
+        for off in itertools.product(range(-FAR_EPS - 1, FAR_EPS + 2), repeat=d):
+            rings[max(map(abs, off))].append(off)
+        return near, rings
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -220,10 +230,11 @@ class RequestOutliers:
         features, p = self._point(x)
         if self._features is None:
             self._features = features
-            self._offsets = self._make_offsets(len(features))
+            self._offsets, self._far_offsets = self._make_offsets(len(features))
         if len(self._buf) >= self.window:
             self._evict()
         self._buf.append(p)
+        self._learnt += 1
         key = self._key(p)
         cell = self._cells.get(key)
         if cell is None:
@@ -303,11 +314,15 @@ class RequestOutliers:
         self._dirty.clear()
 
     def _nearest_core(self, q: Point) -> float:
-        """Distance from ``q`` to the nearest core point of the window (inf if none).
+        """Distance from ``q`` to the nearest core point of the window (inf if none), or
+        ``FAR_EPS * eps`` when none is that near and the window occupies more cells than
+        lie within that reach (then only those are looked at, ring by ring outwards: the
+        cost is bounded by the grid around ``q``, not by the window).
 
-        Cells are visited by their lower-bound distance from ``q``; a stale cell is
-        refreshed only when visited, so far-away churn costs nothing here.
+        A stale cell is refreshed only when visited, so far-away churn costs nothing.
         """
+        if (2 * FAR_EPS + 3) ** len(q) < len(self._cells):  # cheaper to look around q
+            return self._nearest_core_around(q)
         eps, dirty = self.eps, self._dirty
         bounds = []
         for key in self._core.keys() | dirty:
@@ -322,12 +337,37 @@ class RequestOutliers:
         for gap2, key in bounds:
             if gap2 > best * best * (1 + 1e-9):
                 break
-            if key in dirty:
-                self._refresh_cell(key)
-                dirty.discard(key)
+            self._clean(key)
             for p in self._core.get(key, ()):
                 best = min(best, math.dist(p, q))
         return best
+
+    def _nearest_core_around(self, q: Point) -> float:
+        """:meth:`_nearest_core` over the cells within ``FAR_EPS + 1`` of ``q``'s, ring
+        ``r`` (``r`` cells away, so at least ``(r - 1) * eps`` from ``q``) after ring
+        ``r - 1``, until no nearer core point can be in the rings left."""
+        eps, cells, core = self.eps, self._cells, self._core
+        c = self._key(q)
+        best = math.inf
+        for r, ring in enumerate(self._far_offsets):
+            if best <= (r - 1) * eps:
+                break
+            for off in ring:
+                key = (
+                    (c[0] + off[0], c[1] + off[1])
+                    if len(c) == 2
+                    else tuple(a + b for a, b in zip(c, off, strict=True))
+                )
+                if key in cells:
+                    self._clean(key)
+                    for p in core.get(key, ()):
+                        best = min(best, math.dist(p, q))
+        return min(best, FAR_EPS * eps)  # beyond the reach, nothing was looked for
+
+    def _clean(self, key: Key) -> None:
+        if key in self._dirty:
+            self._refresh_cell(key)
+            self._dirty.discard(key)
 
     def score_one(self, x: dict[str, Any]) -> float:
         _, q = self._point(x)
@@ -364,6 +404,21 @@ class RequestOutliers:
                 return f"{words[0]} context, {words[1]} output"
         return None
 
+    def _spread(self) -> tuple[list[float], list[float]]:
+        """The window's median and "typical" band (``max(eps, 3 * 1.4826 * MAD)``) per
+        feature, recomputed once 5 % of the window is new since (labels describe a
+        window, and a flood of outliers must not sort it once per outlier)."""
+        stamp = self._learnt // max(1, len(self._buf) // 20)
+        if self._spread_cache is None or self._spread_cache[0] != stamp:
+            cols = [sorted(c) for c in zip(*self._buf, strict=True)]
+            meds = [statistics.median(c) for c in cols]
+            bands = [
+                max(self.eps, 3 * 1.4826 * statistics.median(abs(u - m) for u in c))
+                for m, c in zip(meds, cols, strict=True)
+            ]
+            self._spread_cache = (stamp, meds, bands)
+        return self._spread_cache[1], self._spread_cache[2]
+
     def label_one(self, x: dict[str, Any]) -> str | None:
         """A human label for an outlier (score >= 0.5); None for a normal point.
 
@@ -378,16 +433,14 @@ class RequestOutliers:
         _, q = self._point(x)
         features = self._features
         assert features is not None  # a score above 0 needs learned points
-        cols = [sorted(c) for c in zip(*self._buf, strict=True)]
-        meds = [statistics.median(c) for c in cols]
+        meds, bands = self._spread()
         if features == REQUEST_FEATURES:
             words = [_ratio_word(v, m) for v, m in zip(q, meds, strict=True)]
             if words == ["typical", "typical"]:
                 return "unusual mix of context and output"
             return f"{words[0]} context, {words[1]} output"
         words = []
-        for v, m, c in zip(q, meds, cols, strict=True):
-            band = max(self.eps, 3 * 1.4826 * statistics.median(abs(u - m) for u in c))
+        for v, m, band in zip(q, meds, bands, strict=True):
             words.append("high" if v > m + band else "low" if v < m - band else "typical")
         if all(w == "typical" for w in words):
             return "unusual combination of " + ", ".join(features)

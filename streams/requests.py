@@ -127,6 +127,11 @@ MAX_LABELS_PER_BUCKET = 20  # label_one sorts the window: label the first few ou
 SeriesKey = tuple[str, str]  # service, instance
 MAX_SENDERS = 64  # per instance: processes whose last envelope ts is remembered
 RECENT_BUCKETS = 5  # recent_outliers: over this many buckets
+# What one envelope may cost (a sender batches seconds of records, a few hundred): records
+# more than an hour older than their envelope are dropped, and the outlier detector scores
+# at most its window's worth of an envelope's records (the rest are counted, not scored).
+MAX_RECORD_AGE_S = 3600.0
+MAX_SCORED_PER_ENVELOPE = 2000
 CLUSTER_RESCAN = 60  # buckets between scans of a service's clusters without novelty
 CLUSTER_ACTIVE_RESCAN = 5  # ... while a flagged cluster lasts (is it still there?)
 NOVEL_DECAY = 0.9  # per bucket: which instance's records a new cluster is made of
@@ -303,6 +308,8 @@ class PipelineStats:
     buckets_closed: int = 0
     evicted_series: int = 0
     duplicates: int = 0  # records of envelopes not newer than the instance's last one
+    too_old: int = 0  # records more than MAX_RECORD_AGE_S older than their envelope
+    unscored_records: int = 0  # records beyond MAX_SCORED_PER_ENVELOPE: not seen by outliers
 
 
 class RequestPipeline:
@@ -391,15 +398,29 @@ class RequestPipeline:
         if env.host:
             s.host = env.host
         svc = self._services[env.service]
-        newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
+        records = self._recent(env)
+        newest = max(env.ts, max((r.ts for r in records), default=env.ts))
         if s.next_bucket is None:  # a new series starts at its first record's bucket
-            first = min((r.ts for r in env.records), default=env.ts)
+            first = min((r.ts for r in records), default=env.ts)
             s.next_bucket = math.floor(first / self.bucket_s)
         self._advance(s, newest)
-        for rec in env.records:
-            self._add(s, svc, rec)
+        for i, rec in enumerate(records):
+            self._add(s, svc, rec, scored=i < MAX_SCORED_PER_ENVELOPE)
+        self.stats.unscored_records += max(0, len(records) - MAX_SCORED_PER_ENVELOPE)
         out += self._close_ready(s, svc)
         return out + self._sweep()
+
+    def _recent(self, env: RequestsEnvelope) -> tuple[RequestRecord, ...]:
+        """The envelope's records from ``MAX_RECORD_AGE_S`` before it was sent on; older
+        ones are dropped and counted (``too_old``): a sender batches seconds or minutes,
+        and each minute a record reaches back is a bucket to open and close, so one
+        envelope of records a minute apart could otherwise cost a month of buckets."""
+        horizon = env.ts - MAX_RECORD_AGE_S
+        if all(r.ts >= horizon for r in env.records):
+            return env.records
+        kept = tuple(r for r in env.records if r.ts >= horizon)
+        self.stats.too_old += len(env.records) - len(kept)
+        return kept
 
     def service_snapshot(self, service: str) -> dict[str, Any]:
         """What ``ragwatch status`` shows about one service: each instance's last bucket."""
@@ -498,7 +519,7 @@ class RequestPipeline:
         s.watermark = ts
         self._watermark = max(self._watermark, ts)
 
-    def _add(self, s: ServiceSeries, svc: _Service, rec: RequestRecord) -> None:
+    def _add(self, s: ServiceSeries, svc: _Service, rec: RequestRecord, scored: bool) -> None:
         b = math.floor(rec.ts / self.bucket_s)
         if s.next_bucket is not None and b < s.next_bucket:
             self.stats.late_dropped += 1
@@ -506,7 +527,7 @@ class RequestPipeline:
         bucket = s.buckets.get(b)
         if bucket is None:
             bucket = s.buckets[b] = Bucket(self.reservoir, self._rng)
-        if rec.status != "ok":
+        if rec.status != "ok" or not scored:
             bucket.add(rec)
             return
         cell = svc.detector.cell((rec.context_tokens, rec.output_tokens))

@@ -127,3 +127,71 @@ def test_hostile_messages_are_dead_lettered_with_a_reason_and_nothing_stalls(
     finally:
         consumer.close()
     assert sum(max(tp.offset, 0) for tp in committed) >= len(bad["events"])
+
+
+def test_a_4_mb_envelope_reaching_back_a_month_pauses_the_worker_briefly(
+    rw_env: dict[str, str],
+    redis_client: redis.Redis,
+    start_ragwatch: Callable[..., Any],
+    make_settings: Callable[[dict[str, str]], Settings],
+) -> None:
+    """45,000 records a minute apart (3.8 MB) for a new instance opened and closed a bucket
+    each: the worker processed nothing on any topic for ~45 s. Records more than an hour
+    older than their envelope are dropped (counted), so it costs what an hour costs."""
+    settings = make_settings(rw_env)
+    start_ragwatch(["worker"], rw_env)
+    keys = Keys(rw_env["RAGWATCH_REDIS_PREFIX"])
+
+    def counters(gpu: int, requests: int = 0) -> dict[str, Any] | None:
+        raw = redis_client.hvals(keys.workers)
+        c = orjson.loads(raw[0]) if raw else None
+        done = c and c["envelopes"] >= gpu and c["requests_envelopes"] >= requests
+        return c if done else None
+
+    first = publish_sim(settings, SimConfig(hosts=1, gpus=1, start_ts=START), duration_s=300)
+    wait_until(lambda: counters(first), 60, "the worker to start")
+    n = 45_000
+    rec = {"status": "ok", "e2e_ms": 800.0, "context_tokens": 10, "output_tokens": 5}
+    big = orjson.dumps(
+        {
+            "v": 1,
+            "kind": "requests",
+            "service": "rag-api",
+            "instance": "i-new",
+            "ts": START + 300,
+            "records": [{**rec, "ts": START + 300 - 60.0 * (n - i)} for i in range(n)],
+        }
+    )
+    assert 3_500_000 < len(big) < 4 * 1024 * 1024
+    # librdkafka refuses a message over 1 MB before compression unless told otherwise
+    publisher = KafkaPublisher({**settings.kafka_config(), "message.max.bytes": 8_000_000})
+    publisher.write(settings.topic("requests"), "rag-api", big)
+    assert publisher.flush(30) == 0
+    publisher.close()
+    assert (publisher.stats.delivered, publisher.stats.dropped) == (1, 0)
+    sent = time.monotonic()
+    later = SimConfig(hosts=1, gpus=1, start_ts=START + 300)
+    more = publish_sim(settings, later, duration_s=60)
+    c = wait_until(lambda: counters(first + more, 1), 60, "the GPU telemetry behind it")
+    took = time.monotonic() - sent
+    assert c["requests_too_old"] == n - 60  # the last hour's records are kept
+    assert c["deadletter"] == 0
+    assert took < 10, f"{took:.1f} s for the envelope and the minute of GPU telemetry behind it"
+
+
+def test_a_record_the_producer_refuses_is_dropped_and_counted_and_the_rest_is_sent(
+    rw_env: dict[str, str], make_settings: Callable[[dict[str, str]], Settings]
+) -> None:
+    """librdkafka refuses a record over ``message.max.bytes`` inside ``produce`` (it never
+    gets a delivery report): that raised out of the sender thread, which died, and every
+    record written after it stayed queued."""
+    settings = make_settings(rw_env)
+    publisher = KafkaPublisher(settings.kafka_config())
+    topic = settings.topic("events")
+    publisher.write(topic, "h", event_env(detail="x" * 1_500_000))
+    publisher.write(topic, "h", event_env())
+    assert publisher.flush(30) == 0
+    publisher.close()
+    assert (publisher.stats.dropped, publisher.stats.delivered) == (1, 1)
+    (rec,) = read_records(settings, topic, 1)
+    assert rec.value() == event_env()

@@ -16,7 +16,7 @@ import pytest
 
 from ragwatch.schema import RequestRecord, RequestsEnvelope
 from ragwatch.streams.engine import Transition
-from ragwatch.streams.requests import RequestPipeline
+from ragwatch.streams.requests import MAX_SCORED_PER_ENVELOPE, RequestPipeline
 from ragwatch.streams.rules import Condition, Rule
 
 T0 = 1_699_999_980.0  # a multiple of 60: bucket boundaries at T0 + k * 60
@@ -363,6 +363,24 @@ def test_an_outlier_clusters_requests_are_kept_out_of_the_traffic_baselines() ->
         ("NewCluster", "firing")
     ]
     assert {t.alert.rule for t in out} == {"NewCluster"}
+
+
+def test_one_envelope_costs_what_its_last_hour_and_its_outlier_budget_cost() -> None:
+    """45,000 records a minute apart for a new instance opened (and closed) a bucket each,
+    each close scanning the outlier clusters: 38.8 s for one envelope. Records more than
+    an hour older than their envelope are dropped and counted, and the outlier detector
+    scores at most MAX_SCORED_PER_ENVELOPE of one envelope's records."""
+    pipe = RequestPipeline([rule("NewCluster", "new_outlier_cluster", ">=", 1.0)])
+    rng = random.Random(3)
+    n, sent = 45_000, T0 + 30 * 86400
+    month = [rec(sent - 60.0 * (n - i), ctx=rng.randrange(1, 20_000)) for i in range(n)]
+    pipe.process(env(month, ts=sent))
+    assert pipe.stats.too_old == n - 60 and pipe.stats.buckets_closed <= 61
+    burst = [rec(sent + 60 + 0.001 * i, ctx=rng.randrange(1, 20_000)) for i in range(5000)]
+    pipe.process(env(burst, ts=sent + 66))
+    assert pipe.stats.unscored_records == 5000 - MAX_SCORED_PER_ENVELOPE
+    got = signals(pipe)
+    assert got["open_buckets"] == 1 and pipe.stats.records == n + 5000
 
 
 # ---------------------------------------------------------------- quiet and bounded
