@@ -57,23 +57,39 @@ class Secret:
         return bool(self._value)
 
 
+def _userinfo(url: str) -> tuple[int, int] | None:
+    """Where the userinfo of ``scheme://userinfo@host...`` lies (start, end), taking the
+    last ``@`` as its end: a password with an unescaped ``/``, ``?``, ``#`` or ``@``
+    (common in base64) is all userinfo to us, whatever a URL parser makes of it."""
+    start = url.find("://")
+    end = url.rfind("@")
+    return (start + 3, end) if start >= 0 and end > start + 3 else None
+
+
 def redact_url(url: str) -> str:
-    """Mask passwords in a URL, in the userinfo and in a ``password=`` query parameter.
+    """Mask passwords in a URL, in the userinfo and in a ``password=`` query parameter,
+    whatever characters the password holds.
 
     >>> redact_url("redis://user:pw@host:6379/0?password=x&db=1")
     'redis://user:***@host:6379/0?password=***&db=1'
+    >>> redact_url("redis://:a/b#c?d@host:6379/0")
+    'redis://:***@host:6379/0'
     """
+    span = _userinfo(url)
+    if span is not None:
+        user, colon, _ = url[span[0] : span[1]].partition(":")
+        if colon or any(c in user for c in "/?#"):
+            user = user if colon and not any(c in user for c in "/?#") else ""
+            url = f"{url[: span[0]]}{user}:***{url[span[1] :]}"
     parts = urlsplit(url)
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{netloc}")
-    if parts.query:
-        query = "&".join(
-            f"{kv.split('=', 1)[0]}=***" if kv.split("=", 1)[0].lower() == "password" else kv
-            for kv in parts.query.split("&")
-        )
-        parts = parts._replace(query=query)
-    return urlunsplit(parts)
+    pairs = parts.query.split("&") if parts.query else []
+    if not any(kv.split("=", 1)[0].lower() == "password" for kv in pairs):
+        return url
+    query = "&".join(
+        f"{kv.split('=', 1)[0]}=***" if kv.split("=", 1)[0].lower() == "password" else kv
+        for kv in pairs
+    )
+    return urlunsplit(parts._replace(query=query))
 
 
 def _bootstrap(v: str) -> str:
@@ -95,6 +111,12 @@ def _url_list(v: str) -> tuple[str, ...]:
 def _redis_url(v: str) -> str:
     if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"expected redis://, rediss:// or unix:// URL, got {redact_url(v)!r}")
+    span = _userinfo(v)
+    if span is not None and any(c in v[span[0] : span[1]] for c in "/?#"):
+        raise ValueError(  # a URL parser would take part of the password for the host
+            "the user or password holds '/', '?' or '#': percent-encode them "
+            f"(%2F, %3F, %23), got {redact_url(v)!r}"
+        )
     return v
 
 
@@ -134,8 +156,11 @@ def _opt_path(v: str) -> Path | None:
 
 def mask_webhook(url: str) -> str:
     """Webhook URLs often carry their secret in the path (Slack): keep scheme and host only."""
+    span = _userinfo(url)
+    if span is not None:  # whatever the userinfo holds, it goes
+        url = url[: span[0]] + url[span[1] + 1 :]
     parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
+    host = parts.netloc
     return f"{parts.scheme}://{host}/***" if parts.path.strip("/") else f"{parts.scheme}://{host}"
 
 

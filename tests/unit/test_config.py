@@ -586,10 +586,26 @@ def test_secret_value_object() -> None:
         ("rediss://user:p@ss@host:1/2", "rediss://user:***@host:1/2"),
         ("redis://host:6379/0", "redis://host:6379/0"),
         ("unix://:pw@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1"),
+        ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+        # base64 passwords hold '/', and '#' or '?' are common: a URL parser takes part of
+        # them for the host or the path; the password is still all masked
+        ("redis://:Zm9v/YmFy@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://u:a#b?c@host/0", "redis://u:***@host/0"),
+        ("redis://Zm9v/YmFy@host/0", "redis://:***@host/0"),
     ],
 )
 def test_redact_url(url: str, redacted: str) -> None:
     assert redact_url(url) == redacted
+
+
+@pytest.mark.parametrize("password", ["Zm9v/YmFy", "a#b", "a?b"])
+def test_a_redis_password_with_reserved_characters_is_a_clear_error_that_hides_it(
+    password: str,
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"RAGWATCH_REDIS_URL": f"redis://:{password}@host:6379/0"})
+    assert "percent-encode" in str(info.value)
+    assert password not in str(info.value) and password[:2] not in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -600,6 +616,7 @@ def test_redact_url(url: str, redacted: str) -> None:
         ("https://h.example.com", "https://h.example.com"),
         ("https://h.example.com/", "https://h.example.com"),
         ("https://h.example.com?token=abc", "https://h.example.com"),
+        ("https://u:ab/cd@h.example.com/x", "https://h.example.com/***"),
     ],
 )
 def test_mask_webhook(url: str, masked: str) -> None:
