@@ -289,8 +289,11 @@ async def healthz(request: web.Request) -> web.Response:
 
     try:
         await asyncio.to_thread(request.app[CLIENT_KEY].ping)
-    except RedisError as exc:
-        return _json({"status": "unavailable", "reason": f"redis: {exc}"}, 503)
+    except RedisError as exc:  # public: the kind of failure only, the details go to the log
+        log.warning(
+            "healthz: redis at %s: %s", redact_url(request.app[SETTINGS_KEY].redis_url), exc
+        )
+        return _json({"status": "unavailable", "reason": f"redis: {type(exc).__name__}"}, 503)
     return _json({"status": "ok"})
 
 
@@ -354,7 +357,8 @@ async def alert_page(request: web.Request) -> web.Response:
 
 def _authorized(request: web.Request, token: bytes) -> bool:
     scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-    given = credentials.strip().encode()
+    # aiohttp hands undecodable header bytes over as surrogates: they are a wrong token
+    given = credentials.strip().encode("utf-8", "surrogateescape")
     return scheme.lower() == "bearer" and hmac.compare_digest(given, token)
 
 
@@ -399,6 +403,22 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     elif not request.path.startswith("/static/"):
         resp.headers.setdefault("Cache-Control", "no-store")
     return resp
+
+
+class WithholdRequestDetails(logging.Filter):
+    """aiohttp logs a request it cannot parse (a NUL in a header, say) at ERROR with the
+    parser's message, which quotes the offending line: ``Authorization: Bearer <token>``
+    included. On ``aiohttp.server`` only the kind of error is kept, as a warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        record.msg = (
+            "unusable request from a client (%s); details withheld: they may hold credentials"
+        )
+        record.args = (type(exc).__name__ if exc else "error",)
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 class AccessLogger(AbstractAccessLogger):
@@ -457,6 +477,8 @@ async def _serve(settings: Settings, host: str, port: int) -> int:
 
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=3)
     runner = web.AppRunner(build_app(settings, client), access_log_class=AccessLogger)
+    withhold = WithholdRequestDetails()
+    logging.getLogger("aiohttp.server").addFilter(withhold)
     await runner.setup()
     try:
         try:
@@ -476,4 +498,5 @@ async def _serve(settings: Settings, host: str, port: int) -> int:
     finally:
         await runner.cleanup()
         client.close()
+        logging.getLogger("aiohttp.server").removeFilter(withhold)
     return 0

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -151,6 +152,28 @@ def test_every_endpoint_but_healthz_needs_the_bearer_token(served: Served) -> No
     log = served.proc.output()
     assert "GET /api/v1/status 401" in log  # the access log is on ...
     assert TOKEN not in log  # ... and never shows the token
+
+
+def raw_get(url: str, header: bytes) -> bytes:
+    """A GET with one raw header line, for what urllib refuses to send."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n")
+        return sock.recv(65536)
+
+
+def test_malformed_authorization_headers_get_4xx_and_never_reach_the_log(
+    served: Served,
+) -> None:
+    """A NUL after the token made aiohttp log the header line (the token) at ERROR, and
+    bytes that are not UTF-8 made the token check raise: a 500 and a traceback."""
+    nul = raw_get(served.url, b"Authorization: Bearer " + TOKEN.encode() + b"\x00")
+    assert nul.split(b"\r\n")[0].endswith(b" 400 Bad Request"), nul[:200]
+    latin = raw_get(served.url, b"Authorization: Bearer \xff\xfe" + TOKEN.encode())
+    assert latin.split(b"\r\n")[0].endswith(b" 401 Unauthorized"), latin[:200]
+    wait_until(lambda: "unusable request" in served.proc.output(), 10, "the warning")
+    log = served.proc.output()
+    assert TOKEN not in log and "Traceback" not in log
 
 
 # ---------------------------------------------------------------------------- API
@@ -550,6 +573,7 @@ def test_open_server_redis_down_port_taken_and_sigterm(
     proc, url = start_serve(down, tmp_path / "down.log")
     health = get(url + "/healthz", token=None)
     assert health.status == 503 and health.json()["status"] == "unavailable"
+    assert health.json()["reason"] == "redis: ConnectionError"  # public: no error text
     status = get(url + "/api/v1/status", token=None)
     assert status.status == 503 and "cannot read from Redis" in status.json()["error"]
     metrics = get(url + "/metrics", token=None).body.decode()
