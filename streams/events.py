@@ -42,9 +42,13 @@ class EventStats:
     events: int = 0
     active: int = 0
     duplicates: int = 0  # events seen already (a replay after a crash, a producer retry)
+    aggregated: int = 0  # events beyond MAX_EVENT_ALERTS of a host and rule (see bounded)
 
 
 RECENT_EVENTS = 256  # per host: how many event identities are remembered to drop duplicates
+# Per host and rule, at most this many alerts of distinct culprits; the events beyond (an
+# OOM flood: 5,000 pids killed) share one alert whose labels say so, and are counted.
+MAX_EVENT_ALERTS = 20
 EventId = tuple[float, str, tuple[tuple[str, str], ...]]
 
 
@@ -93,20 +97,41 @@ class EventPipeline:
         recent.append(ident)
         out = []
         for rule in self.rules:
-            t = self.engine.evaluate(rule, labels, sig, event.ts)
+            holds = rule.holds(sig)
+            lab = self._bounded(event.host, rule, labels) if holds else labels
+            t = self.engine.evaluate(rule, lab, sig, event.ts)
             if t is not None:
                 out.append(t)
-            if rule.holds(sig):
+            if holds:
                 # An event is an instant: its alert counts as cleared from the event on, so
                 # keep_firing_for runs from the event's own time.
-                t = self.engine.evaluate(rule, labels, QUIET, event.ts)
+                t = self.engine.evaluate(rule, lab, QUIET, event.ts)
                 if t is not None:
                     out.append(t)
                 else:
-                    key = (rule.name, tuple(sorted(labels.items())))
+                    key = (rule.name, tuple(sorted(lab.items())))
                     self._active.setdefault(event.host, {})[key] = rule
         self.stats.active = sum(len(v) for v in self._active.values())
         return out
+
+    def _bounded(self, host: str, rule: Rule, labels: dict[str, str]) -> dict[str, str]:
+        """``labels``, or, once the host has ``MAX_EVENT_ALERTS`` alerts of ``rule`` for
+        other culprits, the labels of the one alert that stands for all the others
+        (``culprits="more than 20"``, the culprit labels ``*``): a flood pages once more,
+        not once per pid, and its hints stay short."""
+        active = self._active.get(host, {})
+        if (rule.name, tuple(sorted(labels.items()))) in active:
+            return labels
+        if sum(name == rule.name for name, _ in active) < MAX_EVENT_ALERTS:
+            return labels
+        self.stats.aggregated += 1
+        more = {k: "*" for k in LABELS if k not in ("host", "type")}
+        return {
+            **more,
+            "host": host,
+            "type": labels["type"],
+            "culprits": f"more than {MAX_EVENT_ALERTS}",
+        }
 
     def advance(self, host: str, ts: float) -> list[Transition]:
         """Evaluate the host's event alerts at ``ts`` with nothing happening."""

@@ -263,14 +263,15 @@ class Correlator:
             ratio = s.signals.get("fb_used_ratio")
             if key[3] < 0 and ratio is not None and ratio >= GPU_FULL_RATIO:
                 out.append(f"GPU {s.labels['gpu']} at {ratio:.0%} memory")
-        for a in self._active_events(host, "oom_kill"):
-            lab = a.labels
-            out.append(
-                f"the OOM killer took pid {lab.get('pid', '?')} on GPU {lab.get('gpu', '?')}"
-            )
-        for a in self._active_events(host, "xid"):
-            out.append(f"XID {a.labels.get('xid', '?')} on GPU {a.labels.get('gpu', '?')}")
-        return out
+        ooms = [
+            f"the OOM killer took pid {a.labels.get('pid', '?')} on GPU {a.labels.get('gpu', '?')}"
+            for a in self._active_events(host, "oom_kill")
+        ]
+        xids = [
+            f"XID {a.labels.get('xid', '?')} on GPU {a.labels.get('gpu', '?')}"
+            for a in self._active_events(host, "xid")
+        ]
+        return out + _first(ooms, "OOM kills") + _first(xids, "XIDs")
 
     def _active_events(self, host: str, kind: str) -> list[Alert]:
         return [
@@ -307,3 +308,8 @@ class Correlator:
             label = f" ({s.outlier_label})" if s.outlier_label else ""
             out.append(f"a cluster of outlier requests{label}")
         return out
+
+
+def _first(causes: list[str], what: str, n: int = 3) -> list[str]:
+    """The first ``n`` causes and how many more (a hint stays short in a flood)."""
+    return causes if len(causes) <= n else [*causes[:n], f"{len(causes) - n} more {what}"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from ragwatch.schema import EventEnvelope
+from ragwatch.schema import Alert, EventEnvelope
 from ragwatch.streams.engine import AlertEngine
-from ragwatch.streams.events import EventPipeline, labels_of, signals_of
+from ragwatch.streams.events import MAX_EVENT_ALERTS, EventPipeline, labels_of, signals_of
+from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
+from tests.timing import chunk_seconds
 
 T0 = 1_767_225_600.0
 
@@ -92,3 +94,27 @@ def test_shared_engine_with_other_pipelines() -> None:
     pipe = EventPipeline(load_rules(), engine)
     pipe.process(oom(T0))
     assert [a.rule for a in engine.active.values()] == ["GpuOomKill"]
+
+
+def test_an_oom_flood_pages_per_culprit_up_to_a_bound_then_once_for_the_rest() -> None:
+    """5,000 OOM kills of distinct pids on one host: 5,000 critical alerts, each hint listing
+    every active OOM (194 KB at the end), the cost per event growing with the flood."""
+    pipes = Pipelines(load_rules())
+    events = [
+        EventEnvelope(
+            host="h1", ts=1000.0 + i, type="oom_kill", attrs={"pid": 10_000 + i, "gpu": 0}
+        )
+        for i in range(5000)
+    ]
+    fired: list[Alert] = []
+
+    def step(e: EventEnvelope) -> None:
+        fired.extend(t.alert for t in pipes.process(e) if t.notify and t.alert.status == "firing")
+
+    chunks = chunk_seconds(step, events, 1000)
+    assert len(fired) == MAX_EVENT_ALERTS + 1
+    (rest,) = [a for a in fired if a.labels.get("culprits")]
+    assert rest.labels["pid"] == "*" and rest.labels["host"] == "h1"
+    assert pipes.events.stats.aggregated == 5000 - MAX_EVENT_ALERTS
+    assert max(len(a.annotations.get("hint", "")) for a in fired) < 1500
+    assert chunks[-1] < 3 * chunks[1], [round(c * 1e3) for c in chunks]
