@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -46,6 +47,7 @@ from ragwatch.streams.state import Keys, async_client
 log = logging.getLogger(__name__)
 
 TICK_S = 0.2
+BUSY_DEFER_S = 1.0  # a busy receiver's due notifications are looked at again after this
 WATERMARK_EVERY_S = 1.0
 
 
@@ -161,6 +163,8 @@ class Notifier:
         )
         self.outbox: Outbox | None = None
         self._wake = asyncio.Event()  # set when a notification is queued: send it now
+        self._sending: dict[str, asyncio.Task[None]] = {}  # receiver -> its send in flight
+        self._done: set[str] = set()  # notifications sent since the last outbox read
 
     # ---------------------------------------------------------------- the loops
 
@@ -269,24 +273,63 @@ class Notifier:
     async def _send_loop(self, stop: asyncio.Event) -> None:
         assert self.outbox is not None
         while not stop.is_set():
+            self._done.clear()
             try:
                 due = await self.outbox.due()
             except RedisError as exc:
                 self._redis_failed("read the outbox", exc)
                 due = []
-            by_receiver: dict[str, list[Entry]] = {}
-            for e in due:
-                by_receiver.setdefault(e.notification.receiver, []).append(e)
-            for name, entries in by_receiver.items():
-                try:
-                    await self._deliver(name, entries)
-                except Exception:  # a bug must not stop delivery to every receiver
-                    self.counters.send_errors += 1
-                    log.exception("notify: delivering to %s failed", name)
-            if not due:  # until the next tick, or a notification queued (no 0-200 ms lag)
+            started = await self._dispatch([e for e in due if e.notification.key not in self._done])
+            if not started:  # until the next tick, a queued notification or a send's end
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), TICK_S)
                 self._wake.clear()
+        await self._drain()
+
+    async def _dispatch(self, due: list[Entry]) -> bool:
+        """Each receiver is sent its due notifications by a task of its own, one send at a
+        time: a receiver that hangs until its timeout delays only itself. What comes due
+        for a busy receiver waits (deferred, not retried). Returns whether a send began."""
+        assert self.outbox is not None
+        by_receiver: dict[str, list[Entry]] = {}
+        for e in due:
+            by_receiver.setdefault(e.notification.receiver, []).append(e)
+        waiting: list[Entry] = []
+        for name, entries in by_receiver.items():
+            if name in self._sending:
+                waiting += entries
+                continue
+            task = asyncio.create_task(self._deliver_logged(name, entries))
+            self._sending[name] = task
+            task.add_done_callback(functools.partial(self._sent, name))
+        if waiting:
+            try:
+                await self.outbox.defer(waiting, BUSY_DEFER_S)
+            except RedisError as exc:
+                self._redis_failed("defer notifications", exc)
+        return len(waiting) < len(due)
+
+    def _sent(self, name: str, _task: asyncio.Task[None]) -> None:
+        self._sending.pop(name, None)
+        self._wake.set()  # its next notifications may go now
+
+    async def _deliver_logged(self, name: str, entries: list[Entry]) -> None:
+        try:
+            await self._deliver(name, entries)
+        except Exception:  # a bug must not stop delivery to this receiver for good
+            self.counters.send_errors += 1
+            log.exception("notify: delivering to %s failed", name)
+        finally:  # a due() read while it ran may still hold them: not to be sent again
+            self._done.update(e.notification.key for e in entries)
+
+    async def _drain(self, timeout_s: float = 5.0) -> None:
+        """On stop: let the sends in flight finish (briefly), then cancel them (what they
+        held stays in the outbox and goes after the restart)."""
+        tasks = list(self._sending.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            for t in pending:
+                t.cancel()
 
     async def _deliver(self, name: str, entries: list[Entry]) -> None:
         assert self.outbox is not None

@@ -308,6 +308,25 @@ class Outbox:
         self._mem_due[key] = self._clock() + wait
         return True
 
+    async def defer(self, entries: list[Entry], seconds: float) -> None:
+        """Take due entries off the due window for ``seconds`` without counting an attempt
+        (their receiver is busy with an earlier send): they cannot crowd the window and
+        starve the other receivers' notifications meanwhile."""
+        later = self._clock() + seconds
+        in_redis = {}
+        for e in entries:
+            key = e.notification.key
+            if key in self._mem:
+                self._mem_due[key] = max(self._mem_due.get(key, later), later)
+            else:
+                in_redis[key] = later
+        if not in_redis:
+            return
+        try:
+            await self.client.zadd(self.keys.outbox_due, in_redis, xx=True, gt=True)
+        except RedisError as exc:  # they come due again at once: delivered a little later
+            self._fallback("deferring a busy receiver's notifications", exc)
+
     async def dead(self, e: Entry, reason: str) -> None:
         key = e.notification.key
         record = orjson.dumps(

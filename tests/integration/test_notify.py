@@ -21,7 +21,7 @@ from ragwatch.codec import encode
 from ragwatch.config import Settings
 from ragwatch.schema import Alert
 from ragwatch.streams.state import Keys
-from tests.fakes import SLACK_TOKEN, FakePagerDuty, FakeServer, FakeSlack
+from tests.fakes import SLACK_TOKEN, FakePagerDuty, FakeServer, FakeSlack, SlowServer
 from tests.integration.conftest import run_ragwatch, wait_until
 
 T0 = 1_767_225_600.0
@@ -184,3 +184,58 @@ def test_silence_mutes_until_expired_and_failures_retry_then_deliver(
         "h2",
     ]
     assert notifier.stop() == 0
+
+
+def test_a_hanging_receiver_does_not_delay_the_others(
+    rw_env: dict[str, str],
+    tmp_path: Path,
+    start_ragwatch: Callable[..., Any],
+    make_settings: Callable[[dict[str, str]], Settings],
+) -> None:
+    """A webhook that accepts and never answers held every other receiver for its timeout
+    (20 s here): receivers were served one after another. Now each has its own sender."""
+    with (
+        FakeSlack() as slack,
+        FakePagerDuty() as pd,
+        FakeServer() as hook,
+        SlowServer(delay_s=60.0) as stuck,
+    ):
+        cfg = tmp_path / "notify.yaml"
+        cfg.write_text(
+            f"""
+receivers:
+  - {{name: stuck, type: webhook, url: "{stuck.url}", timeout_s: 20s}}
+  - {{name: chat, type: slack, url: "{slack.url}"}}
+  - {{name: pager, type: pagerduty, routing_key: "{PD_KEY}", url: "{pd.url}"}}
+  - {{name: hook, type: webhook, url: "{hook.url}"}}
+route:
+  receiver: chat
+  group_by: ['...']
+  group_wait: 0s
+  routes:
+    - {{matchers: {{severity: critical}}, receiver: stuck, continue: true}}
+    - {{matchers: {{severity: critical}}, receiver: pager, continue: true}}
+    - {{matchers: {{severity: critical}}, receiver: hook, continue: true}}
+    - {{matchers: {{severity: critical}}, receiver: chat}}
+"""
+        )
+        env = {**rw_env, "RAGWATCH_NOTIFY_FILE": str(cfg)}
+        settings = make_settings(env)
+        notifier = start_ragwatch(["notify"], env)
+        publish(settings, alert("GpuOomKill", "firing", T0 + 60, host="h1", pid="1"))
+        wait_until(lambda: stuck.received and len(slack.received) == 1, 60, notifier.output)
+        # the stuck receiver holds its first send for 20 s; a second page meanwhile (after
+        # Slack's own pace of one message a second):
+        time.sleep(1.1)
+        sent = time.monotonic()
+        publish(settings, alert("GpuOomKill", "firing", T0 + 120, host="h2", pid="2"))
+        wait_until(
+            lambda: len(hook.received) >= 2 and len(pd.events()) >= 2 and len(slack.received) >= 2,
+            30,
+            notifier.output,
+        )
+        late = max(r.at for r in (hook.received[1], pd.received[1], slack.received[1])) - sent
+        assert late < 1.0, f"{late:.2f} s"
+        time.sleep(1.0)
+        assert (len(hook.received), len(pd.events()), len(slack.received)) == (2, 2, 2)
+        assert notifier.stop() == 0
