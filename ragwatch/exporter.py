@@ -27,6 +27,8 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from ragwatch.streams.series import series_prefix
+
 # every family /metrics can export: name -> help (all are gauges)
 METRICS: dict[str, str] = {
     "ALERTS": "Active alerts (value 1), Prometheus' ALERTS with alertstate pending or firing",
@@ -108,10 +110,8 @@ def gpu_where(host: str, gpu: Any, mig: Any) -> dict[str, str]:
 
 
 def process_series_id(labels: Mapping[str, str]) -> str:
-    """The chart series id of an alerted process (streams/series.py's layout)."""
-    mig = labels.get("mig") or ""
-    where = f"{labels.get('host')}:{labels.get('gpu')}" + (f":{mig}" if mig else "")
-    return f"process:{where}:{labels.get('pid')}:gpu_mem"
+    """The chart series id of an alerted process (``series_prefix``'s layout)."""
+    return series_prefix("process", labels) + "gpu_mem"
 
 
 def alert_labels(alert: Mapping[str, Any]) -> dict[str, str]:

@@ -121,18 +121,25 @@ UNITS = (("_ms", "ms"), ("_bytes", "bytes"), ("_per_s", "/s"), ("_ratio", "ratio
 
 def series_prefix(kind: str, labels: Mapping[str, Any]) -> str:
     """``kind:WHERE:``, the start of the ids of one series' charts (ids end in a suffix).
+    Each name has its ``%`` and ``:`` escaped (``%25``, ``%3A``), so service ``a:b`` with
+    instance ``c`` and service ``a`` with instance ``b:c`` are two series, not one.
 
     >>> series_prefix("process", {"host": "h", "gpu": "0", "mig": "", "pid": "7"})
     'process:h:0:7:'
+    >>> series_prefix("service", {"service": "a:b", "instance": "c"})
+    'service:a%3Ab:c:'
     """
-    get = labels.get
+
+    def get(name: str) -> str:
+        return str(labels.get(name, "")).replace("%", "%25").replace(":", "%3A")
+
     if kind == "service":
-        return f"service:{get('service', '')}:{get('instance', '')}:"
+        return f"service:{get('service')}:{get('instance')}:"
     if kind == "engine":
-        return f"engine:{get('host', '')}:{get('target', '')}:"
-    mig = get("mig")
-    where = f"{get('host', '')}:{get('gpu', '')}" + (f":{mig}" if mig else "")
-    return f"gpu:{where}:" if kind == "gpu" else f"{kind}:{where}:{get('pid', '')}:"
+        return f"engine:{get('host')}:{get('target')}:"
+    mig = get("mig") if labels.get("mig") else ""
+    where = f"{get('host')}:{get('gpu')}" + (f":{mig}" if mig else "")
+    return f"gpu:{where}:" if kind == "gpu" else f"{kind}:{where}:{get('pid')}:"
 
 
 def _unit(signal: str) -> str:

@@ -7,7 +7,7 @@ import itertools
 from ragwatch.agents.scenario import build
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
-from ragwatch.streams.series import SeriesRecorder
+from ragwatch.streams.series import SeriesRecorder, series_prefix
 
 
 def test_points_every_step_with_forecasts_for_services() -> None:
@@ -36,3 +36,14 @@ def test_the_number_of_tracked_series_is_capped() -> None:
     rec = SeriesRecorder(max_tracked=4)
     hosts = {"gpu-node-01", "gpu-node-02", "gpu-node-03"}
     assert len(rec.collect(pipes, hosts, set())) == 4
+
+
+def test_names_holding_colons_make_distinct_series_ids() -> None:
+    """Ids joined names with ':': service a:b / instance c and service a / instance b:c
+    shared one Redis list."""
+    one = series_prefix("service", {"service": "a:b", "instance": "c"})
+    other = series_prefix("service", {"service": "a", "instance": "b:c"})
+    assert one != other and one.count(":") == other.count(":") == 3
+    assert series_prefix("gpu", {"host": "h%3A", "gpu": "0"}) != series_prefix(
+        "gpu", {"host": "h:", "gpu": "0"}
+    )
