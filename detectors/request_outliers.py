@@ -61,6 +61,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -144,6 +145,7 @@ class RequestOutliers:
         self._offsets, self._far_offsets = self._make_offsets(d)
 
     @staticmethod
+    @functools.cache  # one copy per dimension, shared by every detector (they are many)
     def _make_offsets(d: int) -> tuple[list[Key], list[list[Key]]]:
         # Own cell first, so a dense point finds its neighbours early.
         near = sorted(itertools.product((-1, 0, 1), repeat=d), key=lambda o: any(o))

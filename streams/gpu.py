@@ -39,6 +39,7 @@ from ragwatch.codec import gpu_wire
 from ragwatch.detectors import make
 from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
 from ragwatch.schema import GpuEnvelope
+from ragwatch.streams.budget import SeriesBudget
 from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.rules import Rule
 
@@ -178,6 +179,7 @@ class GpuPipeline:
         detector_factory: Callable[[], LeakDetector] = _leak,
         max_series: int = 100_000,
         max_series_per_host: int = 4096,
+        budget: SeriesBudget | None = None,
         stale_s: float = 300.0,
         every_sample: bool = False,
     ) -> None:
@@ -196,6 +198,8 @@ class GpuPipeline:
         self._factory = detector_factory
         self.max_series = max_series
         self.max_series_per_host = max_series_per_host
+        self.budget = budget or SeriesBudget(max_series)
+        self.budget.watch(lambda: len(self.series))
         self.stale_s = stale_s
         self.series: dict[SeriesKey, Series] = {}
         self._by_host: dict[str, set[SeriesKey]] = {}
@@ -287,8 +291,7 @@ class GpuPipeline:
         the host (its own state is newer). Returns how many series it adopted."""
         if host in self._by_host or any(k[0] != host for k in series):
             return 0
-        room = max(0, self.max_series - len(self.series))
-        keys = sorted(series)[:room]
+        keys = sorted(series)[: self._room()]
         for k in keys:
             series[k].watch = True  # the engine may restore its alerts next
             series[k].keys.clear()  # alert labels come from the rules of this process
@@ -356,10 +359,14 @@ class GpuPipeline:
 
     # ------------------------------------------------------------------ internals
 
+    def _room(self) -> int:
+        """How many more series fit: under ``max_series`` and the worker's budget."""
+        return min(self.max_series - len(self.series), self.budget.room())
+
     def _new(
         self, key: SeriesKey, gpu: dict[str, Any], proc: dict[str, Any] | None
     ) -> Series | None:
-        if len(self.series) >= self.max_series:
+        if self._room() <= 0:
             self.stats.dropped_samples += 1
             if _worth_logging(self.stats.dropped_samples):
                 log.warning(

@@ -63,6 +63,7 @@ from typing import Any
 
 from ragwatch.detectors.seasonal import SeasonalBaseline
 from ragwatch.schema import MetricsEnvelope
+from ragwatch.streams.budget import SeriesBudget
 from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.evidence import count_z
 from ragwatch.streams.rules import Rule
@@ -73,6 +74,7 @@ BASELINE_BUCKET_S = 300.0  # one observation of the tokens/s baseline per 5 minu
 # No engine counts 10^12 of anything a second: a counter growing faster is garbage (or an
 # attack: 0, 1.79e308, 0, 1.79e308 made the reset offset inf for good) and starts over.
 MAX_COUNTER_RATE = 1e12
+MAX_TARGETS = 64  # scraped targets per host: beyond, a new target's scrapes are dropped
 HOLD_BAND, HOLD_Z = 0.1, 3.0  # the baseline holds through a deviation this large and sure
 
 SERIES = "engine"
@@ -176,6 +178,8 @@ class MetricsPipeline:
         window_s: float = 300.0,
         stale_s: float = 600.0,
         max_series: int = 10_000,
+        max_targets: int = MAX_TARGETS,
+        budget: SeriesBudget | None = None,
         max_label_sets: int = 256,
     ) -> None:
         if not (window_s > 0 and stale_s > 0):
@@ -184,6 +188,10 @@ class MetricsPipeline:
         self.engine = engine or AlertEngine()
         self.window_s, self.stale_s = window_s, stale_s
         self.max_series, self.max_label_sets = max_series, max_label_sets
+        self.max_targets = max_targets
+        self.budget = budget or SeriesBudget(max_series)
+        self.budget.watch(lambda: len(self.series))
+        self._by_host: dict[str, set[SeriesKey]] = {}  # host -> its tracked targets
         self.series: dict[SeriesKey, EngineSeries] = {}
         self._watermark = 0.0
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
@@ -226,19 +234,21 @@ class MetricsPipeline:
         ]
 
     def host_series(self, host: str) -> dict[SeriesKey, EngineSeries]:
-        return {k: s for k, s in self.series.items() if k[0] == host}
+        return {k: self.series[k] for k in sorted(self._by_host.get(host, ()))}
 
     def forget(self, host: str) -> None:
         """Drop a host's engines without resolving anything (another worker owns it now)."""
-        for k in [k for k in self.series if k[0] == host]:
+        for k in self._by_host.pop(host, ()):
             del self.series[k]
 
     def adopt(self, host: str, series: Mapping[SeriesKey, EngineSeries]) -> int:
         """Take over a host's engines from a snapshot, unless this pipeline has any."""
-        if any(k[0] == host for k in self.series) or any(k[0] != host for k in series):
+        if host in self._by_host or any(k[0] != host for k in series):
             return 0
-        keys = sorted(series)[: max(0, self.max_series - len(self.series))]
+        keys = sorted(series)[: max(0, min(self.max_targets, self._room()))]
         self.series.update((k, series[k]) for k in keys)
+        if keys:
+            self._by_host[host] = set(keys)
         return len(keys)
 
     # ------------------------------------------------------------------ internals
@@ -246,11 +256,27 @@ class MetricsPipeline:
     def _series(self, host: str, target: str) -> EngineSeries | None:
         s = self.series.get((host, target))
         if s is None:
-            if len(self.series) >= self.max_series:
+            targets = self._by_host.setdefault(host, set())
+            if self._room() <= 0 or len(targets) >= self.max_targets:
                 self.stats.dropped_series += 1
+                if not targets:
+                    del self._by_host[host]
                 return None
             base = SeasonalBaseline(step_s=BASELINE_BUCKET_S)
             s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, base)
+            targets.add((host, target))
+        return s
+
+    def _room(self) -> int:
+        """How many more engines fit: under ``max_series`` and the worker's budget."""
+        return min(self.max_series - len(self.series), self.budget.room())
+
+    def _drop(self, key: SeriesKey) -> EngineSeries:
+        s = self.series.pop(key)
+        targets = self._by_host.get(key[0], set())
+        targets.discard(key)
+        if not targets:
+            self._by_host.pop(key[0], None)
         return s
 
     def _add(self, s: EngineSeries, env: MetricsEnvelope) -> None:
@@ -367,7 +393,7 @@ class MetricsPipeline:
         out: list[Transition] = []
         now = min(self._watermark, self.sweep_mark)
         for key in [k for k, s in self.series.items() if now - s.last_ts > self.stale_s]:
-            s = self.series.pop(key)
+            s = self._drop(key)
             self.stats.evicted_series += 1
             out += self.engine.clear(s.labels, now)
         return out

@@ -27,6 +27,7 @@ from typing import Any
 
 from ragwatch.codec import gpu_wire
 from ragwatch.schema import Envelope, EventEnvelope, GpuEnvelope, MetricsEnvelope, RequestsEnvelope
+from ragwatch.streams.budget import SeriesBudget
 from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.events import EventPipeline
 from ragwatch.streams.gpu import GpuPipeline
@@ -41,12 +42,15 @@ class Pipelines:
     correlator."""
 
     def __init__(self, rules: list[Rule], *, max_series: int = 100_000) -> None:
+        """``max_series``: the worker's series budget, GPU, request and engine series in
+        all (each pipeline also caps its own kind at it)."""
         self.rules = rules
         self.engine = AlertEngine()
-        self.gpus = GpuPipeline(rules, self.engine, max_series=max_series)
-        self.requests = RequestPipeline(rules, self.engine, max_series=max_series)
+        self.budget = budget = SeriesBudget(max_series)
+        self.gpus = GpuPipeline(rules, self.engine, max_series=max_series, budget=budget)
+        self.requests = RequestPipeline(rules, self.engine, max_series=max_series, budget=budget)
         self.events = EventPipeline(rules, self.engine)
-        self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series)
+        self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series, budget=budget)
         self.correlator = Correlator(self.gpus, self.requests, rules, self.engine)
 
     @property

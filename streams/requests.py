@@ -105,6 +105,7 @@ from typing import Any
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.detectors.seasonal import Forecast, SeasonalBaseline
 from ragwatch.schema import RequestRecord, RequestsEnvelope
+from ragwatch.streams.budget import SeriesBudget
 from ragwatch.streams.engine import AlertEngine, Transition
 from ragwatch.streams.evidence import (
     BucketCounts,
@@ -131,6 +132,7 @@ RECENT_BUCKETS = 5  # recent_outliers: over this many buckets
 # more than an hour older than their envelope are dropped, and the outlier detector scores
 # at most its window's worth of an envelope's records (the rest are counted, not scored).
 MAX_RECORD_AGE_S = 3600.0
+MAX_INSTANCES = 1024  # per service: beyond, a new instance's records are dropped (counted)
 MAX_SCORED_PER_ENVELOPE = 2000
 CLUSTER_RESCAN = 60  # buckets between scans of a service's clusters without novelty
 CLUSTER_ACTIVE_RESCAN = 5  # ... while a flagged cluster lasts (is it still there?)
@@ -324,6 +326,8 @@ class RequestPipeline:
         grace_s: float = 30.0,
         gap_s: float = 600.0,
         max_series: int = 10_000,
+        max_instances: int = MAX_INSTANCES,
+        budget: SeriesBudget | None = None,
         stale_s: float = 3600.0,
         reservoir: int = 5000,
         tail_requests: int = 200,
@@ -355,7 +359,9 @@ class RequestPipeline:
         self.engine = engine or AlertEngine()
         self.bucket_s, self.grace_s, self.stale_s = float(bucket_s), float(grace_s), stale_s
         self.gap_s = float(gap_s)
-        self.max_series = max_series
+        self.max_series, self.max_instances = max_series, max_instances
+        self.budget = budget or SeriesBudget(max_series)
+        self.budget.watch(lambda: len(self.series))
         self.reservoir = reservoir
         self.tail = (tail_requests, float(tail_s), float(tail_max_s))
         self.rate_target, self.rate_min, self.rate_max_s = rate_target, rate_min, rate_max_s
@@ -460,7 +466,7 @@ class RequestPipeline:
             return 0
         if any(k[0] != service for k in series):
             return 0
-        keys = sorted(series)[: max(0, self.max_series - len(self.series))]
+        keys = sorted(series)[: max(0, self._room())]
         if not keys:
             return 0
         for k in keys:
@@ -473,15 +479,23 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ internals
 
+    def _room(self) -> int:
+        """How many more series fit: under ``max_series`` and the worker's budget."""
+        return min(self.max_series - len(self.series), self.budget.room())
+
     def _series(self, service: str, instance: str) -> ServiceSeries | None:
         s = self.series.get((service, instance))
         if s is not None:
             return s
-        if len(self.series) >= self.max_series:
+        svc = self._services.get(service)
+        full = self._room() <= 0
+        if full or (svc is not None and len(svc.instances) >= self.max_instances):
             if self.stats.dropped_records == 0 or self.stats.dropped_records % 10_000 == 0:
                 log.warning(
-                    "series cap %d reached: dropped records of service=%s instance=%s",
-                    self.max_series,
+                    "%s: dropped records of service=%s instance=%s",
+                    f"series cap {self.max_series} (or the worker's budget) reached"
+                    if full
+                    else f"service has {self.max_instances} instances (max_instances)",
                     service,
                     instance,
                 )

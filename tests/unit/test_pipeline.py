@@ -13,9 +13,19 @@ import orjson
 import pytest
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig
-from ragwatch.schema import EventEnvelope, GpuEnvelope
+from ragwatch.schema import (
+    EventEnvelope,
+    GpuEnvelope,
+    MetricSample,
+    MetricsEnvelope,
+    RequestRecord,
+    RequestsEnvelope,
+)
 from ragwatch.streams.engine import Transition
 from ragwatch.streams.gpu import GpuPipeline
+from ragwatch.streams.metrics import MetricsPipeline
+from ragwatch.streams.pipelines import Pipelines
+from ragwatch.streams.requests import RequestPipeline
 from ragwatch.streams.rules import Rule, load_rules, parse_rule
 
 HOUR = 3600.0
@@ -225,6 +235,39 @@ def test_series_cap_drops_and_counts_new_series() -> None:
     assert out == []  # the leaking process was never tracked
     assert len(pipe.series) == 3
     assert [g["index"] for g in pipe.host_snapshot(env.host)["gpus"]] == [0]
+
+
+def test_one_series_budget_for_the_whole_worker_and_caps_per_service_and_host() -> None:
+    """With max_series 100,000 one worker held 100k GPU + 100k request + 100k engine series
+    (4.4 GB), a service any number of instances and a host any number of targets."""
+    pipes = Pipelines(load_rules(), max_series=10)
+    sim = FleetSimulator(SimConfig(hosts=1, gpus=2, interval_s=30))
+    _, (env,), _ = next(sim.ticks())
+    pipes.process(env)
+    gpus = len(pipes.gpus.series)
+    assert gpus == 6 and pipes.budget.room() == 4  # 2 GPUs, 4 processes
+    t0 = env.ts
+    for k in range(6):
+        rec = RequestRecord(ts=t0, status="ok", e2e_ms=800.0, context_tokens=10, output_tokens=5)
+        pipes.process(RequestsEnvelope(f"svc{k}", "i0", t0, (rec,)))
+    for k in range(3):
+        scrape = MetricSample("ragwatch_generation_tokens_total", {}, 1.0)
+        pipes.process(MetricsEnvelope("node-9", f"http://e{k}/metrics", t0, (scrape,)))
+    assert len(pipes.requests.series) == 4 and pipes.requests.stats.dropped_records == 2
+    assert len(pipes.metrics.series) == 0 and pipes.metrics.stats.dropped_series == 3
+    assert pipes.budget.room() == 0
+
+    per_service = RequestPipeline([], max_instances=3)
+    for k in range(5):
+        rec = RequestRecord(ts=t0, status="ok", e2e_ms=800.0, context_tokens=10, output_tokens=5)
+        per_service.process(RequestsEnvelope("svc", f"i{k}", t0, (rec,)))
+    assert len(per_service.series) == 3 and per_service.stats.dropped_records == 2
+    per_host = MetricsPipeline([], max_targets=2)
+    for k in range(4):
+        scrape = MetricSample("ragwatch_generation_tokens_total", {}, 1.0)
+        per_host.process(MetricsEnvelope("node-1", f"http://e{k}/metrics", t0, (scrape,)))
+    per_host.process(MetricsEnvelope("node-2", "http://e0/metrics", t0, (scrape,)))
+    assert len(per_host.series) == 3 and per_host.stats.dropped_series == 2
 
 
 def test_replayed_old_envelope_changes_nothing() -> None:
