@@ -13,8 +13,9 @@ A series not seen for ``stale_s`` of event time (the process exited, the GPU van
 is forgotten and its active alerts resolve. A host that goes silent altogether is swept
 the same way once the pipeline's event-time high-water mark is ``12 * stale_s`` past its
 last sample (the margin tolerates partitions that are consumed at different paces).
-Samples of new series beyond ``max_series`` (in all), or ``max_series_per_host`` (one host
-whose processes churn through pids), are dropped and counted.
+Samples of new series beyond ``max_series`` (in all; with a shared ``budget``, the worker's
+series of every kind count), or ``max_series_per_host`` (one host whose processes churn
+through pids), are dropped and counted.
 
 >>> from ragwatch.agents.sim import FleetSimulator, SimConfig
 >>> from ragwatch.streams.rules import load_rules
