@@ -49,7 +49,7 @@ from ragwatch.streams.marks import SweepMarks
 from ragwatch.streams.outage import OutageLog
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
-from ragwatch.streams.series import SeriesRecorder
+from ragwatch.streams.series import SeriesRecorder, owner_prefixes
 from ragwatch.streams.snapshot import (
     SnapshotError,
     dump_host,
@@ -85,6 +85,7 @@ def faust_credentials(settings: Settings) -> Any:
 class WorkerCounters:
     messages: int = 0
     deadletter: int = 0
+    pruned: int = 0  # silent hosts and services whose Redis state was deleted
     transitions: int = 0
     redis_errors: int = 0
     duplicate_notifications: int = 0  # transitions already sent before a restart: not re-sent
@@ -175,6 +176,20 @@ class Delivery(mode.Service):
             await self.store.write_series(points)
         except RedisError as exc:
             self._redis_failed("write series", exc)
+
+    async def prune(self, hosts: set[str], services: set[str], prefixes: tuple[str, ...]) -> None:
+        try:
+            charts = await self.store.prune(hosts, services, prefixes)
+        except RedisError as exc:  # left for the next worker that sweeps them (or by hand)
+            self._redis_failed("prune silent hosts and services", exc)
+            return
+        self.counters.pruned += len(hosts) + len(services)
+        log.info(
+            "pruned %d silent host(s), %d service(s) and %d chart(s) from Redis",
+            len(hosts),
+            len(services),
+            charts,
+        )
 
     async def write_snapshots(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> bool:
         """Whether they were written."""
@@ -521,10 +536,30 @@ def register_processors(
         if idle and not delivery.closed:
             await snapshot(idle, time.monotonic())
 
+    async def prune_gone() -> None:
+        """Hosts and services that went silent and were swept: forget them here (their
+        held acks go: nothing is left to snapshot) and delete their state in Redis."""
+        hosts, services = pipes.gone()
+        if not hosts and not services:
+            return
+        keys = [("host", h) for h in hosts] + [("service", s) for s in services]
+        for key in keys:
+            known[key[0]].discard(key[1])
+            partitions.pop(key, None)
+            snap_due.discard(key)
+            snap_at.pop(key, None)
+        for kind, d in dirty.items():
+            d -= hosts if DOMAIN[kind] == "host" else services
+        await held.ack(held.take(keys))
+        prefixes = owner_prefixes(hosts, services)
+        recorder.forget(prefixes)
+        await delivery.prune(hosts, services, prefixes)
+
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
         if delivery.closed:
             return
+        await prune_gone()
         hosts = dirty["gpu"] | dirty["metrics"]
         event_hosts, services = set(dirty["events"]), set(dirty["requests"])
         for d in dirty.values():

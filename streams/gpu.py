@@ -201,6 +201,7 @@ class GpuPipeline:
         self.max_series_per_host = max_series_per_host
         self.budget = budget or SeriesBudget(max_series)
         self.budget.watch(lambda: len(self.series))
+        self.swept: set[str] = set()  # hosts whose last series went silent (see Pipelines.gone)
         self.stale_s = stale_s
         self.series: dict[SeriesKey, Series] = {}
         self._by_host: dict[str, set[SeriesKey]] = {}
@@ -282,6 +283,9 @@ class GpuPipeline:
             for h in list(self._by_host):
                 out += self._evict(h, now, SILENT_HOST_FACTOR * self.stale_s)
         return out
+
+    def tracks(self, host: str) -> bool:
+        return host in self._by_host
 
     def host_series(self, host: str) -> dict[SeriesKey, Series]:
         """Every series of ``host`` (for a snapshot)."""
@@ -460,4 +464,5 @@ class GpuPipeline:
         else:
             self._by_host.pop(host, None)
             self._oldest.pop(host, None)
+            self.swept.add(host)
         return out

@@ -192,6 +192,7 @@ class MetricsPipeline:
         self.budget = budget or SeriesBudget(max_series)
         self.budget.watch(lambda: len(self.series))
         self._by_host: dict[str, set[SeriesKey]] = {}  # host -> its tracked targets
+        self.swept: set[str] = set()  # hosts whose last target went silent
         self.series: dict[SeriesKey, EngineSeries] = {}
         self._watermark = 0.0
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
@@ -232,6 +233,9 @@ class MetricsPipeline:
             for k, s in sorted(self.series.items())
             if k[0] == host
         ]
+
+    def tracks(self, host: str) -> bool:
+        return host in self._by_host
 
     def host_series(self, host: str) -> dict[SeriesKey, EngineSeries]:
         return {k: self.series[k] for k in sorted(self._by_host.get(host, ()))}
@@ -277,6 +281,7 @@ class MetricsPipeline:
         targets.discard(key)
         if not targets:
             self._by_host.pop(key[0], None)
+            self.swept.add(key[0])
         return s
 
     def _add(self, s: EngineSeries, env: MetricsEnvelope) -> None:

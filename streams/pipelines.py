@@ -53,6 +53,21 @@ class Pipelines:
         self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series, budget=budget)
         self.correlator = Correlator(self.gpus, self.requests, rules, self.engine)
 
+    def gone(self) -> tuple[set[str], set[str]]:
+        """Hosts and services that went silent and were swept since the last call (and
+        are tracked no more): their state elsewhere (Redis) can go too. Those handed to
+        another worker (:meth:`forget`) are not gone."""
+        hosts = {
+            h
+            for h in self.gpus.swept | self.metrics.swept
+            if not self.gpus.tracks(h) and not self.metrics.tracks(h)
+        }
+        services = {s for s in self.requests.swept if not self.requests.tracks(s)}
+        self.gpus.swept.clear()
+        self.metrics.swept.clear()
+        self.requests.swept.clear()
+        return hosts, services
+
     @property
     def watermark(self) -> float:
         """The newest event time seen on any input (0 before any)."""

@@ -362,6 +362,7 @@ class RequestPipeline:
         self.max_series, self.max_instances = max_series, max_instances
         self.budget = budget or SeriesBudget(max_series)
         self.budget.watch(lambda: len(self.series))
+        self.swept: set[str] = set()  # services whose last instance went silent
         self.reservoir = reservoir
         self.tail = (tail_requests, float(tail_s), float(tail_max_s))
         self.rate_target, self.rate_min, self.rate_max_s = rate_target, rate_min, rate_max_s
@@ -427,6 +428,9 @@ class RequestPipeline:
         kept = tuple(r for r in env.records if r.ts >= horizon)
         self.stats.too_old += len(env.records) - len(kept)
         return kept
+
+    def tracks(self, service: str) -> bool:
+        return service in self._services
 
     def service_snapshot(self, service: str) -> dict[str, Any]:
         """What ``ragwatch status`` shows about one service: each instance's last bucket."""
@@ -900,6 +904,7 @@ class RequestPipeline:
             svc.instances.discard(key[1])
             if not svc.instances:
                 del self._services[key[0]]
+                self.swept.add(key[0])
             out += self.engine.clear(s.labels, now)
         return out
 

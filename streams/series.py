@@ -131,7 +131,7 @@ def series_prefix(kind: str, labels: Mapping[str, Any]) -> str:
     """
 
     def get(name: str) -> str:
-        return str(labels.get(name, "")).replace("%", "%25").replace(":", "%3A")
+        return _escaped(labels.get(name, ""))
 
     if kind == "service":
         return f"service:{get('service')}:{get('instance')}:"
@@ -140,6 +140,21 @@ def series_prefix(kind: str, labels: Mapping[str, Any]) -> str:
     mig = get("mig") if labels.get("mig") else ""
     where = f"{get('host')}:{get('gpu')}" + (f":{mig}" if mig else "")
     return f"gpu:{where}:" if kind == "gpu" else f"{kind}:{where}:{get('pid')}:"
+
+
+def _escaped(name: Any) -> str:
+    return str(name).replace("%", "%25").replace(":", "%3A")
+
+
+def owner_prefixes(hosts: Iterable[str], services: Iterable[str]) -> tuple[str, ...]:
+    """The starts of every chart id of these hosts' GPU, process and engine series and of
+    these services' instances.
+
+    >>> owner_prefixes(["h:1"], ["rag"])
+    ('gpu:h%3A1:', 'process:h%3A1:', 'engine:h%3A1:', 'service:rag:')
+    """
+    out = [f"{kind}:{_escaped(h)}:" for h in hosts for kind in ("gpu", "process", "engine")]
+    return (*out, *(f"service:{_escaped(s)}:" for s in services))
 
 
 def _unit(signal: str) -> str:
@@ -214,7 +229,9 @@ def alert_series(
 
 
 class SeriesRecorder:
-    """Remembers what it already emitted, so each point is written once."""
+    """Remembers what it already emitted, so each point is written once: for at most
+    ``max_tracked`` series (beyond, the least recently written is forgotten, and its next
+    point may be written a second time); :meth:`forget` drops swept hosts' series."""
 
     def __init__(self, step_s: float = 60.0, max_tracked: int = 200_000) -> None:
         self.step_s = step_s
@@ -251,9 +268,27 @@ class SeriesRecorder:
 
     def _due(self, sid: str, ts: float) -> bool:
         last = self._last.get(sid)
-        if last is None:
-            return len(self._last) < self.max_tracked
-        return ts - last >= self.step_s
+        return last is None or ts - last >= self.step_s
+
+    @property
+    def tracked(self) -> int:
+        """How many series ids it remembers (at most ``max_tracked``)."""
+        return len(self._last)
+
+    def forget(self, prefixes: tuple[str, ...]) -> list[str]:
+        """Stop tracking the series whose ids start with one of ``prefixes``; their ids."""
+        gone = [sid for sid in self._last if sid.startswith(prefixes)] if prefixes else []
+        for sid in gone:
+            del self._last[sid]
+        return gone
+
+    def _written(self, sid: str, ts: float) -> None:
+        """Remember a point; beyond ``max_tracked`` series, forget the one written least
+        recently (it was never refused a chart: a new series always gets one)."""
+        self._last.pop(sid, None)
+        self._last[sid] = ts  # the dict's order: least recently written first
+        if len(self._last) > self.max_tracked:
+            del self._last[next(iter(self._last))]
 
     def _add(
         self,
@@ -273,7 +308,7 @@ class SeriesRecorder:
             v = signals.get(chart.value)
             if v is None:
                 continue
-            self._last[sid] = ts
+            self._written(sid, ts)
             ref = signals.get(chart.reference) if chart.reference else None
             score = signals.get(chart.score) if chart.score else None
             out[sid] = ({**meta, "labels": labels}, [ts, v, ref, score])

@@ -178,6 +178,32 @@ class RedisState:
             )
         self._indexed.update(new)
 
+    async def prune(self, hosts: set[str], services: set[str], prefixes: tuple[str, ...]) -> int:
+        """Delete what Redis holds about hosts and services that went silent and were
+        swept from memory: their status entries, snapshots, and the chart series whose ids
+        start with ``prefixes`` (index entries and point lists, found by one scan of the
+        index: a previous worker may have written them). Returns how many charts went."""
+        charts = []
+        if prefixes:
+            async for raw, _ in self.client.hscan_iter(self.keys.series_index, count=1000):
+                sid = raw.decode() if isinstance(raw, bytes) else str(raw)
+                if sid.startswith(prefixes):
+                    charts.append(sid)
+        async with self.client.pipeline(transaction=False) as pipe:
+            if hosts:
+                pipe.hdel(self.keys.hosts, *hosts)
+                pipe.hdel(self.keys.snapshots["host"], *hosts)
+            if services:
+                pipe.hdel(self.keys.services, *services)
+                pipe.hdel(self.keys.snapshots["service"], *services)
+            for i in range(0, len(charts), 1000):
+                chunk = charts[i : i + 1000]
+                pipe.hdel(self.keys.series_index, *chunk)
+                pipe.delete(*(f"{self.keys.series}:{sid}" for sid in chunk))
+            await pipe.execute()
+        self._indexed.difference_update(charts)
+        return len(charts)
+
     async def write_snapshots(self, kind: str, snapshots: dict[str, bytes]) -> None:
         if snapshots:
             await self.client.hset(self.keys.snapshots[kind], mapping=snapshots)

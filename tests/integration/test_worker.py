@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -203,3 +204,47 @@ def test_sigterm_stops_cleanly_and_commits_processed_offsets(
     finally:
         consumer.close()
     assert sum(max(tp.offset, 0) for tp in committed) == sent
+
+
+def test_hosts_that_go_silent_are_pruned_from_redis(
+    rw_env: dict[str, str],
+    redis_client: redis.Redis,
+    start_ragwatch: Callable[..., Any],
+    make_settings: Callable[[dict[str, str]], Settings],
+) -> None:
+    """Series swept from memory kept their status, snapshot, chart index entries and chart
+    lists in Redis for good (20,000 silent hosts: /api/v1/status 9.5 MB, status 29.5 s)."""
+    settings = make_settings(rw_env)
+    worker = start_ragwatch(["worker"], rw_env)
+    keys = Keys(rw_env["RAGWATCH_REDIS_PREFIX"])
+    publish_sim(settings, SimConfig(hosts=4, gpus=1, start_ts=START), duration_s=600)
+
+    def counts() -> tuple[int, int, int]:
+        return (
+            redis_client.hlen(keys.hosts),
+            redis_client.hlen(keys.snapshots["host"]),
+            redis_client.hlen(keys.series_index),
+        )
+
+    wait_until(lambda: counts()[:2] == (4, 4) and counts()[2] >= 8, 60, worker.output)
+    charts_before = counts()[2]
+    # only gpu-node-01 goes on, for 80 minutes of event time: the others are swept an
+    # hour after their last sample
+    later = SimConfig(hosts=1, gpus=1, start_ts=START + 600)
+    publish_sim(settings, later, duration_s=80 * 60)
+    # sweeps run against the slowest partition read in the last 30 s (the silent hosts'
+    # may be another): the next envelopes of gpu-node-01, after that, sweep them
+    time.sleep(31)
+    publish_sim(settings, SimConfig(hosts=1, gpus=1, start_ts=START + 5400), duration_s=120)
+    wait_until(lambda: counts()[:2] == (1, 1), 90, lambda: f"{counts()} {worker.output()[-3000:]}")
+    assert [h.decode() for h in redis_client.hkeys(keys.hosts)] == ["gpu-node-01"]
+    index = [sid.decode() for sid in redis_client.hkeys(keys.series_index)]
+    assert index and all(":gpu-node-01:" in sid for sid in index)
+    assert len(index) < charts_before
+    lists = [
+        k for k in redis_client.scan_iter(f"{keys.series}:*") if k != keys.series_index.encode()
+    ]
+    assert len(lists) == len(index)
+    raw = redis_client.hvals(keys.workers)
+    assert orjson.loads(raw[0])["pruned"] == 3
+    assert worker.stop() == 0

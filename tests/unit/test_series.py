@@ -7,7 +7,7 @@ import itertools
 from ragwatch.agents.scenario import build
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
-from ragwatch.streams.series import SeriesRecorder, series_prefix
+from ragwatch.streams.series import SeriesRecorder, owner_prefixes, series_prefix
 
 
 def test_points_every_step_with_forecasts_for_services() -> None:
@@ -29,13 +29,23 @@ def test_points_every_step_with_forecasts_for_services() -> None:
     assert {sid.split(":")[0] for sid in got} == {"gpu", "process", "service"}
 
 
-def test_the_number_of_tracked_series_is_capped() -> None:
+def test_the_recorder_tracks_a_bounded_number_of_series_and_never_refuses_one() -> None:
+    """It refused every series beyond max_tracked until a restart; now it forgets the one
+    written least recently (whose next point is then written again)."""
     pipes = Pipelines(load_rules())
     for env in build("healthy", hosts=3, gpus=2, services=0, interval_s=60.0).envelopes(hours=0.1):
         pipes.process(env)
     rec = SeriesRecorder(max_tracked=4)
     hosts = {"gpu-node-01", "gpu-node-02", "gpu-node-03"}
-    assert len(rec.collect(pipes, hosts, set())) == 4
+    everything = SeriesRecorder().collect(pipes, hosts, set())
+    assert len(everything) > 4
+    assert rec.collect(pipes, hosts, set()).keys() == everything.keys()
+    assert rec.tracked == 4
+    full = SeriesRecorder()
+    full.collect(pipes, hosts, set())
+    gone = full.forget(owner_prefixes(["gpu-node-03"], []))
+    assert gone and all(":gpu-node-03:" in sid for sid in gone)
+    assert full.tracked == len(everything) - len(gone)
 
 
 def test_names_holding_colons_make_distinct_series_ids() -> None:
