@@ -56,6 +56,7 @@ bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/latency.py
 	$(PY) bench/quality.py
 	$(PY) bench/space.py --draws 200
+	RAGWATCH_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q tests/unit/test_fuzz_pipelines.py
 
 soak: setup ## 10 minutes of scenario all with random worker kills (bench/soak.py)
 	$(PY) bench/soak.py

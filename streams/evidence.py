@@ -286,19 +286,29 @@ def tail_signals(window: TailWindow, now: float, out: dict[str, float | None]) -
 def _tail_signals(window: TailWindow, now: float, out: dict[str, float | None]) -> None:
     xs = {name: _sorted(window.window(name, now)) for name in (*LATENCIES, "ttft", "queue")}
     e2e = xs["e2e"]
-    e2e_total = float(e2e.sum()) if len(e2e) >= MIN_VALUES["p50"] else 0.0
+    enough = len(e2e) >= MIN_VALUES["p50"]
     for name in LATENCIES:
         v = xs[name]
         for q, p in QUANTILES:
             out[f"{name}_{q}_ms"] = _quantile(v, p) if len(v) >= MIN_VALUES[q] else None
         if name != "e2e":
-            out[f"{name}_share"] = float(v.sum()) / e2e_total if len(v) and e2e_total else None
+            out[f"{name}_share"] = _share(v, e2e) if enough and len(v) else None
     for name in ("ttft", "queue"):
         v = xs[name]
         out[f"{name}_p95_ms"] = _quantile(v, 0.95) if len(v) >= MIN_VALUES["p95"] else None
 
 
 LATENCIES = ("e2e", "retriever", "reranker", "llm")
+
+
+def _share(part: npt.NDArray[np.float64], whole: npt.NDArray[np.float64]) -> float | None:
+    """sum(part) / sum(whole) of two sorted arrays, summed in units of their largest value:
+    latencies near the float maximum (all finite, all accepted) cannot overflow to inf."""
+    scale = max(float(part[-1]), float(whole[-1]))
+    if not scale > 0:
+        return None
+    total = float((whole / scale).sum())
+    return float((part / scale).sum()) / total if total > 0 else None
 
 
 def _sorted(values: array[float]) -> npt.NDArray[np.float64]:
