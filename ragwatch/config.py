@@ -261,6 +261,12 @@ class Settings:
         "envelopes stamped more than this many seconds ahead of the worker's clock are "
         "dead-lettered (event time would jump ahead)",
     )
+    slow_message: float = _setting(
+        1.0,
+        _positive_float,
+        "seconds: processing one message for longer holds every partition of the worker; "
+        "such a message is logged and counted (slow_messages)",
+    )
     snapshot_interval: float = _setting(
         10.0,
         _positive_float,

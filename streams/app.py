@@ -86,6 +86,7 @@ class WorkerCounters:
     messages: int = 0
     deadletter: int = 0
     pruned: int = 0  # silent hosts and services whose Redis state was deleted
+    slow_messages: int = 0  # messages processed for longer than RAGWATCH_SLOW_MESSAGE
     transitions: int = 0
     redis_errors: int = 0
     duplicate_notifications: int = 0  # transitions already sent before a restart: not re-sent
@@ -401,7 +402,19 @@ def register_processors(
                         await delivery.restore(pipes, domain, k)
                     partitions.setdefault((domain, k), set()).add(msg.tp)
                     try:
+                        started = time.perf_counter()
                         transitions = process(env)
+                        took = time.perf_counter() - started
+                        if took > settings.slow_message:  # every partition waited this long
+                            counters.slow_messages += 1
+                            log.warning(
+                                "slow message %s[%d] offset=%d key=%s: %.1f s",
+                                msg.topic,
+                                msg.partition,
+                                msg.offset,
+                                k,
+                                took,
+                            )
                     except Exception as exc:  # a bug must not stall the partition
                         log.exception("processing failed %s key=%s", kind, k)
                         await dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}", raw)
