@@ -145,9 +145,21 @@ SCHEMAS: dict[str, Any] = {
         seen=_nullable("number", description="wall time the notifier last reported"),
     ),
     "Status": _obj(
-        ["hosts", "services", "alerts", "history", "workers", "silences", "notifier"],
+        [
+            "hosts",
+            "services",
+            "total_hosts",
+            "total_services",
+            "alerts",
+            "history",
+            "workers",
+            "silences",
+            "notifier",
+        ],
         hosts=_array(_ref("Host")),
         services=_array(_ref("Service")),
+        total_hosts={"type": "integer", "description": "hosts in all (the page holds some)"},
+        total_services={"type": "integer", "description": "services in all"},
         alerts=_array(_ref("Alert")),
         history=_array(_ref("Alert")),
         workers={"type": "object", "additionalProperties": {"type": "object"}},
@@ -250,7 +262,12 @@ def _alert_page() -> dict[str, Any]:
 
 
 def spec(
-    *, series_points: int, index_max: int, alerts_max: int, fingerprint_max: int = 128
+    *,
+    series_points: int,
+    index_max: int,
+    alerts_max: int,
+    status_max: int = 1000,
+    fingerprint_max: int = 128,
 ) -> dict[str, Any]:
     """The document, with the server's limits filled in."""
     kinds = {"type": "string", "enum": ["gpu", "process", "service", "engine"]}
@@ -273,7 +290,16 @@ def spec(
         },
         "paths": {
             "/api/v1/status": _op(
-                "Everything 'ragwatch status --json' prints", _json(_ref("Status"), "status")
+                "What 'ragwatch status --json' prints, a page of hosts and services at a time",
+                _json(_ref("Status"), "status"),
+                [
+                    _limit(status_max) | {"description": "at most this many hosts and services"},
+                    _query(
+                        "offset",
+                        {"type": "integer", "minimum": 0, "default": 0},
+                        "skip this many hosts and services (each, in name order)",
+                    ),
+                ],
             ),
             "/api/v1/alerts": _op(
                 "Active alerts, firing first",

@@ -78,6 +78,8 @@ log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).parent / "web"
 INDEX_MAX = 10_000  # series index entries per response
 ALERTS_MAX = 10_000  # alerts per response
+STATUS_MAX = 1000  # hosts and services (each) per status response
+OFFSET_MAX = 10**9
 SERIES_ID_MAX = 512  # characters
 FINGERPRINT_MAX = 128  # characters
 ALERT_HISTORY_MAX = 100  # transitions of one alert per response
@@ -216,8 +218,12 @@ def read_alert(client: Any, prefix: str, fingerprint: str, *, now: float) -> dic
 
 
 async def status(request: web.Request) -> web.Response:
-    _params(request, ())
-    return _json(await _read(request, read_status))
+    """The fleet, a page of ``limit`` hosts and services (each) from ``offset`` in name
+    order: a fleet of 20,000 hosts made one response of 9.5 MB."""
+    params = _params(request, ("limit", "offset"))
+    limit = _int(params, "limit", 1, STATUS_MAX)
+    offset = _int(params, "offset", 0, OFFSET_MAX) if "offset" in params else 0
+    return _json(await _read(request, read_status, limit=limit, offset=offset))
 
 
 async def alerts(request: web.Request) -> web.Response:
@@ -263,8 +269,12 @@ async def series(request: web.Request) -> web.Response:
     if len(sid) > SERIES_ID_MAX:
         raise BadRequest(f"series id longer than {SERIES_ID_MAX} characters")
     found = await _read(request, read_series, sid, limit)
+    typed = request.raw_path.partition("?")[0].removeprefix("/api/v1/series/")
+    if found is None and typed != sid and len(typed) <= SERIES_ID_MAX:
+        # an id typed as it is (names' ':' escaped as %3A in it), not URL-encoded
+        sid, found = typed, await _read(request, read_series, typed, limit)
     if found is None:
-        return _error(404, f"no series {sid!r}")
+        return _error(404, f"no series {request.match_info['id']!r}")
     meta, points = found
     return _json(
         {
@@ -310,6 +320,7 @@ async def openapi(request: web.Request) -> web.Response:
         series_points=SERIES_POINTS,
         index_max=INDEX_MAX,
         alerts_max=ALERTS_MAX,
+        status_max=STATUS_MAX,
         fingerprint_max=FINGERPRINT_MAX,
     )
     return _json(doc)

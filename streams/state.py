@@ -240,6 +240,23 @@ def _json_hash(client: Any, key: str) -> dict[str, Any]:
     return out
 
 
+def _json_page(client: Any, key: str, limit: int | None, offset: int) -> tuple[dict[str, Any], int]:
+    """:func:`_json_hash` of the fields ``offset`` .. ``offset + limit`` in name order (all
+    of them without ``limit``), and how many fields the hash has: the field names are read,
+    the values of the page only."""
+    if limit is None and offset == 0:
+        return _json_hash(client, key), int(client.hlen(key))
+    names = sorted(k.decode(errors="replace") for k in client.hkeys(key))
+    page = names[offset:] if limit is None else names[offset : offset + limit]
+    values = client.hmget(key, page) if page else []
+    out = {}
+    for name, raw in zip(page, values, strict=True):
+        value = _json(raw)
+        if isinstance(value, dict):
+            out[name] = value
+    return out, len(names)
+
+
 def _float(raw: Any) -> float | None:
     try:
         return float(raw) if raw is not None else None
@@ -320,17 +337,25 @@ def read_last_points(client: Any, prefix: str, series_ids: list[str]) -> dict[st
 
 
 def read_status(
-    client: Any, prefix: str, history: int = 20, *, now: float | None = None
+    client: Any,
+    prefix: str,
+    history: int = 20,
+    *,
+    now: float | None = None,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> dict[str, Any]:
-    """Everything ``ragwatch status`` shows, from Redis only (blocking client).
+    """Everything ``ragwatch status`` shows, from Redis only (blocking client); with
+    ``limit``, hosts and services ``offset`` .. ``offset + limit`` in name order (each;
+    ``total_hosts`` and ``total_services`` say how many there are).
 
     Values that do not decode are skipped, never raised: a status read works on whatever
     the worker and the notifier wrote, including snapshots of older versions.
     """
     keys = Keys(prefix)
     now = time.time() if now is None else now
-    hosts = _json_hash(client, keys.hosts)
-    services = _json_hash(client, keys.services)
+    hosts, total_hosts = _json_page(client, keys.hosts, limit, offset)
+    services, total_services = _json_page(client, keys.services, limit, offset)
     recent = [_json(v) for v in client.lrange(keys.history, 0, history - 1)] if history > 0 else []
     active = [s for s in decode_all(client.hgetall(keys.silences)) if s.active(now)]
     alerts = read_alerts(client, prefix)
@@ -341,6 +366,8 @@ def read_status(
     return {
         "hosts": [{"host": h, **hosts[h]} for h in sorted(hosts)],
         "services": [{"service": s, **services[s]} for s in sorted(services)],
+        "total_hosts": total_hosts,
+        "total_services": total_services,
         "alerts": alerts,
         "history": [r for r in recent if isinstance(r, dict)],
         "workers": _json_hash(client, keys.workers),

@@ -25,7 +25,7 @@ from ragwatch.schema import Alert, GpuEnvelope, MetricSample, MetricsEnvelope, R
 from ragwatch.streams.engine import Transition
 from ragwatch.streams.pipelines import Pipelines
 from ragwatch.streams.rules import load_rules
-from ragwatch.streams.series import SeriesRecorder
+from ragwatch.streams.series import SeriesRecorder, series_prefix
 from ragwatch.streams.silences import Silence
 from ragwatch.streams.state import Keys, RedisState
 
@@ -187,7 +187,9 @@ def write_fleet(url: str, prefix: str, now: float | None = None) -> Fleet:
         leak=leak,
         hostile=hostile,
         leak_series=f"process:{lab['host']}:{lab['gpu']}:{lab['pid']}:gpu_mem",
-        engine_series=f"engine:gpu-node-01:{ENGINE_TARGET}:tokens_per_s",
+        # the target's ':' are escaped in the id (%3A): names cannot run into each other
+        engine_series=series_prefix("engine", {"host": "gpu-node-01", "target": ENGINE_TARGET})
+        + "tokens_per_s",
         series_points=counts,
         silences=[s.id for s in silences],
     )

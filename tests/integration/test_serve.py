@@ -195,6 +195,19 @@ def test_status_api_is_what_status_json_prints(served: Served) -> None:
     assert api["notifier"]["counters"]["receivers"]["slack"] == {"sent": 3, "failed": 1}
 
 
+def test_status_api_pages_hosts_and_services(served: Served) -> None:
+    """One response held the whole fleet (20,000 hosts: 9.5 MB)."""
+    full = get(served.url + "/api/v1/status").json()
+    assert (full["total_hosts"], len(full["hosts"])) == (2, 2)
+    second = get(served.url + "/api/v1/status?limit=1&offset=1").json()
+    assert [h["host"] for h in second["hosts"]] == ["gpu-node-02"]
+    assert second["total_hosts"] == 2 and second["alerts"] == full["alerts"]
+    assert second["services"] == full["services"][1:2]
+    assert get(served.url + "/api/v1/status?offset=5").json()["hosts"] == []
+    for bad in ("limit=0", "limit=1001", "offset=-1", "offset=x", "page=2"):
+        assert get(served.url + f"/api/v1/status?{bad}").status == 400, bad
+
+
 def test_alerts_filter_limit_and_validation(served: Served) -> None:
     base = served.url + "/api/v1/alerts"
     every = get(base).json()
