@@ -68,7 +68,8 @@ def test_status_json_has_silences_and_notifier(fleet_env: tuple[dict[str, str], 
     out = run_ragwatch("status", "--json", env=env)
     status = json.loads(out.stdout)
     assert set(status) == {
-        "hosts", "services", "alerts", "history", "workers", "silences", "notifier", "flaps",
+        "hosts", "services", "total_hosts", "total_services", "alerts", "history", "workers",
+        "silences", "notifier", "flaps",
     }  # fmt: skip
     assert status["flaps"] == []  # nothing here fired again soon after resolving
     assert [a["fingerprint"] for a in status["alerts"] if a["status"] == "firing"] == [
