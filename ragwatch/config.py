@@ -78,18 +78,15 @@ def redact_url(url: str) -> str:
     span = _userinfo(url)
     if span is not None:
         user, colon, _ = url[span[0] : span[1]].partition(":")
-        if colon or any(c in user for c in "/?#"):
-            user = user if colon and not any(c in user for c in "/?#") else ""
-            url = f"{url[: span[0]]}{user}:***{url[span[1] :]}"
+        garbled = any(c in user for c in "/?#")  # a password with no ':' before it
+        if colon or garbled:
+            url = f"{url[: span[0]]}{'' if garbled else user}:***{url[span[1] :]}"
     parts = urlsplit(url)
-    pairs = parts.query.split("&") if parts.query else []
-    if not any(kv.split("=", 1)[0].lower() == "password" for kv in pairs):
-        return url
     query = "&".join(
         f"{kv.split('=', 1)[0]}=***" if kv.split("=", 1)[0].lower() == "password" else kv
-        for kv in pairs
+        for kv in parts.query.split("&")
     )
-    return urlunsplit(parts._replace(query=query))
+    return url if query == parts.query else urlunsplit(parts._replace(query=query))
 
 
 def _bootstrap(v: str) -> str:

@@ -260,15 +260,12 @@ class MetricsPipeline:
     def _series(self, host: str, target: str) -> EngineSeries | None:
         s = self.series.get((host, target))
         if s is None:
-            targets = self._by_host.setdefault(host, set())
-            if self._room() <= 0 or len(targets) >= self.max_targets:
+            if self._room() <= 0 or len(self._by_host.get(host, ())) >= self.max_targets:
                 self.stats.dropped_series += 1
-                if not targets:
-                    del self._by_host[host]
                 return None
             base = SeasonalBaseline(step_s=BASELINE_BUCKET_S)
             s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, base)
-            targets.add((host, target))
+            self._by_host.setdefault(host, set()).add((host, target))
         return s
 
     def _room(self) -> int:

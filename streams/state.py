@@ -232,11 +232,16 @@ def _json(raw: Any) -> Any:
 
 def _json_hash(client: Any, key: str) -> dict[str, Any]:
     """field -> decoded JSON object of a hash, skipping values that are not JSON objects."""
+    return _json_objects((k.decode(errors="replace"), v) for k, v in client.hgetall(key).items())
+
+
+def _json_objects(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """name -> decoded JSON object, skipping values that are not JSON objects."""
     out = {}
-    for k, v in client.hgetall(key).items():
-        value = _json(v)
+    for name, raw in pairs:
+        value = _json(raw)
         if isinstance(value, dict):
-            out[k.decode(errors="replace")] = value
+            out[name] = value
     return out
 
 
@@ -249,12 +254,7 @@ def _json_page(client: Any, key: str, limit: int | None, offset: int) -> tuple[d
     names = sorted(k.decode(errors="replace") for k in client.hkeys(key))
     page = names[offset:] if limit is None else names[offset : offset + limit]
     values = client.hmget(key, page) if page else []
-    out = {}
-    for name, raw in zip(page, values, strict=True):
-        value = _json(raw)
-        if isinstance(value, dict):
-            out[name] = value
-    return out, len(names)
+    return _json_objects(zip(page, values, strict=True)), len(names)
 
 
 def _float(raw: Any) -> float | None:
