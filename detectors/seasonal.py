@@ -110,9 +110,53 @@ class Relearned:
 
 @register("seasonal")
 class SeasonalBaseline:
-    """Profile from previous days + local level/trend + hold (see module docstring)."""
+    """Profile from previous days + local level/trend + hold (see module docstring).
 
-    _held_q: float | None = None  # also for snapshots taken before it existed
+    Cells are kept per day seen, a row of ``slots`` cells each, allocated when the day
+    starts (a new series holds one row, not ``days``), at most ``days`` rows, the oldest
+    day's row reused."""
+
+    __slots__ = (
+        "_b",
+        "_count",
+        "_day",
+        "_drift",
+        "_held_q",
+        "_held_since",
+        "_l",
+        "_mean",
+        "_n",
+        "_open",
+        "_p00",
+        "_p01",
+        "_p11",
+        "_profile",
+        "_refreshed",
+        "_row",
+        "_row_day",
+        "_run",
+        "_scale",
+        "_t",
+        "_w",
+        "_zw",
+        "damping",
+        "days",
+        "hold_max_s",
+        "late",
+        "level_noise",
+        "min_coverage",
+        "model_var",
+        "outlier_z",
+        "outliers",
+        "relearned",
+        "season_s",
+        "slot_s",
+        "slots",
+        "step_s",
+        "trend_noise",
+        "unprofiled_hold_s",
+        "warmup",
+    )
 
     def __init__(
         self,
@@ -171,9 +215,10 @@ class SeasonalBaseline:
         self.model_var = 0.0
         # profile: offsets per slot (None until one day completed); cells per (day, slot)
         self._profile: array[float] | None = None
-        self._w = array("d", [0.0]) * (self.days * self.slots)
-        self._zw = array("d", [0.0]) * (self.days * self.slots)
-        self._row_day = array("q", [-1]) * self.days  # which day each row holds
+        self._w = array("d")  # cell weights, a row of slots per day seen
+        self._zw = array("d")  # weighted sums of z, the same cells
+        self._row_day = array("q")  # which day each row holds
+        self._row = 0  # the row of the newest observation's day
         self._day: int | None = None  # the day of the newest observation
         self._refreshed: float | None = None  # when the profile was last refreshed
         # hold
@@ -431,9 +476,9 @@ class SeasonalBaseline:
         self._n = min(self._n + 1, self.warmup)
 
     def _cell(self, t: float) -> int:
-        day = math.floor(t / self.season_s)
+        """The cell of ``t``, in the current day's row (``t`` is in the current day)."""
         slot = math.floor((t % self.season_s) / self.slot_s) % self.slots
-        return (day % self.days) * self.slots + slot
+        return self._row * self.slots + slot
 
     def _roll_day(self, t: float) -> None:
         """Start the day of ``t`` if it is new (its row of cells starts empty); every
@@ -441,17 +486,31 @@ class SeasonalBaseline:
         day = math.floor(t / self.season_s)
         if self._day != day:
             self._day = day
-            row = day % self.days
-            if self._row_day[row] != day:
-                base = row * self.slots
-                for i in range(base, base + self.slots):
-                    self._w[i] = self._zw[i] = 0.0
-                self._row_day[row] = day
+            self._row = self._start_row(day)
         if self._refreshed is None:
             self._refreshed = t
         elif t - self._refreshed >= self.season_s:
             self._refreshed = t
             self._refresh_profile(t)
+
+    def _start_row(self, day: int) -> int:
+        """The row holding ``day``: its own if it has one, else a new one while fewer than
+        ``days`` are held, else the oldest day's, emptied (the rows hold the newest
+        ``days`` days seen, all a profile can read)."""
+        rows = self._row_day
+        if day in rows:
+            return rows.index(day)
+        if len(rows) < self.days:
+            rows.append(day)
+            self._w.extend(array("d", [0.0]) * self.slots)
+            self._zw.extend(array("d", [0.0]) * self.slots)
+            return len(rows) - 1
+        row = rows.index(min(rows))
+        base = row * self.slots
+        for i in range(base, base + self.slots):
+            self._w[i] = self._zw[i] = 0.0
+        rows[row] = day
+        return row
 
     def _refresh_profile(self, t: float) -> None:
         curves = [c for k in range(self.days) if (c := self._curve(t - k * self.season_s))]
@@ -494,11 +553,13 @@ class SeasonalBaseline:
         raw = [math.nan] * self.slots
         var = [math.nan] * self.slots
         known = []
+        newest = self._day if self._day is not None else -math.inf
         for s in range(self.slots):
             day = math.floor((end - (s + 1) * self.slot_s) / self.season_s)
-            row = day % self.days
-            i = row * self.slots + s
-            if self._row_day[row] == day and self._w[i] > 0:
+            if day <= newest - self.days or day not in self._row_day:
+                continue  # a day over ``days`` old is not read, if its row is still held
+            i = self._row_day.index(day) * self.slots + s
+            if self._w[i] > 0:
                 raw[s], var[s] = self._zw[i] / self._w[i], 1.0 / self._w[i]
                 known.append(s)
         if len(known) < self.min_coverage * self.slots:

@@ -130,8 +130,9 @@ class CountRing:
         if capacity < 1 or not bucket_s > 0:
             raise ValueError(f"need capacity >= 1 and bucket_s > 0, got {capacity, bucket_s}")
         self.capacity, self.bucket_s = capacity, float(bucket_s)
-        self._cols = {f: array("d", [0.0]) * capacity for f in self._FIELDS}
-        self._end = array("d", [0.0]) * capacity  # bucket end times
+        # columns grow as buckets arrive, up to capacity (a new series holds one bucket)
+        self._cols = {f: array("d") for f in self._FIELDS}
+        self._end = array("d")  # bucket end times
         self._head = 0  # where the next bucket goes
         self._len = 0
 
@@ -142,6 +143,9 @@ class CountRing:
         """One closed bucket and the requests expected in it (None: no baseline yet)."""
         i = self._head
         cols = self._cols
+        if len(self._end) < self.capacity:  # not full yet: the next bucket goes at the end
+            for col in (*cols.values(), self._end):
+                col.append(0.0)
         cols["n"][i], cols["errors"][i] = c.n, c.errors
         cols["tokens"][i], cols["tokens_sq"][i], cols["context"][i] = (
             c.tokens,

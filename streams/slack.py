@@ -17,8 +17,11 @@ A 429 answers Retry with Slack's ``Retry-After`` (header, or ``retry_after`` in 
 body; 30 s if neither) for the whole batch, and nothing else goes to that URL until then:
 Slack disables apps that keep posting after a rate limit (alertmanager#2111, #2128).
 
-Everything user-controlled (labels, annotations) is escaped for mrkdwn (``&``, ``<``,
-``>``), so ``<!channel>`` or ``<http://evil|x>`` in a label can neither ping nor link.
+Labels are sent as ``plain_text`` fields, which Slack shows as they are (mrkdwn has no
+escape for ``*``, ``_``, ``~`` or a backtick, so a label ``*URGENT*`` would be bold in
+mrkdwn); annotations, which rules write in mrkdwn, are escaped (``&``, ``<``, ``>``) and
+sent ``verbatim``, so ``<!channel>`` or ``<http://evil|x>`` in a label or an annotation
+can neither ping nor link, and a URL or ``#channel`` in them is not linked.
 Limits are held by truncating: 50 blocks, 150 characters per header, 3000 per section
 text, 2000 per field, 10 fields, and about 10,000 characters over all blocks (Slack
 documents 40,000, but answers ``msg_blocks_too_long`` near 13,200: slackapi/bolt-js#2509).
@@ -35,8 +38,8 @@ errors, ``describe()`` or reprs, only its scheme and host.
 >>> msg = slack_message(Notification.of("chat", {"alertname": "GpuMemoryLeak"}, [a]))
 >>> msg["blocks"][0]["text"]["text"]
 ':red_circle: FIRING: GpuMemoryLeak'
->>> msg["blocks"][1]["fields"][0]["text"]
-'*host:* &lt;!channel&gt;'
+>>> msg["blocks"][1]["fields"][0]          # shown as it is: no ping, no formatting
+{'type': 'plain_text', 'text': 'host: <!channel>', 'emoji': False}
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ RELEARNED_EMOJI = ":arrows_counterclockwise:"  # resolved because the baseline g
 SEVERITY_ORDER = ("critical", "error", "warning", "info")
 FIRST_LABELS = ("host", "gpu", "mig", "pid", "process", "container", "service", "instance")
 HEADER_LABELS = frozenset({"alertname", "severity"})  # shown in the header already
+GRAVE = "\u02cb"  # a backtick's look-alike: a label's backtick cannot end a code span
 
 
 # ---------------------------------------------------------------- text helpers
@@ -214,8 +218,14 @@ def _ident(a: Alert, limit: int = 120) -> str:
 # ---------------------------------------------------------------- blocks
 
 
-def _mrkdwn(text: str, limit: int = MAX_SECTION) -> dict[str, str]:
-    return {"type": "mrkdwn", "text": clip(text, limit) or " "}
+def _mrkdwn(text: str, limit: int = MAX_SECTION) -> dict[str, Any]:
+    """Our markup; ``verbatim``: a URL or #channel in escaped user text stays text."""
+    return {"type": "mrkdwn", "text": clip(text, limit) or " ", "verbatim": True}
+
+
+def _plain(text: str, limit: int = MAX_FIELD) -> dict[str, Any]:
+    """Text Slack shows as it is: no bold, italics, strike, code, links or mentions."""
+    return {"type": "plain_text", "text": clip(text, limit) or " ", "emoji": False}
 
 
 def _header(text: str) -> dict[str, Any]:
@@ -267,7 +277,7 @@ def _alert_section(a: Alert) -> dict[str, Any]:
     lines.append(f"*Value:* {number(a.value)}{expected}")
     section: dict[str, Any] = {"type": "section", "text": _mrkdwn("\n".join(lines))}
     labels = _ordered_labels(a.labels)
-    fields = [_mrkdwn(f"*{escape(clip(k, 100))}:* {escape(clip(v, 300))}") for k, v in labels]
+    fields = [_plain(f"{clip(k, 100)}: {clip(v, 300)}") for k, v in labels]
     if len(fields) > MAX_FIELDS:
         more = _mrkdwn(f"_and {len(labels) - MAX_FIELDS + 1} more labels_")
         fields = [*fields[: MAX_FIELDS - 1], more]
@@ -334,7 +344,7 @@ def _digest_line(n: Notification, a: Alert) -> str:
     url = alert_url(n.external_url, a)
     return (
         line
-        + (f" ({escape(where)})" if where else "")
+        + (f" (`{escape(where.replace('`', GRAVE))}`)" if where else "")  # code: unformatted
         + (f" {link(url, 'details', max_url=300)}" if url else "")
     )
 

@@ -49,10 +49,11 @@ from typing import Any
 from ragwatch.errors import RagwatchError
 from ragwatch.streams.pipelines import Pipelines
 
-# 2: GPU series keep raw values; 3: request series keep evidence windows; 4: request
-# buckets count an outlier cluster's records apart
-SNAPSHOT_VERSION = 4
-# and seasonal baselines (a snapshot of 2 is not used: its services learn again, once)
+# 2: GPU series keep raw values; 3: request series keep evidence windows and seasonal
+# baselines; 4: request buckets count an outlier cluster's records apart; 5: seasonal
+# baselines keep a row per day seen and count rings grow as buckets arrive (a snapshot
+# of another version is not used: its hosts and services learn again, once)
+SNAPSHOT_VERSION = 5
 
 # (module, names) the unpickler may rebuild besides ragwatch's own classes
 _STDLIB: dict[str, frozenset[str]] = {

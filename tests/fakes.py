@@ -172,6 +172,13 @@ def block_problems(blocks: list[dict[str, Any]]) -> list[str]:
                 bad.append(f"blocks[{i}]: context over 10 elements")
         if any(not t["text"] for t in texts):
             bad.append(f"blocks[{i}]: empty text")
+        for t in texts:  # text objects: emoji is plain_text's, verbatim mrkdwn's
+            if t["type"] not in ("plain_text", "mrkdwn"):
+                bad.append(f"blocks[{i}]: text type {t['type']!r}")
+            if ("emoji" in t and t["type"] != "plain_text") or (
+                "verbatim" in t and t["type"] != "mrkdwn"
+            ):
+                bad.append(f"blocks[{i}]: emoji or verbatim on the wrong text type")
     return bad
 
 

@@ -267,23 +267,32 @@ async def test_slack_message_is_block_kit_with_labels_value_hint_and_link(
                     "type": "mrkdwn",
                     "text": ":red_circle: *GPU memory leak: rag-worker (pid 4011) on gpu-node-01"
                     " GPU 1*\n*Value:* 1,300,000,000  ·  *Expected:* 0",
+                    "verbatim": True,
                 },
-                "fields": [
-                    {"type": "mrkdwn", "text": "*host:* gpu-node-01"},
-                    {"type": "mrkdwn", "text": "*gpu:* 1"},
-                    {"type": "mrkdwn", "text": "*pid:* 4011"},
-                    {"type": "mrkdwn", "text": "*team:* ml"},
+                "fields": [  # labels as they are: Slack formats nothing in plain_text
+                    {"type": "plain_text", "text": "host: gpu-node-01", "emoji": False},
+                    {"type": "plain_text", "text": "gpu: 1", "emoji": False},
+                    {"type": "plain_text", "text": "pid: 4011", "emoji": False},
+                    {"type": "plain_text", "text": "team: ml", "emoji": False},
                 ],
             },
             {
                 "type": "section",
-                "text": {"type": "mrkdwn", "text": ":mag: *Likely cause:* FAISS index never reset"},
+                "text": {
+                    "type": "mrkdwn",
+                    "text": ":mag: *Likely cause:* FAISS index never reset",
+                    "verbatim": True,
+                },
             },
             {
                 "type": "context",
                 "elements": [
-                    {"type": "mrkdwn", "text": f"<{STATUS_PAGE}/alerts/f1|Open in ragwatch>"},
-                    {"type": "mrkdwn", "text": "since 2026-01-01T00:00:00Z"},
+                    {
+                        "type": "mrkdwn",
+                        "text": f"<{STATUS_PAGE}/alerts/f1|Open in ragwatch>",
+                        "verbatim": True,
+                    },
+                    {"type": "mrkdwn", "text": "since 2026-01-01T00:00:00Z", "verbatim": True},
                 ],
             },
         ],
@@ -314,7 +323,7 @@ async def test_slack_burst_of_ten_becomes_one_digest(session: aiohttp.ClientSess
     assert msg["text"] == ":red_circle: 10 alerts: 10 firing, 0 resolved"
     lines = msg["blocks"][1]["text"]["text"].split("\n")
     assert len(lines) == 4 and lines[0].startswith(":red_circle: *FIRING* GpuMemoryLeak: ")
-    assert f"<{STATUS_PAGE}/alerts/fp0|details>" in lines[0] and "(host=h0)" in lines[0]
+    assert f"<{STATUS_PAGE}/alerts/fp0|details>" in lines[0] and "(`host=h0`)" in lines[0]
     assert msg["blocks"][-1]["elements"][0]["text"] == "… and 6 more"
     assert sender.stats.digests == 1 and sender.stats.sent == 1
 
@@ -370,6 +379,7 @@ async def test_slack_escapes_hostile_labels_and_annotations(session: aiohttp.Cli
             "host": "<!channel>",
             "service": "<http://evil.example|click me>",
             "instance": "<@U024BE7LH> & <#C024BE7LR>",
+            "team": "*URGENT* _all_ ~ok~ `rm`",
         },
         annotations={"summary": "<!here> leak", "hint": "see <https://evil.example|this>"},
     )
@@ -378,23 +388,31 @@ async def test_slack_escapes_hostile_labels_and_annotations(session: aiohttp.Cli
         assert await sender.send([note(hostile)]) == [Delivered("HTTP 200")]
         assert all(isinstance(o, Delivered) for o in await drain(sender, [note(hostile), *many(2)]))
     for msg in slack.bodies():
-        for text in texts(msg):
+        for text in texts(msg, plain=False):  # what Slack parses: only our links
             ours = re.sub(rf"<{re.escape(STATUS_PAGE)}[^|<>\s]*\|[^<>]*>", "", text)
             assert "<" not in ours and ">" not in ours, text
-    single = str(slack.bodies()[0])
-    assert "&lt;!channel&gt;" in single and "&lt;!here&gt; leak" in single
-    assert "&lt;@U024BE7LH&gt; &amp; &lt;#C024BE7LR&gt;" in single
+            assert "*URGENT*" not in text and "_all_" not in text and "~ok~" not in text
+    single = slack.bodies()[0]
+    shown = [f["text"] for b in single["blocks"] for f in b.get("fields", [])]
+    assert "host: <!channel>" in shown and "team: *URGENT* _all_ ~ok~ `rm`" in shown
+    assert all(f["type"] == "plain_text" for b in single["blocks"] for f in b.get("fields", []))
+    assert "&lt;!here&gt; leak" in str(single)
+    digest = slack.bodies()[1]  # the labels that say where, in code: unformatted
+    assert "(`host=&lt;!channel&gt; service=&lt;http://evil.example|click me&gt;" in str(digest)
 
 
-def texts(node: Any) -> list[str]:
-    """Every ``text`` string in a Slack message."""
+def texts(node: Any, *, plain: bool = True) -> list[str]:
+    """Every ``text`` string in a Slack message; with ``plain=False`` only those Slack
+    parses (not ``plain_text`` objects, which it shows as they are)."""
     out: list[str] = []
     if isinstance(node, dict):
+        if not plain and node.get("type") == "plain_text":
+            return out
         for k, v in node.items():
-            out += [v] if k == "text" and isinstance(v, str) else texts(v)
+            out += [v] if k == "text" and isinstance(v, str) else texts(v, plain=plain)
     elif isinstance(node, list):
         for v in node:
-            out += texts(v)
+            out += texts(v, plain=plain)
     return out
 
 

@@ -7,6 +7,9 @@ alert engine, exactly as the Faust agent drives it.
 
 from __future__ import annotations
 
+import gc
+import os
+import tracemalloc
 from dataclasses import dataclass, field
 
 import orjson
@@ -268,6 +271,49 @@ def test_one_series_budget_for_the_whole_worker_and_caps_per_service_and_host() 
         per_host.process(MetricsEnvelope("node-1", f"http://e{k}/metrics", t0, (scrape,)))
     per_host.process(MetricsEnvelope("node-2", "http://e0/metrics", t0, (scrape,)))
     assert len(per_host.series) == 3 and per_host.stats.dropped_series == 2
+
+
+def _flood(pipes: Pipelines, services: range) -> None:
+    """One request envelope for each of ``services`` new services."""
+    t0 = 1_700_000_000.0
+    stages = {"retriever": 100.0, "llm": 600.0}
+    for k in services:
+        ts = t0 + k * 1e-3
+        rec = RequestRecord(ts, "ok", 800.0, 3000, 250, stages=stages)
+        pipes.process(RequestsEnvelope(f"svc{k}", "i0", ts, (rec,)))
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_flood_of_new_services_stays_within_the_documented_memory() -> None:
+    """docs/security.md: a new request series costs about 11 KB (it was 44 KB: four
+    seasonal baselines holding a week of cells and a count ring of 90 buckets each, when
+    only one bucket of one day had been seen), and the budget holds whatever arrives:
+    100,000 services flood a worker whose budget is 1,000 and it holds 1,000 series."""
+    pipes = Pipelines(load_rules(), max_series=100_000)
+    _flood(pipes, range(50))  # the first series compile what every later one shares
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        _flood(pipes, range(50, 2050))
+        gc.collect()
+        per_series = (tracemalloc.get_traced_memory()[0] - before) / 2000
+    finally:
+        tracemalloc.stop()
+    assert per_series < 12 * 1024, per_series
+
+    capped = Pipelines(load_rules(), max_series=1_000)
+    gc.collect()
+    rss = _rss()
+    _flood(capped, range(100_000))
+    gc.collect()
+    assert len(capped.requests.series) == 1_000
+    assert capped.requests.stats.dropped_records == 99_000
+    assert _rss() - rss < 1_000 * per_series + 32 * 2**20  # the 1,000 series, not 100,000
 
 
 def test_replayed_old_envelope_changes_nothing() -> None:
