@@ -131,7 +131,7 @@ def poll_redis(
     """Every 20 ms: first wall time each fingerprint is firing; the worker's counter."""
     import redis
 
-    from ragwatch.streams.state import Keys
+    from ragwatch.store import Keys
 
     keys = Keys(prefix)
     r = redis.Redis.from_url(url)

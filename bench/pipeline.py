@@ -27,8 +27,8 @@ import orjson
 from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.codec import decode_as, decode_gpu_wire, encode
 from ragwatch.schema import GpuEnvelope
-from ragwatch.streams.gpu import GpuPipeline
-from ragwatch.streams.rules import load_rules
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.gpu import GpuPipeline
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -10,7 +10,7 @@ corpus: orientation only).
 
 **Scenarios** (``--part scenarios``, ~8 CPU-minutes: ~4 min on 2 idle cores): plays each
 scenario of :mod:`ragwatch.agents.scenario` (4 hosts x 2 GPUs, 2 services x 2 instances,
-seed 0) through :class:`~ragwatch.streams.pipelines.Pipelines` with the shipped rules, without
+seed 0) through :class:`~ragwatch.streams.pipelines.fleet.Pipelines` with the shipped rules, without
 Kafka. For each fault scenario (10 s samples; the fault starts 20 min in, at
 ``world.fault_start_ts``) it reports every expected alert on the faulty target (the leaking
 pid, its GPU, the faulty service instance) with three times, in event-time minutes after
@@ -60,10 +60,10 @@ from typing import Any
 
 from ragwatch.agents.scenario import World, build
 from ragwatch.agents.sim_requests import service_name
-from ragwatch.schema import Alert, Envelope, RequestsEnvelope
-from ragwatch.streams.engine import AlertEngine, Transition
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import Rule, load_rules
+from ragwatch.schema import Alert, Envelope, RequestsEnvelope, Transition
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import Rule, load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

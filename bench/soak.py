@@ -90,7 +90,7 @@ def expected_notifications(
 ) -> tuple[Counter[tuple[str, str, str]], int]:
     """(fingerprint, status, startsAt) of every notification the offline replay implies,
     and the number of envelopes the agent produces."""
-    from ragwatch.streams.webhook import rfc3339
+    from ragwatch.streams.notifier.webhook import rfc3339
 
     recording = tmp / "telemetry.jsonl"
     with open(recording, "wb") as out:

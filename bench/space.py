@@ -1,7 +1,7 @@
 """The scenario space: detection quality on telemetry shaped unlike ragwatch's own simulator.
 
 Each draw (one seed) picks a world at random and plays it through the worker's
-:class:`~ragwatch.streams.pipelines.Pipelines` with the shipped rules, without Kafka:
+:class:`~ragwatch.streams.pipelines.fleet.Pipelines` with the shipped rules, without Kafka:
 
 - **traffic**: one RAG service with two instances on one GPU host; the start time of day
   (any hour), the daily rhythm (peak / trough 1.2x to 20x, log-uniform), the traffic at
@@ -62,11 +62,10 @@ from typing import Any
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig, host_name
 from ragwatch.agents.sim_requests import Fault, RequestSimConfig, RequestSimulator
-from ragwatch.schema import Alert, Envelope, RequestsEnvelope
-from ragwatch.streams.engine import Transition
-from ragwatch.streams.marks import SweepMarks
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import Rule, load_rules
+from ragwatch.schema import Alert, Envelope, RequestsEnvelope, Transition
+from ragwatch.streams.alerting.rules import Rule, load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.marks import SweepMarks
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

@@ -7,7 +7,7 @@ lag one batch, so it is never read), then consumes that same topic three times, 
 its own subprocess and consumer group:
 
 a. a bare confluent-kafka loop + ``orjson.loads``;
-b. a bare Faust agent that only counts (broker settings as ``streams/app.py:build_app``);
+b. a bare Faust agent that only counts (broker settings as ``streams/worker/app.py:build_app``);
 c. the full worker, ``python -m ragwatch worker``, whose ``messages`` counter is read from
    the Redis hash ``<prefix>:workers`` (written once a second with its ``seen`` time).
 
@@ -214,8 +214,8 @@ def role_memory(args: argparse.Namespace) -> None:
     from ragwatch.agents.sim import FleetSimulator, SimConfig
     from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
     from ragwatch.codec import gpu_wire
-    from ragwatch.streams.pipelines import Pipelines
-    from ragwatch.streams.rules import load_rules
+    from ragwatch.streams.alerting.rules import load_rules
+    from ragwatch.streams.pipelines.fleet import Pipelines
 
     hosts = -(-args.memory_series // (args.gpus * (args.procs + 1)))
     base = rss_bytes()
@@ -254,8 +254,8 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
     memory per series (in a subprocess)."""
     from ragwatch.codec import decode_as, decode_gpu_wire
     from ragwatch.schema import RequestsEnvelope
-    from ragwatch.streams.pipelines import Pipelines
-    from ragwatch.streams.rules import load_rules
+    from ragwatch.streams.alerting.rules import load_rules
+    from ragwatch.streams.pipelines.fleet import Pipelines
 
     out: dict[str, Any] = {}
     data = [v for _, v in telemetry(4, args.gpus, args.procs, 1500)]  # 4 h 10 min
@@ -408,8 +408,8 @@ def run_worker(env: dict[str, str], n: int, timeout: float, workers: int = 1) ->
 def profile(data: list[tuple[bytes, bytes]], top: int) -> dict[str, Any]:
     """cProfile of decode_gpu_wire + Pipelines.gpu_wire over the envelopes, in process, no Kafka."""
     from ragwatch.codec import decode_gpu_wire
-    from ragwatch.streams.pipelines import Pipelines
-    from ragwatch.streams.rules import load_rules
+    from ragwatch.streams.alerting.rules import load_rules
+    from ragwatch.streams.pipelines.fleet import Pipelines
 
     pipes = Pipelines(load_rules())
     values = [v for _, v in data]

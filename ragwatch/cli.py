@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragwatch import __version__, agent_command
-from ragwatch.argtypes import fraction, port, positive_duration, positive_int
+from ragwatch import __version__
+from ragwatch.commands import agent as agent_command
+from ragwatch.commands.argtypes import fraction, port, positive_duration, positive_int
 from ragwatch.config import Settings, env_names
 from ragwatch.errors import ConfigError
 
@@ -145,7 +146,7 @@ def _add_replay_parsers(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    from ragwatch.streams.worker import run_worker
+    from ragwatch.streams.worker.main import run_worker
 
     return run_worker(settings)
 
@@ -158,7 +159,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings, environ: Mapping[st
     import signal
     import threading
 
-    from ragwatch.status import show_status
+    from ragwatch.console.status import show_status
 
     stop = threading.Event()  # --watch: SIGTERM or Ctrl-C ends the wait, exit 0
     if args.watch:
@@ -175,25 +176,25 @@ def cmd_status(args: argparse.Namespace, settings: Settings, environ: Mapping[st
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    from ragwatch.serve import serve
+    from ragwatch.console.serve import serve
 
     return serve(settings, host=args.host, port=args.port)
 
 
 def cmd_notify(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    from ragwatch.notify_command import run_notifier
+    from ragwatch.commands.notify import run_notifier
 
     return run_notifier(settings)
 
 
 def cmd_silence(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    from ragwatch.notify_command import silence_command
+    from ragwatch.commands.notify import silence_command
 
     return silence_command(args, settings, environ, out=sys.stdout)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    from ragwatch.demo import run_demo
+    from ragwatch.commands.demo import run_demo
 
     return run_demo(
         settings, environ, scenario=args.scenario, as_json=args.json, timeout_s=args.timeout
@@ -226,8 +227,8 @@ def cmd_dev(args: argparse.Namespace, settings: Settings, environ: Mapping[str, 
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    from ragwatch.replay import replay
-    from ragwatch.streams.rules import load_rules
+    from ragwatch.commands.replay import replay
+    from ragwatch.streams.alerting.rules import load_rules
 
     rules = load_rules(args.rules or settings.rules_file)
     try:
@@ -249,7 +250,7 @@ def cmd_record(args: argparse.Namespace, settings: Settings, environ: Mapping[st
     import signal
     import threading
 
-    from ragwatch.replay import record
+    from ragwatch.commands.replay import record
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

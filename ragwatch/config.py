@@ -308,18 +308,10 @@ class Settings:
         return f"{self.topic_prefix}ragwatch.{name}"
 
     def kafka_config(self) -> dict[str, Any]:
-        """librdkafka (confluent-kafka) options: the one place snake_case meets dotted keys."""
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.kafka_bootstrap,
-            "security.protocol": self.kafka_security_protocol,
-        }
-        if self.kafka_security_protocol.startswith("SASL"):
-            conf["sasl.mechanism"] = self.kafka_sasl_mechanism
-            conf["sasl.username"] = self.kafka_sasl_username
-            conf["sasl.password"] = self.kafka_sasl_password.get()
-        if self.kafka_ssl_cafile is not None:
-            conf["ssl.ca.location"] = str(self.kafka_ssl_cafile)
-        return conf
+        """librdkafka (confluent-kafka) options (:class:`ragwatch.kafka.KafkaClient`)."""
+        from ragwatch.kafka import KafkaClient
+
+        return KafkaClient.of(self).librdkafka()
 
     def describe(self) -> dict[str, str]:
         """Every setting as ``RAGWATCH_NAME -> printable value`` (secrets masked)."""

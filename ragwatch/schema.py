@@ -520,6 +520,24 @@ class Alert:
 
 
 @dataclass(frozen=True, slots=True)
+class Transition:
+    """One alert changing state; ``previous`` is inactive, pending or firing. ``flapped``:
+    a firing transition of an alert that had resolved less than ``flap_window_s`` before
+    (counted in the alert engine's ``flaps``)."""
+
+    alert: Alert
+    previous: str
+    flapped: bool = False
+
+    @property
+    def notify(self) -> bool:
+        """Whether receivers should hear about it (firing, or resolved after firing)."""
+        return self.alert.status == "firing" or (
+            self.alert.status == "resolved" and self.previous == "firing"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class MetricSample:
     """One scraped Prometheus sample: name, labels and a finite value."""
 

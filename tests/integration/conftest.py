@@ -25,7 +25,7 @@ from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from ragwatch.kafka_admin import ensure_topics
 from ragwatch.receiver import WebhookReceiver
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 
 HERE = Path(__file__).parent
 

@@ -21,13 +21,20 @@ import redis
 import redis.asyncio as aioredis
 
 from ragwatch.agents.scenario import build
-from ragwatch.schema import Alert, GpuEnvelope, MetricSample, MetricsEnvelope, RequestsEnvelope
-from ragwatch.streams.engine import Transition
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
-from ragwatch.streams.series import SeriesRecorder, series_prefix
-from ragwatch.streams.silences import Silence
-from ragwatch.streams.state import Keys, RedisState
+from ragwatch.chart_ids import series_prefix
+from ragwatch.schema import (
+    Alert,
+    GpuEnvelope,
+    MetricSample,
+    MetricsEnvelope,
+    RequestsEnvelope,
+    Transition,
+)
+from ragwatch.silences import Silence
+from ragwatch.store import Keys, RedisState
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.charts import SeriesRecorder
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 HOSTILE = '<img src=x onerror=alert(1)>"\x1b[2J{{name}}'
 ENGINE_TARGET = "http://vllm-0:8000/metrics"

@@ -16,7 +16,7 @@ from ragwatch.agents.procinfo import ProcInfo
 from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.codec import encode
 from ragwatch.config import Settings
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import wait_until, worker_envelopes
 from tests.integration.test_restart import START
 

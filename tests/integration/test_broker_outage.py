@@ -24,7 +24,7 @@ import redis
 from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from ragwatch.receiver import WebhookReceiver
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import hosts_reached, read_records, stack_env, wait_until
 from tests.integration.test_restart import MIN, START, leak_bodies
 

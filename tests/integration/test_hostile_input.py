@@ -16,7 +16,7 @@ from ragwatch.agents.publisher import KafkaPublisher
 from ragwatch.agents.sim import SimConfig
 from ragwatch.config import Settings
 from ragwatch.schema import DLQ_HEADER_REASON, DLQ_HEADER_TOPIC
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import read_records, wait_until
 from tests.integration.test_worker import START, publish_sim
 

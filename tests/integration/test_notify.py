@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from ragwatch.codec import encode
 from ragwatch.config import Settings
 from ragwatch.schema import Alert
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.fakes import SLACK_TOKEN, FakePagerDuty, FakeServer, FakeSlack, SlowServer
 from tests.integration.conftest import run_ragwatch, wait_until
 

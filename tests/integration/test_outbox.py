@@ -7,9 +7,9 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from ragwatch.schema import Alert
-from ragwatch.streams.notification import Notification
-from ragwatch.streams.outbox import Outbox
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
+from ragwatch.streams.notifier.notification import Notification
+from ragwatch.streams.notifier.outbox import Outbox
 
 
 def _alert(host: str, status: str) -> Alert:

@@ -15,7 +15,7 @@ import redis
 from ragwatch.agents.sim import SimConfig
 from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import hosts_reached, wait_until
 from tests.integration.test_restart import MIN, START, leak_bodies, publish, telemetry
 

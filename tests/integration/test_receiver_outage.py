@@ -19,11 +19,11 @@ from typing import Any
 
 import redis
 
+from ragwatch.commands.notify import notify_config
 from ragwatch.config import Settings
-from ragwatch.notify_command import notify_config
-from ragwatch.streams.notifier import Notifier
-from ragwatch.streams.outbox import BACKOFF_MAX_S
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
+from ragwatch.streams.notifier.outbox import BACKOFF_MAX_S
+from ragwatch.streams.notifier.service import Notifier
 from tests.fakes import FakeServer, Received, Reply
 from tests.integration.test_notify import T0, alert, publish
 

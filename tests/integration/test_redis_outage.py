@@ -18,7 +18,7 @@ from ragwatch.agents.sim import SimConfig
 from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from ragwatch.receiver import WebhookReceiver
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import run_ragwatch, stack_env, wait_until, worker_envelopes
 from tests.integration.test_restart import START, leak_bodies, publish, telemetry
 

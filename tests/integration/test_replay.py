@@ -30,7 +30,7 @@ from ragwatch.agents.scenario import build
 from ragwatch.codec import decode_as, encode, to_dict
 from ragwatch.config import Settings
 from ragwatch.schema import Alert
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import SENTINEL, read_records, run_ragwatch, wait_until
 
 TOPIC = {"gpu": "gpu", "requests": "requests", "event": "events", "metrics": "metrics"}

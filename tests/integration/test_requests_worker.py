@@ -14,7 +14,7 @@ from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
 from ragwatch.codec import encode
 from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import wait_until
 
 

@@ -19,10 +19,10 @@ from ragwatch.codec import encode
 from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.schema import Alert, Envelope
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
-from ragwatch.streams.snapshot import load_host
-from ragwatch.streams.state import Keys, RedisState
+from ragwatch.store import Keys, RedisState
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.snapshot import load_host
 from tests.integration.conftest import wait_until
 
 START = 1_767_225_600.0

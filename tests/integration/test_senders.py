@@ -23,10 +23,10 @@ import pytest
 from ragwatch.config import Secret
 from ragwatch.errors import ConfigError
 from ragwatch.schema import Alert
-from ragwatch.streams.notification import Delivered, Failed, Notification, Outcome, Retry
-from ragwatch.streams.pagerduty import PagerDutyConfig, PagerDutySender, dedup_key
-from ragwatch.streams.slack import SlackConfig, SlackSender
-from ragwatch.streams.webhook import WebhookConfig, WebhookSender
+from ragwatch.streams.notifier.notification import Delivered, Failed, Notification, Outcome, Retry
+from ragwatch.streams.notifier.pagerduty import PagerDutyConfig, PagerDutySender, dedup_key
+from ragwatch.streams.notifier.slack import SlackConfig, SlackSender
+from ragwatch.streams.notifier.webhook import WebhookConfig, WebhookSender
 from tests.fakes import (
     SLACK_TOKEN,
     FakePagerDuty,

@@ -30,13 +30,13 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragwatch.codec import encode
+from ragwatch.console.exporter import METRIC_NAMES
 from ragwatch.embedded import EmbeddedStack, free_port
-from ragwatch.exporter import METRIC_NAMES
 from ragwatch.schema import Alert
-from ragwatch.streams.pagerduty import PagerDutyConfig, pagerduty_event
-from ragwatch.streams.slack import alert_url
-from ragwatch.streams.state import Keys
-from ragwatch.streams.webhook import alertmanager_payload
+from ragwatch.store import Keys
+from ragwatch.streams.notifier.pagerduty import PagerDutyConfig, pagerduty_event
+from ragwatch.streams.notifier.slack import alert_url
+from ragwatch.streams.notifier.webhook import alertmanager_payload
 from tests.integration.conftest import Proc, clean_environ, run_ragwatch, wait_until
 from tests.integration.fleet_data import HOSTILE, Fleet, write_fleet
 
@@ -362,7 +362,9 @@ def test_hostile_label_values_are_data_everywhere(served: Served) -> None:
     assert reply.headers["X-Content-Type-Options"] == "nosniff"
     page = get(served.url + "/", token=None)
     assert "script-src 'self'" in page.headers["Content-Security-Policy"]
-    assert "innerHTML" not in (Path(__file__).parents[2] / "ragwatch/web/app.js").read_text()
+    assert (
+        "innerHTML" not in (Path(__file__).parents[2] / "ragwatch/console/web/app.js").read_text()
+    )
     text = run_ragwatch("status", env=served.env).stdout
     assert "\x1b" not in text and "\\x1b[2J" in text  # no terminal escapes get through
 

@@ -7,7 +7,7 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
-from ragwatch.streams.state import SERIES_CHUNK, SERIES_POINTS, Keys, RedisState, read_series
+from ragwatch.store import SERIES_CHUNK, SERIES_POINTS, Keys, RedisState, read_series
 
 
 async def test_chart_points_are_indexed_once_trimmed_and_read_newest_first(
@@ -69,9 +69,9 @@ async def test_a_flush_of_more_series_than_a_chunk_writes_every_point(
 
 
 async def test_a_flapping_alert_is_counted_in_redis(rw_env: dict[str, str]) -> None:
-    from ragwatch.streams.engine import AlertEngine
-    from ragwatch.streams.rules import parse_rule
-    from ragwatch.streams.state import read_flaps
+    from ragwatch.store import read_flaps
+    from ragwatch.streams.alerting.engine import AlertEngine
+    from ragwatch.streams.alerting.rules import parse_rule
 
     prefix = rw_env["RAGWATCH_REDIS_PREFIX"]
     client = aioredis.from_url(rw_env["RAGWATCH_REDIS_URL"])

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from ragwatch.embedded import EmbeddedStack
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import clean_environ, run_ragwatch
 from tests.integration.fleet_data import Fleet, write_fleet
 

@@ -21,7 +21,7 @@ from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.schema import DLQ_HEADER_OFFSET, DLQ_HEADER_REASON, DLQ_HEADER_TOPIC
-from ragwatch.streams.state import Keys
+from ragwatch.store import Keys
 from tests.integration.conftest import read_records, run_ragwatch, wait_until
 
 START = 1_767_225_600.0

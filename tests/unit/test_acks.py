@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ragwatch.streams.acks import HeldAcks
+from ragwatch.streams.worker.acks import HeldAcks
 
 
 class Message:

@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from ragwatch import agent_command
 from ragwatch.agents.sim import SimConfig
 from ragwatch.cli import build_parser
+from ragwatch.commands import agent as agent_command
 from ragwatch.config import PREFIX, Settings, env_names
 from ragwatch.errors import ConfigError
 

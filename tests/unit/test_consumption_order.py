@@ -17,11 +17,10 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from ragwatch.agents.scenario import build
-from ragwatch.schema import Envelope, EventEnvelope, GpuEnvelope, RequestsEnvelope
-from ragwatch.streams.engine import Transition
-from ragwatch.streams.marks import SweepMarks
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
+from ragwatch.schema import Envelope, EventEnvelope, GpuEnvelope, RequestsEnvelope, Transition
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.marks import SweepMarks
 
 RULES = load_rules()
 PARTITIONS = 3

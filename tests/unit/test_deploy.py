@@ -748,7 +748,7 @@ def test_serve_deployment_runs_serve_on_the_pods_address() -> None:
 
 @pytest.mark.parametrize("probe", ["readinessProbe", "livenessProbe"])
 def test_serve_probes_hit_healthz(probe: str) -> None:
-    from ragwatch.serve import PUBLIC_PATHS
+    from ragwatch.console.serve import PUBLIC_PATHS
 
     obj = workload("serve")
     get = main_container(obj)[probe]["httpGet"]

@@ -10,28 +10,36 @@ from __future__ import annotations
 import doctest
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
 SKIP = {"ragwatch.__main__"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _modules() -> list[str]:
-    # The subpackages live in other folders, so walk each package's own __path__.
+    # The rooms live in other folders, so walk each package's own __path__, recursively:
+    # a module moved into a subpackage must stay covered.
     names = set()
     for pkg_name in ("ragwatch", "ragwatch.agents", "ragwatch.streams", "ragwatch.detectors"):
         pkg = importlib.import_module(pkg_name)
         names.add(pkg_name)
-        for info in pkgutil.iter_modules(pkg.__path__, f"{pkg_name}."):
-            if not info.ispkg:
-                names.add(info.name)
+        for info in pkgutil.walk_packages(pkg.__path__, f"{pkg_name}."):
+            names.add(info.name)
     return sorted(names - SKIP)
 
 
 def test_every_subpackage_is_walked() -> None:
     names = _modules()
-    for sub in ("agents", "streams", "detectors"):
+    for sub in ("agents", "streams", "detectors", "streams.pipelines", "streams.alerting"):
         assert any(n.startswith(f"ragwatch.{sub}.") for n in names), sub
+    for sub in ("streams.worker", "streams.notifier", "console", "commands"):
+        assert any(n.startswith(f"ragwatch.{sub}.") for n in names), sub
+    for path in (ROOT / "streams").rglob("*.py"):  # every module file is collected
+        rel = path.relative_to(ROOT / "streams").with_suffix("")
+        name = ".".join(("ragwatch", "streams", *rel.parts)).removesuffix(".__init__")
+        assert name in names, name
 
 
 @pytest.mark.parametrize("name", _modules())

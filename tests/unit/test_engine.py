@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from ragwatch.schema import Alert
-from ragwatch.streams.engine import AlertEngine, Transition, fingerprint
-from ragwatch.streams.rules import Rule, parse_rule
+from ragwatch.schema import Alert, Transition
+from ragwatch.streams.alerting.engine import AlertEngine, fingerprint
+from ragwatch.streams.alerting.rules import Rule, parse_rule
 
 HOT = 85.0
 OK = 60.0

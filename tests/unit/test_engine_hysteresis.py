@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ragwatch.errors import ConfigError
-from ragwatch.streams.engine import AlertEngine
-from ragwatch.streams.rules import parse_rule
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import parse_rule
 
 LABELS = {"host": "h1", "gpu": "0"}
 

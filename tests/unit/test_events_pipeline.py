@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ragwatch.schema import Alert, EventEnvelope
-from ragwatch.streams.engine import AlertEngine
-from ragwatch.streams.events import MAX_EVENT_ALERTS, EventPipeline, labels_of, signals_of
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.events import MAX_EVENT_ALERTS, EventPipeline, labels_of, signals_of
+from ragwatch.streams.pipelines.fleet import Pipelines
 from tests.timing import chunk_seconds
 
 T0 = 1_767_225_600.0

@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ragwatch.exporter import METRIC_NAMES, families
+from ragwatch.console.exporter import METRIC_NAMES, families
 
 
 class Static(Collector):

@@ -19,9 +19,9 @@ from ragwatch.agents.scenario import build
 from ragwatch.codec import _gpu_wire_ok, decode_as, decode_gpu_wire, encode, gpu_wire
 from ragwatch.errors import SchemaError
 from ragwatch.schema import MAX_UINT, GpuEnvelope, RequestRecord
-from ragwatch.streams.engine import AlertEngine
-from ragwatch.streams.gpu import GpuPipeline
-from ragwatch.streams.rules import load_rules, parse_rule
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import load_rules, parse_rule
+from ragwatch.streams.pipelines.gpu import GpuPipeline
 
 VALID: dict[str, Any] = {
     "v": 1,

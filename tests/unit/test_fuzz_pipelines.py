@@ -22,9 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ragwatch import codec
 from ragwatch.errors import SchemaError
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
-from ragwatch.streams.snapshot import dump_host, dump_service, load_host, load_service
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.snapshot import dump_host, dump_service, load_host, load_service
 
 T0 = 1_767_225_600.0
 HOSTS = ("h1", "h2", "h:3")

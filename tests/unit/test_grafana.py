@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ragwatch.serve import METRIC_NAMES
+from ragwatch.console.serve import METRIC_NAMES
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "ragwatch.json"
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",

@@ -11,10 +11,10 @@ import pytest
 
 from ragwatch.errors import ConfigError
 from ragwatch.schema import Alert
-from ragwatch.streams.grouping import Grouper
-from ragwatch.streams.notification import Notification
-from ragwatch.streams.routing import default_config, load_config, parse_config
-from ragwatch.streams.silences import Silence, parse_matchers
+from ragwatch.silences import Silence, parse_matchers
+from ragwatch.streams.notifier.grouping import Grouper
+from ragwatch.streams.notifier.notification import Notification
+from ragwatch.streams.notifier.routing import default_config, load_config, parse_config
 
 CONFIG: dict[str, Any] = {
     "receivers": [
@@ -229,9 +229,9 @@ def test_silence_windows_and_validation() -> None:
 
 
 def test_without_a_notify_file_the_webhook_settings_make_the_receivers(tmp_path: Path) -> None:
+    from ragwatch.commands.notify import notify_config
     from ragwatch.config import Settings
-    from ragwatch.notify_command import notify_config
-    from ragwatch.streams.webhook import WebhookConfig
+    from ragwatch.streams.notifier.webhook import WebhookConfig
 
     settings = Settings.from_env(
         {
@@ -257,8 +257,8 @@ def test_without_a_notify_file_the_webhook_settings_make_the_receivers(tmp_path:
 def test_ragwatch_notify_refuses_a_bad_receiver_before_it_connects(tmp_path: Path) -> None:
     """Port 1 refuses connections: had the notifier connected first, the error would be
     about Kafka, after seconds of retries."""
+    from ragwatch.commands.notify import run_notifier
     from ragwatch.config import Settings
-    from ragwatch.notify_command import run_notifier
 
     f = tmp_path / "notify.yaml"
     f.write_text(

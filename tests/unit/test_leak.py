@@ -16,7 +16,7 @@ import pytest
 
 from ragwatch.detectors import make
 from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate, theil_sen
-from ragwatch.streams.rules import load_rules
+from ragwatch.streams.alerting.rules import load_rules
 
 T0 = 1_699_999_200.0  # a whole hour: buckets of 60, 120, 600 s all start at T0
 DAY = 86400.0

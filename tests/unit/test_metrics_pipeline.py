@@ -9,10 +9,10 @@ import math
 import pytest
 
 from ragwatch.schema import MetricSample, MetricsEnvelope
-from ragwatch.streams.metrics import MetricsPipeline
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
-from ragwatch.streams.snapshot import dump_host, load_host
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.metrics import MetricsPipeline
+from ragwatch.streams.worker.snapshot import dump_host, load_host
 
 T0 = 1_767_225_600.0
 TARGET = "http://vllm:8000/metrics"

@@ -12,9 +12,9 @@ import redis
 from aiohttp import web
 
 from ragwatch.config import Settings
-from ragwatch.openapi import spec
-from ragwatch.serve import ALERTS_MAX, INDEX_MAX, build_app
-from ragwatch.streams.state import SERIES_POINTS
+from ragwatch.console.openapi import spec
+from ragwatch.console.serve import ALERTS_MAX, INDEX_MAX, build_app
+from ragwatch.store import SERIES_POINTS
 
 DOC = spec(series_points=SERIES_POINTS, index_max=INDEX_MAX, alerts_max=ALERTS_MAX)
 METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}

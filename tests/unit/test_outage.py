@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from ragwatch.streams.outage import OutageLog
+from ragwatch.outage import OutageLog
 
 URL = "redis://:***@cache:6379/0"
 

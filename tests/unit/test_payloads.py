@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from ragwatch.config import Secret
 from ragwatch.errors import ConfigError
 from ragwatch.schema import Alert
-from ragwatch.streams.notification import Notification
-from ragwatch.streams.pagerduty import PagerDutyConfig, dedup_key, pagerduty_event
-from ragwatch.streams.slack import SlackConfig, slack_digest, slack_message
-from ragwatch.streams.webhook import WebhookConfig, webhook_body
+from ragwatch.streams.notifier.notification import Notification
+from ragwatch.streams.notifier.pagerduty import PagerDutyConfig, dedup_key, pagerduty_event
+from ragwatch.streams.notifier.slack import SlackConfig, slack_digest, slack_message
+from ragwatch.streams.notifier.webhook import WebhookConfig, webhook_body
 from tests.fakes import block_problems, utf16
 
 FUZZ = settings(

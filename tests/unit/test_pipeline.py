@@ -1,7 +1,7 @@
 """The GPU pipeline end to end, fed by the fleet simulator: envelopes in, alerts out.
 
 No Kafka and no mocks: :class:`~ragwatch.agents.sim.FleetSimulator` plays the agents,
-:class:`~ragwatch.streams.gpu.GpuPipeline` runs the detectors, the default rules and the
+:class:`~ragwatch.streams.pipelines.gpu.GpuPipeline` runs the detectors, the default rules and the
 alert engine, exactly as the Faust agent drives it.
 """
 
@@ -23,13 +23,13 @@ from ragwatch.schema import (
     MetricsEnvelope,
     RequestRecord,
     RequestsEnvelope,
+    Transition,
 )
-from ragwatch.streams.engine import Transition
-from ragwatch.streams.gpu import GpuPipeline
-from ragwatch.streams.metrics import MetricsPipeline
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.requests import RequestPipeline
-from ragwatch.streams.rules import Rule, load_rules, parse_rule
+from ragwatch.streams.alerting.rules import Rule, load_rules, parse_rule
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.gpu import GpuPipeline
+from ragwatch.streams.pipelines.metrics import MetricsPipeline
+from ragwatch.streams.pipelines.requests import RequestPipeline
 
 HOUR = 3600.0
 DAY = 86400.0

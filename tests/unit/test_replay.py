@@ -12,13 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
-from ragwatch import replay as replay_mod
 from ragwatch.agents.scenario import build
 from ragwatch.cli import main
 from ragwatch.codec import encode, to_dict
-from ragwatch.errors import ConfigError
-from ragwatch.event_order import sort_items
-from ragwatch.replay import (
+from ragwatch.commands import replay as replay_mod
+from ragwatch.commands.replay import (
     Point,
     Tally,
     input_files,
@@ -27,9 +25,11 @@ from ragwatch.replay import (
     read_csv,
     replay,
 )
+from ragwatch.errors import ConfigError
+from ragwatch.event_order import sort_items
 from ragwatch.schema import EventEnvelope, GpuEnvelope
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 

@@ -3,7 +3,7 @@
 Envelopes are built here by a small seeded generator (one record per request, batched
 every few seconds per instance), and fed through :meth:`RequestPipeline.process` only.
 Rules are built as :class:`Rule` objects because the ``service`` series is registered in
-``streams/rules.py`` separately.
+``streams/alerting/rules.py`` separately.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from ragwatch.schema import RequestRecord, RequestsEnvelope
-from ragwatch.streams.engine import Transition
-from ragwatch.streams.requests import MAX_SCORED_PER_ENVELOPE, RequestPipeline
-from ragwatch.streams.rules import Condition, Rule
+from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
+from ragwatch.streams.alerting.rules import Condition, Rule
+from ragwatch.streams.pipelines.requests import MAX_SCORED_PER_ENVELOPE, RequestPipeline
 
 T0 = 1_699_999_980.0  # a multiple of 60: bucket boundaries at T0 + k * 60
 MIN = 60.0

@@ -14,8 +14,7 @@ import pytest
 
 from ragwatch.agents.scenario import build
 from ragwatch.errors import ConfigError
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import (
+from ragwatch.streams.alerting.rules import (
     SERIES_LABELS,
     SERIES_SIGNALS,
     Condition,
@@ -24,6 +23,7 @@ from ragwatch.streams.rules import (
     parse_expr,
     parse_rule,
 )
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 GIB = 1024.0**3
 

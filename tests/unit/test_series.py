@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 
 from ragwatch.agents.scenario import build
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
-from ragwatch.streams.series import SeriesRecorder, owner_prefixes, series_prefix
+from ragwatch.chart_ids import owner_prefixes, series_prefix
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.charts import SeriesRecorder
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 
 def test_points_every_step_with_forecasts_for_services() -> None:

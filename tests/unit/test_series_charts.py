@@ -7,10 +7,11 @@ import functools
 from typing import Any
 
 from ragwatch.agents.scenario import build
+from ragwatch.chart_ids import alert_series
 from ragwatch.schema import Alert
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import Rule, load_rules, parse_rule
-from ragwatch.streams.series import SeriesRecorder, alert_series, charts_for
+from ragwatch.streams.alerting.rules import Rule, load_rules, parse_rule
+from ragwatch.streams.pipelines.charts import SeriesRecorder, charts_for
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 # rule -> (kind, suffix, value, reference) of the chart that shows its alerts
 DEFAULT_CHARTS = {

@@ -6,15 +6,16 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Iterator
+from pathlib import Path
 
+import orjson
 import pytest
 
 from ragwatch.agents.scenario import build
-from ragwatch.schema import Envelope, GpuEnvelope, RequestsEnvelope
-from ragwatch.streams.engine import Transition
-from ragwatch.streams.pipelines import Pipelines
-from ragwatch.streams.rules import load_rules
-from ragwatch.streams.snapshot import (
+from ragwatch.schema import Envelope, GpuEnvelope, RequestsEnvelope, Transition
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.snapshot import (
     SnapshotError,
     dump_host,
     dump_service,
@@ -186,3 +187,31 @@ def test_a_snapshot_cannot_call_anything() -> None:
     exe = pickle.dumps({"v": 1, "kind": "host", "key": "h", "x": pickle.loads(pickle.dumps(len))})
     with pytest.raises(SnapshotError, match=r"builtins\.len"):
         load_host(Pipelines(RULES), "h", exe)
+
+
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
+
+
+def test_snapshots_written_before_the_move_to_packages_are_restored() -> None:
+    """``v5-*.pickle`` were written by main at f7ad296, when the pipelines were
+    ``ragwatch.streams.gpu``, ``.requests``, ``.engine``, ...: the ``all`` scenario (one
+    host, one GPU, one service) until 5 minutes into its faults, then ``dump_host`` and
+    ``dump_service``; ``v5-expected.json`` holds what a worker that adopted them did with
+    the rest of the stream. A worker of this layout adopts them and does the same."""
+    expected = orjson.loads((SNAPSHOTS / "v5-expected.json").read_bytes())
+    world = build("all", hosts=1, gpus=1, services=1, interval_s=60.0)
+    envs = list(world.envelopes(hours=expected["hours"]))
+    restored = Pipelines(load_rules())
+    adopted = {}
+    for name in expected["adopted"]:
+        kind, key = name.split("-", 1)
+        data = (SNAPSHOTS / f"v5-{name}.pickle").read_bytes()
+        load = load_host if kind == "host" else load_service
+        adopted[name] = load(restored, key, data)
+    assert adopted == expected["adopted"]
+    after = [
+        [t.alert.rule, t.alert.status, t.alert.fingerprint, t.alert.starts_at]
+        for env in envs[expected["cut"] :]
+        for t in restored.process(env)
+    ]
+    assert after == expected["transitions_after"] and len(after) == 6

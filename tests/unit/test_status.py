@@ -9,9 +9,9 @@ from typing import Any
 from rich.console import Console
 
 from ragwatch.config import Settings
+from ragwatch.console.status import _watch
+from ragwatch.console.status_view import clean, render
 from ragwatch.embedded import free_port
-from ragwatch.status import _watch
-from ragwatch.status_view import clean, render
 
 NOW = 1_767_232_800.0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ragwatch.config import Settings
-from ragwatch.streams.app import build_app
+from ragwatch.streams.worker.app import build_app
 
 
 async def test_the_worker_consumer_waits_at_most_the_configured_fetch_wait(tmp_path: Path) -> None:

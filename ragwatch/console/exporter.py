@@ -1,0 +1,269 @@
+"""``/metrics`` of ``ragwatch serve``: Prometheus metric families built from Redis per scrape.
+
+A custom collector (prometheus/client_python's pattern for proxies and exporters): nothing
+is cached between scrapes, every ``collect()`` reads the fleet status from Redis and
+turns it into gauges. :func:`families` does the conversion and is pure, so tests feed it
+a status dict. ``ALERTS`` follows Prometheus: one series per pending or firing alert,
+value 1, with the alert's labels plus ``alertname``, ``alertstate`` and ``severity``.
+
+Per-process series (label ``pid``) exist only for processes that have an active alert:
+pids are high-cardinality (every restart is a new one) and belong in Redis, not in a
+time-series database.
+
+>>> status = {"hosts": [{"host": "h1", "gpus": [{"index": 0, "fb_used_bytes": 5e9}]}]}
+>>> fams = {m.name: m for m in families(status)}
+>>> fams["ragwatch_gpu_memory_used_bytes"].samples[0].labels
+{'host': 'h1', 'gpu': '0', 'mig': ''}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from ragwatch.chart_ids import series_prefix
+
+# every family /metrics can export: name -> help (all are gauges)
+METRICS: dict[str, str] = {
+    "ALERTS": "Active alerts (value 1), Prometheus' ALERTS with alertstate pending or firing",
+    "ragwatch_redis_up": "1 if the last read of Redis succeeded, else 0",
+    "ragwatch_gpu_memory_used_bytes": "GPU framebuffer memory in use",
+    "ragwatch_gpu_memory_total_bytes": "GPU framebuffer memory in total",
+    "ragwatch_gpu_memory_growth_gb_per_hour": "Robust (Theil-Sen) slope of GPU memory, GB/h",
+    "ragwatch_gpu_time_to_exhaustion_hours": "Hours until GPU memory is full at that slope",
+    "ragwatch_gpu_utilization_ratio": "GPU utilisation, 0..1",
+    "ragwatch_process_gpu_memory_bytes": "GPU memory of a process with an active alert",
+    "ragwatch_process_memory_growth_gb_per_hour": "GPU memory slope of an alerted process",
+    "ragwatch_process_leak_score": "Leak detector score (0..1) of an alerted process",
+    "ragwatch_engine_tokens_per_second": "Generated tokens/s of a scraped inference engine",
+    "ragwatch_engine_tokens_per_second_forecast": "Seasonal baseline of engine tokens/s",
+    "ragwatch_engine_requests_waiting": "Requests waiting in the engine's queue",
+    "ragwatch_engine_kv_cache_usage_ratio": "KV cache usage of the engine, 0..1",
+    "ragwatch_engine_anomaly_score": "Anomaly score (0..1) of engine tokens/s",
+    "ragwatch_service_requests_per_second": "Requests/s of a service instance (last bucket)",
+    "ragwatch_service_errors_ratio": "Share of failed requests of a service instance",
+    "ragwatch_service_tokens_per_request": "Output tokens per request of a service instance",
+    "ragwatch_service_tokens_per_request_forecast": "Seasonal baseline of tokens/request",
+    "ragwatch_service_tokens_per_second": "Output tokens/s of a service instance",
+    "ragwatch_service_tokens_per_second_forecast": "Seasonal baseline of output tokens/s",
+    "ragwatch_service_anomaly_score": "Anomaly score (0..1) of a service signal",
+    "ragwatch_service_stage_latency_seconds": "Latency quantile of one RAG stage",
+    "ragwatch_service_e2e_latency_seconds": "End-to-end request latency quantile",
+    "ragwatch_service_queue_latency_seconds": "Queueing latency quantile",
+    "ragwatch_service_ttft_seconds": "Time-to-first-token quantile",
+    "ragwatch_service_latency_baseline_seconds": "Seasonal baseline of a latency signal",
+    "ragwatch_alert_flaps_total": "Times an alert fired again within 6 h of resolving",
+    "ragwatch_notifier_outbox_pending": "Notifications waiting in the outbox",
+    "ragwatch_notifier_dead_letters": "Notifications that failed for good",
+    "ragwatch_notifier_last_seen_timestamp_seconds": "Wall time the notifier last reported",
+    "ragwatch_silences": "Silences that are not expired, by state (active, pending)",
+    "ragwatch_worker_last_seen_timestamp_seconds": "Wall time a worker last wrote its status",
+    "ragwatch_worker_messages_total": "Messages a worker consumed since it started",
+    "ragwatch_worker_deadletter_messages_total": "Messages a worker sent to the dead-letter "
+    "topic (undecodable, invalid, clock ahead, processing error) since it started",
+    "ragwatch_worker_dropped_samples_total": "Samples a worker dropped at a series cap "
+    "(RAGWATCH_MAX_SERIES, or per host) since it started",
+}
+# what scrapers see: counter families are named without _total, their samples with it
+METRIC_NAMES = frozenset(METRICS) | {n.removesuffix("_total") for n in METRICS}
+
+GPU_GAUGES = (
+    ("fb_used_bytes", "ragwatch_gpu_memory_used_bytes", 1.0),
+    ("fb_total_bytes", "ragwatch_gpu_memory_total_bytes", 1.0),
+    ("gb_per_hour", "ragwatch_gpu_memory_growth_gb_per_hour", 1.0),
+    ("tte_h", "ragwatch_gpu_time_to_exhaustion_hours", 1.0),
+    ("gpu_util", "ragwatch_gpu_utilization_ratio", 0.01),
+)
+ENGINE_GAUGES = (
+    ("generation_tokens_per_s", "ragwatch_engine_tokens_per_second"),
+    ("tps_forecast", "ragwatch_engine_tokens_per_second_forecast"),
+    ("requests_waiting", "ragwatch_engine_requests_waiting"),
+    ("kv_cache_usage_ratio", "ragwatch_engine_kv_cache_usage_ratio"),
+)
+SERVICE_GAUGES = (
+    ("rps", "ragwatch_service_requests_per_second"),
+    ("errors_ratio", "ragwatch_service_errors_ratio"),
+    ("tokens_per_request", "ragwatch_service_tokens_per_request"),
+    ("tpr_forecast", "ragwatch_service_tokens_per_request_forecast"),
+    ("output_tokens_per_s", "ragwatch_service_tokens_per_second"),
+    ("tps_forecast", "ragwatch_service_tokens_per_second_forecast"),
+)
+SERVICE_SCORES = (("tpr_score", "tokens_per_request"), ("tps_score", "tokens_per_second"))
+LATENCY_FAMILIES = {
+    "e2e": "ragwatch_service_e2e_latency_seconds",
+    "queue": "ragwatch_service_queue_latency_seconds",
+    "ttft": "ragwatch_service_ttft_seconds",
+}
+_QUANTILE = re.compile(r"^(?P<name>[a-z0-9_]+?)_p(?P<q>50|90|95|99)_ms$")
+_BASELINE = re.compile(r"^(?P<name>[a-z0-9_]+)_baseline_ms$")
+_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def gpu_where(host: str, gpu: Any, mig: Any) -> dict[str, str]:
+    return {"host": str(host), "gpu": str(gpu), "mig": str(mig or "")}
+
+
+def process_series_id(labels: Mapping[str, str]) -> str:
+    """The chart series id of an alerted process (``series_prefix``'s layout)."""
+    return series_prefix("process", labels) + "gpu_mem"
+
+
+def alert_labels(alert: Mapping[str, Any]) -> dict[str, str]:
+    """Prometheus labels of ``ALERTS`` for one alert (names made valid, ``__`` dropped)."""
+    out: dict[str, str] = {}
+    for k, v in (alert.get("labels") or {}).items():
+        name = _LABEL_NAME.sub("_", str(k))
+        name = "_" + name if name[:1].isdigit() else name
+        if name and not name.startswith("__"):
+            out[name] = str(v)
+    out["alertname"] = out.get("alertname") or str(alert.get("rule", ""))
+    out["severity"] = out.get("severity") or str(alert.get("severity", ""))
+    out["alertstate"] = str(alert.get("status", ""))
+    return out
+
+
+class _Families:
+    def __init__(self) -> None:
+        self.metrics: dict[str, Metric] = {}
+
+    def add(self, name: str, labels: dict[str, str], value: Any, scale: float = 1.0) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return
+        m = self.metrics.get(name)
+        if m is None:
+            if name.endswith("_total"):  # a counter: the family is named without _total
+                m = self.metrics[name] = Metric(name[: -len("_total")], METRICS[name], "counter")
+            else:
+                m = self.metrics[name] = Metric(name, METRICS[name], "gauge")
+        m.add_sample(name, labels, float(value) * scale)
+
+
+def families(
+    status: Mapping[str, Any], last_points: Mapping[str, list[Any]] | None = None
+) -> Iterator[Metric]:
+    """Metric families from a :func:`~ragwatch.store.read_status` dict and the
+    newest points of alerted processes' series (for their leak score)."""
+    f = _Families()
+    f.add("ragwatch_redis_up", {}, 1)
+    alerts = [a for a in status.get("alerts") or [] if a.get("status") in ("pending", "firing")]
+    for a in alerts:
+        f.add("ALERTS", alert_labels(a), 1)
+    alerted = {
+        (lab.get("host"), lab.get("gpu"), lab.get("mig") or "", lab.get("pid"))
+        for lab in (a.get("labels") or {} for a in alerts)
+        if lab.get("pid")
+    }
+    for host in status.get("hosts") or []:
+        _host(f, host, alerted, last_points or {})
+    for svc in status.get("services") or []:
+        for inst in svc.get("instances") or []:
+            _instance(f, str(svc.get("service", "")), inst)
+    _notifier(f, status.get("notifier") or {})
+    for flap in status.get("flaps") or []:
+        labels = {"alertname": str(flap.get("rule")), "fingerprint": str(flap.get("fingerprint"))}
+        f.add("ragwatch_alert_flaps_total", labels, flap.get("count"))
+    states = Counter(s.get("state") for s in status.get("silences") or [])
+    for state in ("active", "pending"):
+        f.add("ragwatch_silences", {"state": state}, states.get(state, 0))
+    for wid, w in sorted((status.get("workers") or {}).items()):
+        f.add("ragwatch_worker_last_seen_timestamp_seconds", {"worker": wid}, w.get("seen"))
+        f.add("ragwatch_worker_messages_total", {"worker": wid}, w.get("messages"))
+        f.add("ragwatch_worker_deadletter_messages_total", {"worker": wid}, w.get("deadletter"))
+        dropped = (w.get("dropped_samples") or 0) + (w.get("dropped_host_cap") or 0)
+        f.add("ragwatch_worker_dropped_samples_total", {"worker": wid}, dropped)
+    yield from f.metrics.values()
+
+
+def _host(
+    f: _Families, host: Mapping[str, Any], alerted: set[Any], points: Mapping[str, list[Any]]
+) -> None:
+    name = str(host.get("host", ""))
+    for g in host.get("gpus") or []:
+        where = gpu_where(name, g.get("index"), g.get("mig"))
+        for key, metric, scale in GPU_GAUGES:
+            value = g.get(key)
+            if key == "tte_h" and value is None and g.get("gb_per_hour") is not None:
+                value = math.inf  # not growing: never runs out (JSON has no infinity)
+            f.add(metric, where, value, scale)
+        for p in g.get("procs") or []:
+            if (where["host"], where["gpu"], where["mig"], str(p.get("pid"))) not in alerted:
+                continue
+            labels = {
+                **where,
+                "pid": str(p.get("pid")),
+                "process": str(p.get("name", "")),
+                "container": str(p.get("container", "")),
+            }
+            f.add("ragwatch_process_gpu_memory_bytes", labels, p.get("gpu_mem_bytes"))
+            f.add("ragwatch_process_memory_growth_gb_per_hour", labels, p.get("gb_per_hour"))
+            point = points.get(process_series_id(labels))
+            if point and len(point) >= 4:
+                f.add("ragwatch_process_leak_score", labels, point[3])
+    for e in host.get("engines") or []:
+        labels = {"host": name, "target": str(e.get("target", ""))}
+        signals = e.get("signals") or {}
+        for key, metric in ENGINE_GAUGES:
+            f.add(metric, labels, signals.get(key))
+        f.add("ragwatch_engine_anomaly_score", labels, signals.get("tps_score"))
+
+
+def _instance(f: _Families, service: str, inst: Mapping[str, Any]) -> None:
+    labels = {"service": service, "instance": str(inst.get("instance", ""))}
+    signals: Mapping[str, Any] = inst.get("signals") or {}
+    for key, metric in SERVICE_GAUGES:
+        f.add(metric, labels, signals.get(key))
+    for key, signal in SERVICE_SCORES:
+        f.add("ragwatch_service_anomaly_score", {**labels, "signal": signal}, signals.get(key))
+    for key in sorted(signals):
+        if m := _QUANTILE.match(key):
+            stage, q = m.group("name"), f"0.{m.group('q')}"
+            if stage in LATENCY_FAMILIES:
+                f.add(LATENCY_FAMILIES[stage], {**labels, "quantile": q}, signals[key], 0.001)
+            else:
+                stage_labels = {**labels, "stage": stage, "quantile": q}
+                f.add("ragwatch_service_stage_latency_seconds", stage_labels, signals[key], 0.001)
+        elif m := _BASELINE.match(key):
+            base_labels = {**labels, "signal": m.group("name")}
+            f.add("ragwatch_service_latency_baseline_seconds", base_labels, signals[key], 0.001)
+
+
+def _notifier(f: _Families, notifier: Mapping[str, Any]) -> None:
+    f.add("ragwatch_notifier_outbox_pending", {}, notifier.get("outbox_pending", 0))
+    f.add("ragwatch_notifier_dead_letters", {}, notifier.get("dead_letters", 0))
+    f.add("ragwatch_notifier_last_seen_timestamp_seconds", {}, notifier.get("seen"))
+
+
+class RedisCollector(Collector):
+    """Reads Redis on every scrape; if Redis does not answer, only ``ragwatch_redis_up 0``."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        from redis.exceptions import RedisError
+
+        from ragwatch.store import read_last_points, read_status
+
+        try:
+            status = read_status(self.client, self.prefix, history=0)
+            ids = sorted(
+                {
+                    process_series_id(a["labels"])
+                    for a in status["alerts"]
+                    if isinstance(a.get("labels"), dict) and a["labels"].get("pid")
+                }
+            )
+            points = read_last_points(self.client, self.prefix, ids)
+        except RedisError:
+            down = Metric("ragwatch_redis_up", METRICS["ragwatch_redis_up"], "gauge")
+            down.add_sample("ragwatch_redis_up", {}, 0.0)
+            yield down
+            return
+        yield from families(status, points)

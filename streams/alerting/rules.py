@@ -1,0 +1,416 @@
+"""Alert rules: a small, Prometheus-like YAML format and its parser.
+
+A rule applies to every series of one ``series`` type (``process``: one compute process
+on one GPU; ``gpu``: one GPU or MIG instance) and fires when its ``expr`` holds for
+``for`` of event time. Once firing it resolves when ``resolve`` holds (a separate,
+usually looser condition: hysteresis against flapping) or, without ``resolve``, when
+``expr`` stops holding; ``keep_firing_for`` keeps it firing that much longer (Prometheus'
+field of the same name), and for series that count requests ``keep_firing_requests``
+also wants that many new requests seen meanwhile, so a quiet night cannot resolve an
+alert on two requests. A signal without a value (no data, or too little evidence behind
+it) neither starts, nor clears, nor resolves anything. ``value`` names the signal the
+alert's value reports (default: ``expr``'s first), so that it can be in the units of
+``expected`` (a P99 in ms beside its baseline, not their ratio)::
+
+    rules:
+      - name: GpuMemoryLeak
+        series: process
+        expr: mem_increase_bytes > 1GB
+        for: 10m
+        severity: critical
+        expected: 0
+        labels: {team: ml-platform}
+        annotations:
+          summary: "{process} (pid {pid}) on {host} GPU {gpu} grows {gb_per_hour:.2f} GB/h"
+
+``expr`` is one or more ``signal OP number`` terms joined by ``and``; OP is one of
+``> >= < <= == !=``; numbers take the suffixes ``KB MB GB TB`` (powers of 1000) and
+``KiB MiB GiB TiB``. Annotations are ``str.format`` templates over the alert's labels and
+the series' signals. Everything is checked at load time: a bad rule is a
+:class:`~ragwatch.errors.ConfigError` naming the rule and the field.
+
+>>> rule = parse_rule({"name": "Big", "series": "gpu", "expr": "fb_used_bytes > 1.5GB"})
+>>> rule.conditions[0].threshold
+1500000000.0
+>>> rule.holds({"fb_used_bytes": 2e9})
+True
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ragwatch.config import parse_duration
+from ragwatch.errors import ConfigError
+
+# Signals of every memory series (leak detector output; see streams/pipelines/gpu.py).
+_MEMORY_SIGNALS = (
+    "fb_used_bytes",
+    "fb_total_bytes",
+    "mem_increase_bytes",
+    "mem_increase_gb",
+    "mem_slope_bytes_per_s",
+    "mem_steadiness",
+    "recent_gb_per_hour",
+    "recent_steadiness",
+    "gb_per_hour",
+    "leak_score",
+    "window_h",
+    "tte_s",
+    "tte_h",
+)
+SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
+    "process": ("gpu_mem_bytes", "rss_bytes", *_MEMORY_SIGNALS),
+    "gpu": (
+        *_MEMORY_SIGNALS,
+        "fb_used_ratio",
+        "gpu_util",
+        "mem_copy_util",
+        "temp_c",
+        "power_w",
+    ),
+}
+# Baselines that hold through a fault and may, after holding long enough, accept a new level
+# (detectors/seasonal.py, streams/pipelines/evidence.py): per series kind, family -> the signal
+# holding the family's forecast. Each family also has the signals ``<family>_held_s`` (how long the
+# baseline has been held), ``<family>_relearned_at`` (event time it last accepted a new level) and
+# ``<family>_relearned_from`` (its forecast before that), so an alert whose ``expected`` is the
+# forecast can say it resolved because of a re-learnt baseline, not because the signal recovered.
+BASELINES: dict[str, dict[str, str]] = {
+    "service": {
+        "rps": "rps_forecast",
+        "tpr": "tpr_forecast",
+        "tps": "tps_forecast",
+        "retriever_p99": "retriever_p99_baseline_ms",
+        "e2e_p95": "e2e_p95_baseline_ms",
+    },
+    "engine": {"tps": "tps_forecast"},
+}
+
+
+def _baseline_signals(series: str) -> tuple[str, ...]:
+    return tuple(
+        f"{family}_{what}"
+        for family in BASELINES[series]
+        for what in ("held_s", "relearned_at", "relearned_from")
+    )
+
+
+SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipelines/requests.py
+    "rps", "errors_ratio", "output_tokens_per_s", "tokens_per_request",
+    "context_tokens_per_request", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms",
+    *(f"{stage}_{q}" for stage in ("retriever", "reranker", "llm")
+      for q in ("p50_ms", "p95_ms", "p99_ms", "share")),
+    "ttft_p95_ms", "queue_p95_ms", "rps_forecast", "rps_deviation", "rps_z",
+    "tpr_forecast", "tpr_deviation", "tpr_z", "tpr_score",
+    "tps_forecast", "tps_deviation", "tps_z", "tps_score", "retriever_p99_baseline_ms",
+    "retriever_p99_ratio", "e2e_p95_baseline_ms", "e2e_p95_ratio", "outliers",
+    "recent_outliers", "outlier_ratio", "new_outlier_cluster", "outlier_cluster_size",
+    "outlier_cluster_active",
+    "window_s", "window_requests", "requests_total", "errors_baseline", "errors_z",
+    "clustered_requests", *_baseline_signals("service"),
+)  # fmt: skip
+# a cumulative count of the evidence behind a series' signals, for keep_firing_requests
+EVIDENCE_SIGNAL = {"service": "requests_total"}
+# one device event (streams/pipelines/events.py): 1.0 for what happened (the XID code for xid)
+SERIES_SIGNALS["event"] = ("oom_kill", "xid", "xid_critical", "device_event", "process_exit")
+# one scraped serving engine (streams/pipelines/metrics.py): rates from counters, gauges, baseline
+SERIES_SIGNALS["engine"] = (
+    "requests_per_s", "errors_ratio", "generation_tokens_per_s", "prompt_tokens_per_s",
+    "tokens_per_request", "preemptions_per_s", "requests_waiting", "requests_running",
+    "kv_cache_usage_ratio", "counter_resets", "e2e_mean_s", "ttft_mean_s", "queue_mean_s",
+    "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_z", "tps_score",
+    *_baseline_signals("engine"),
+)  # fmt: skip
+SERIES_LABELS: dict[str, tuple[str, ...]] = {
+    "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
+    "gpu": ("host", "gpu", "uuid", "mig", "gpu_name"),
+    "service": ("service", "instance"),
+    "event": ("host", "gpu", "mig", "pid", "process", "container", "type", "xid", "event"),
+    "engine": ("host", "target"),
+}
+SEVERITIES = ("critical", "error", "warning", "info")
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+UNITS = {
+    "": 1.0,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 1024.0,
+    "MIB": 1024.0**2,
+    "GIB": 1024.0**3,
+    "TIB": 1024.0**4,
+}
+_TERM = re.compile(
+    r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*([-+]?[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)"
+    r"\s*([KMGT]i?B)?\s*$",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    signal: str
+    op: str
+    threshold: float
+
+    def holds(self, signals: Mapping[str, float | None]) -> bool:
+        v = signals.get(self.signal)
+        return v is not None and not math.isnan(v) and OPS[self.op](v, self.threshold)
+
+    def known(self, signals: Mapping[str, float | None]) -> bool:
+        """Whether the signal has a value (None: no data, or too little evidence)."""
+        v = signals.get(self.signal)
+        return v is not None and not math.isnan(v)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    series: str
+    conditions: tuple[Condition, ...]
+    for_s: float = 0.0
+    severity: str = "warning"
+    expected: float | str | None = None  # a number, or the signal that holds the forecast
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    keep_firing_for_s: float = 0.0
+    resolve: tuple[Condition, ...] = ()
+    keep_firing_requests: int = 0
+    value_signal: str | None = None  # what the alert's value reports (default: expr's first)
+
+    def holds(self, signals: Mapping[str, float | None]) -> bool:
+        return all(c.holds(signals) for c in self.conditions)
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """The signals whose values decide whether an inactive alert starts (``expr``)."""
+        return frozenset(c.signal for c in self.conditions)
+
+    def cleared(self, signals: Mapping[str, float | None]) -> bool:
+        """Whether a firing alert may resolve: its ``resolve`` condition holds (hysteresis),
+        or, without one, its ``expr`` is known and no longer holds. A signal without a
+        value (too little evidence) clears nothing."""
+        if self.resolve:
+            return all(c.holds(signals) for c in self.resolve)
+        return all(c.known(signals) for c in self.conditions) and not self.holds(signals)
+
+    @property
+    def baseline(self) -> str | None:
+        """The baseline family whose forecast is this rule's ``expected`` (rules.BASELINES),
+        if any: its re-learning is what a resolution must not call a recovery."""
+        for family, signal in BASELINES.get(self.series, {}).items():
+            if self.expected == signal:
+                return family
+        return None
+
+    def expected_value(self, signals: Mapping[str, float | None]) -> float | None:
+        """What the value should have been: the rule's number, or its forecast signal."""
+        if isinstance(self.expected, str):
+            v = signals.get(self.expected)
+            return None if v is None or math.isnan(v) else float(v)
+        return self.expected
+
+    def value(self, signals: Mapping[str, float | None]) -> float:
+        """The alert's value: the rule's ``value`` signal, else the first condition's (so
+        that value and expected can be in the same units: a P99 and its baseline)."""
+        v = signals.get(self.value_signal or self.conditions[0].signal)
+        return float(v) if v is not None else math.nan
+
+    def render(
+        self, labels: Mapping[str, str], signals: Mapping[str, float | None]
+    ) -> dict[str, str]:
+        ctx = _Context({**{k: v for k, v in signals.items() if v is not None}, **labels})
+        return {k: string.Formatter().vformat(t, (), ctx) for k, t in self.annotations.items()}
+
+
+class _Unknown:
+    """Stands in for a signal without a value; ignores the format spec."""
+
+    def __format__(self, spec: str) -> str:
+        return "n/a"
+
+
+class _Context(dict[str, Any]):
+    def __missing__(self, key: str) -> _Unknown:
+        return _Unknown()
+
+
+def _duration(v: Any, where: str) -> float:
+    try:
+        return parse_duration(v)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def parse_expr(expr: str, series: str, where: str) -> tuple[Condition, ...]:
+    terms = re.split(r"\s+and\s+", expr.strip())
+    conds = []
+    for term in terms:
+        m = _TERM.match(term)
+        if not m:
+            raise ConfigError(f"{where}.expr: cannot parse {term!r} (want 'signal > 1GB')")
+        signal, op, num, unit = m.group(1), m.group(2), m.group(3), (m.group(4) or "")
+        if signal not in SERIES_SIGNALS[series]:
+            raise ConfigError(
+                f"{where}.expr: unknown signal {signal!r} for series {series!r}; "
+                f"known: {', '.join(SERIES_SIGNALS[series])}"
+            )
+        conds.append(Condition(signal, op, float(num) * UNITS[unit.upper()]))
+    return tuple(conds)
+
+
+def _signal(v: Any, series: str, where: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or v not in SERIES_SIGNALS[series]:
+        raise ConfigError(f"{where}: unknown signal {v!r} for series {series!r}")
+    return v
+
+
+def _evidence(v: Any, series: str, where: str) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(f"{where}.keep_firing_requests: must be an integer >= 0, got {v!r}")
+    if v and series not in EVIDENCE_SIGNAL:
+        raise ConfigError(
+            f"{where}.keep_firing_requests: only for series that count requests "
+            f"({', '.join(EVIDENCE_SIGNAL)}), not {series!r}"
+        )
+    return v
+
+
+def _resolve(v: Any, series: str, where: str) -> tuple[Condition, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, str):
+        raise ConfigError(f"{where}.resolve: must be an expression string")
+    return parse_expr(v, series, f"{where}.resolve")
+
+
+def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: expected a mapping")
+    known = {
+        "name",
+        "series",
+        "expr",
+        "for",
+        "keep_firing_for",
+        "resolve",
+        "severity",
+        "expected",
+        "labels",
+        "annotations",
+        "keep_firing_requests",
+        "value",
+    }
+    extra = set(d) - known
+    if extra:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+    name = d.get("name")
+    if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+        raise ConfigError(f"{where}.name: required, letters/digits/underscore, got {name!r}")
+    source = where.rpartition(": ")[0]  # the file, when loaded from one
+    where = f"{source}: rule {name}" if source else f"rule {name}"
+    series = d.get("series", "process")
+    if not isinstance(series, str) or series not in SERIES_SIGNALS:
+        raise ConfigError(f"{where}.series: must be one of {', '.join(SERIES_SIGNALS)}")
+    if not isinstance(d.get("expr"), str):
+        raise ConfigError(f"{where}.expr: required string")
+    severity = d.get("severity", "warning")
+    if severity not in SEVERITIES:
+        raise ConfigError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}")
+    labels, annotations = d.get("labels") or {}, d.get("annotations") or {}
+    for fname, m in (("labels", labels), ("annotations", annotations)):
+        if not isinstance(m, Mapping) or not all(isinstance(v, str) for v in m.values()):
+            raise ConfigError(f"{where}.{fname}: must map names to strings")
+    expected = d.get("expected")
+    if isinstance(expected, str):
+        if expected not in SERIES_SIGNALS[series]:
+            raise ConfigError(f"{where}.expected: unknown signal {expected!r} for {series!r}")
+    elif expected is not None and (
+        isinstance(expected, bool)
+        or not isinstance(expected, int | float)
+        or not math.isfinite(expected)
+    ):
+        raise ConfigError(f"{where}.expected: must be a finite number or a signal name")
+    rule = Rule(
+        name=name,
+        series=series,
+        conditions=parse_expr(d["expr"], series, where),
+        for_s=_duration(d.get("for", 0), f"{where}.for"),
+        keep_firing_for_s=_duration(d.get("keep_firing_for", 0), f"{where}.keep_firing_for"),
+        keep_firing_requests=_evidence(d.get("keep_firing_requests"), series, where),
+        value_signal=_signal(d.get("value"), series, f"{where}.value"),
+        resolve=_resolve(d.get("resolve"), series, where),
+        severity=severity,
+        expected=expected if expected is None or isinstance(expected, str) else float(expected),
+        labels={str(k): v for k, v in labels.items()},
+        annotations={str(k): v for k, v in annotations.items()},
+    )
+    _check_templates(rule, where)
+    return rule
+
+
+def _check_templates(rule: Rule, where: str) -> None:
+    labels = dict.fromkeys((*SERIES_LABELS[rule.series], "alertname", "severity"), "x")
+    labels |= rule.labels
+    signals: dict[str, float | None] = dict.fromkeys(SERIES_SIGNALS[rule.series], 1.0)
+    for key, tmpl in rule.annotations.items():
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(tmpl) if f]
+            unknown = [f for f in fields if f not in labels and f not in signals]
+            if unknown:
+                raise ConfigError(f"{where}.annotations.{key}: unknown field(s) {unknown}")
+            rule.render(labels, signals)
+        except (ValueError, IndexError, KeyError) as exc:
+            raise ConfigError(f"{where}.annotations.{key}: bad template: {exc}") from None
+
+
+def load_rules(path: Path | None = None) -> list[Rule]:
+    """Rules from a YAML file, or the shipped defaults (``default_rules.yaml``)."""
+    if path is None:
+        text = (
+            resources.files("ragwatch.streams.alerting").joinpath("default_rules.yaml").read_text()
+        )
+        where = "default_rules.yaml"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"rules file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"rules file {path}: not UTF-8 text") from None
+        where = str(path)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"rules file {where}: invalid YAML: {exc}") from None
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("rules"), list):
+        raise ConfigError(f"rules file {where}: expected a top-level 'rules:' list")
+    rules = [parse_rule(r, f"{where}: rules[{i}]") for i, r in enumerate(doc["rules"])]
+    names = [r.name for r in rules]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"rules file {where}: duplicate rule name(s) {', '.join(dupes)}")
+    return rules

@@ -1,0 +1,238 @@
+"""Recent points of the series people look at, for ``/api/v1/series/{id}`` and charts.
+
+The worker keeps the current state of every series; this module picks, for the hosts and
+services that changed, a new point per chart series at most every ``step_s`` of event
+time, and the worker appends it to Redis (:meth:`RedisState.write_series`, a capped
+list per series). Points are ``[ts, value, forecast, score]`` (forecast and score None
+where the series has none). The charts (:data:`CHARTS`):
+
+========================================  ==============================================
+series id                                 value, forecast, score
+========================================  ==============================================
+``service:SVC:INSTANCE:tokens_per_s``     output tokens/s, seasonal baseline, score
+``service:SVC:INSTANCE:tokens_per_req``   tokens/request, forecast, score
+``service:SVC:INSTANCE:retriever_p99``    retriever P99 ms, its baseline, none
+``service:SVC:INSTANCE:e2e_p95``          e2e P95 ms, its baseline, none
+``service:SVC:INSTANCE:outliers``         outlier requests per bucket, none, none (only
+                                          when a rule charts it)
+``service:SVC:INSTANCE:SIGNAL``           a signal a service rule is about that no chart
+                                          above holds, its ``expected`` signal, none
+``gpu:HOST:GPU[:MIG]:fb_used``            framebuffer bytes, none, none
+``process:HOST:GPU[:MIG]:PID:gpu_mem``    the process's GPU bytes, none, leak score
+``engine:HOST:TARGET:tokens_per_s``       generated tokens/s, forecast, score
+========================================  ==============================================
+
+Which chart shows a rule's alerts is read from the rule (:func:`charts_for`): the chart
+of its series that holds its first ``expr`` signal or its ``expected`` signal, else the
+chart that signal is derived from (``retriever_p99_ratio`` is the retriever P99 over its
+baseline), else the memory of a GPU, a process or a device event's process, or the
+generated tokens/s of an engine; a service rule about any other signal gets a chart of
+that signal. Each series' index entry lists the rules it charts (``rules``), and
+:func:`~ragwatch.chart_ids.alert_series` finds an alert's series in the index with it.
+
+>>> from ragwatch.agents.scenario import build
+>>> from ragwatch.streams.pipelines.fleet import Pipelines
+>>> from ragwatch.streams.alerting.rules import load_rules
+>>> pipes = Pipelines(load_rules())
+>>> for env in build("leak", hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=1):
+...     _ = pipes.process(env)
+>>> rec = SeriesRecorder()
+>>> points = rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})
+>>> for sid in sorted(points)[:5]:  # of 13
+...     print(sid, points[sid][0]["rules"])
+gpu:gpu-node-01:0:fb_used ['GpuMemoryHigh', 'GpuOomKill', 'GpuXidCritical']
+process:gpu-node-01:0:2000:gpu_mem ['GpuMemoryLeak', 'GpuOomKill', 'GpuXidCritical']
+process:gpu-node-01:0:4001:gpu_mem ['GpuMemoryLeak', 'GpuOomKill', 'GpuXidCritical']
+service:rag-api:rag-api-0:e2e_p95 ['E2eLatencyDeviation']
+service:rag-api:rag-api-0:outliers ['RequestOutlierCluster']
+>>> rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})  # nothing new since
+{}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ragwatch.chart_ids import series_prefix
+from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.fleet import Pipelines
+
+Point = list[float | None]
+# kind -> the charts recorded for each series of that kind, with their index entry
+# (less the series' labels)
+Plan = dict[str, tuple[tuple["Chart", dict[str, Any]], ...]]
+
+
+class _HasSignals(Protocol):
+    @property
+    def signals(self) -> Mapping[str, float | None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    """One chart of each series of a ``kind``: id ``kind:WHERE:suffix``."""
+
+    kind: str  # gpu, process, service or engine
+    suffix: str
+    value: str  # the signal charted
+    reference: str | None = None  # its forecast or baseline, drawn beside it
+    score: str | None = None  # its anomaly score in [0, 1], charted below
+    unit: str = ""
+    about: tuple[str, ...] = ()  # signals derived from these (ratios, deviations, flags)
+    main: bool = True  # recorded whatever the rules; else only for the rules that want it
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.value, self.reference, self.score) if s)
+
+
+CHARTS = (
+    Chart("gpu", "fb_used", "fb_used_bytes", unit="bytes"),
+    Chart("process", "gpu_mem", "gpu_mem_bytes", score="leak_score", unit="bytes"),
+    Chart("engine", "tokens_per_s", "generation_tokens_per_s", "tps_forecast", "tps_score",
+          "tokens/s", ("tps_deviation",)),
+    Chart("service", "tokens_per_s", "output_tokens_per_s", "tps_forecast", "tps_score",
+          "tokens/s", ("tps_deviation", "tps_z")),
+    Chart("service", "tokens_per_req", "tokens_per_request", "tpr_forecast", "tpr_score",
+          "tokens", ("tpr_deviation", "tpr_z")),
+    Chart("service", "retriever_p99", "retriever_p99_ms", "retriever_p99_baseline_ms",
+          unit="ms", about=("retriever_p99_ratio",)),
+    Chart("service", "e2e_p95", "e2e_p95_ms", "e2e_p95_baseline_ms", unit="ms",
+          about=("e2e_p95_ratio",)),
+    Chart("service", "outliers", "outliers", unit="requests", main=False,
+          about=("recent_outliers", "outlier_ratio", "new_outlier_cluster",
+                 "outlier_cluster_size")),
+)  # fmt: skip
+# the chart of a host's series that shows its alerts when no chart holds their signal
+MAIN = {"gpu": CHARTS[0], "process": CHARTS[1], "engine": CHARTS[2]}
+# device events are not charted: their alerts show the process's memory, then its GPU's
+EVENT_CHARTS = (MAIN["process"], MAIN["gpu"])
+UNITS = (("_ms", "ms"), ("_bytes", "bytes"), ("_per_s", "/s"), ("_ratio", "ratio"))
+
+
+def _unit(signal: str) -> str:
+    return next((unit for end, unit in UNITS if signal.endswith(end)), "")
+
+
+def charts_for(rule: Rule) -> tuple[Chart, ...]:
+    """The charts that show what ``rule`` is about, best first (none if its series is
+    not charted)."""
+    if rule.series == "event":
+        return EVENT_CHARTS
+    own = [c for c in CHARTS if c.kind == rule.series]
+    if not own:
+        return ()
+    signal = rule.conditions[0].signal
+    expected = rule.expected if isinstance(rule.expected, str) else None
+    found = (
+        next((c for c in own if signal in c.signals), None)
+        or next((c for c in own if expected in c.signals), None)
+        or next((c for c in own if signal in c.about), None)
+    )
+    if found is not None:
+        return (found,)
+    if rule.series in MAIN:
+        return (MAIN[rule.series],)
+    return (Chart(rule.series, signal, signal, expected, unit=_unit(signal), main=False),)
+
+
+def chart_plan(rules: Iterable[Rule]) -> Plan:
+    """What to record: the main charts and those ``rules`` need, each with its index
+    entry (``rules``: the rules it charts)."""
+    charted = {(c.kind, c.suffix): (c, list[str]()) for c in CHARTS if c.main}
+    for rule in rules:
+        for c in charts_for(rule):
+            charted.setdefault((c.kind, c.suffix), (c, []))[1].append(rule.name)
+    plan: dict[str, list[tuple[Chart, dict[str, Any]]]] = {}
+    for c, names in charted.values():
+        meta = {"kind": c.kind, "signal": c.value, "unit": c.unit, "rules": names}
+        plan.setdefault(c.kind, []).append((c, meta))
+    return {kind: tuple(charts) for kind, charts in plan.items()}
+
+
+class SeriesRecorder:
+    """Remembers what it already emitted, so each point is written once: for at most
+    ``max_tracked`` series (beyond, the least recently written is forgotten, and its next
+    point may be written a second time); :meth:`forget` drops swept hosts' series."""
+
+    def __init__(self, step_s: float = 60.0, max_tracked: int = 200_000) -> None:
+        self.step_s = step_s
+        self.max_tracked = max_tracked
+        self._last: dict[str, float] = {}  # series id -> ts of the last point emitted
+        self._rules: Sequence[Rule] | None = None  # the rules self._plan was made from
+        self._plan: Plan = {}
+
+    def plan(self, rules: Sequence[Rule]) -> Plan:
+        """:func:`chart_plan` of ``rules``, made again only when they change."""
+        if rules is not self._rules:
+            self._rules, self._plan = rules, chart_plan(rules)
+        return self._plan
+
+    def collect(
+        self, pipes: Pipelines, hosts: Iterable[str], services: Iterable[str]
+    ) -> dict[str, tuple[dict[str, Any], Point]]:
+        """series id -> (its index entry, the new point) for what changed."""
+        plan = self.plan(pipes.rules)
+        out: dict[str, tuple[dict[str, Any], Point]] = {}
+        for host in hosts:
+            for key, s in pipes.gpus.host_series(host).items():
+                kind = "gpu" if key[3] < 0 else "process"
+                self._add(out, plan.get(kind, ()), kind, s.labels, s.last_ts, s)
+            for e in pipes.metrics.host_series(host).values():
+                self._add(out, plan.get("engine", ()), "engine", e.labels, e.last_ts, e)
+        for service in services:
+            series, _ = pipes.requests.service_state(service)
+            for svc in series.values():
+                if svc.bucket_end is not None:
+                    charts = plan.get("service", ())
+                    self._add(out, charts, "service", svc.labels, svc.bucket_end, svc)
+        return out
+
+    def _due(self, sid: str, ts: float) -> bool:
+        last = self._last.get(sid)
+        return last is None or ts - last >= self.step_s
+
+    @property
+    def tracked(self) -> int:
+        """How many series ids it remembers (at most ``max_tracked``)."""
+        return len(self._last)
+
+    def forget(self, prefixes: tuple[str, ...]) -> list[str]:
+        """Stop tracking the series whose ids start with one of ``prefixes``; their ids."""
+        gone = [sid for sid in self._last if sid.startswith(prefixes)] if prefixes else []
+        for sid in gone:
+            del self._last[sid]
+        return gone
+
+    def _written(self, sid: str, ts: float) -> None:
+        """Remember a point; beyond ``max_tracked`` series, forget the one written least
+        recently (it was never refused a chart: a new series always gets one)."""
+        self._last.pop(sid, None)
+        self._last[sid] = ts  # the dict's order: least recently written first
+        if len(self._last) > self.max_tracked:
+            del self._last[next(iter(self._last))]
+
+    def _add(
+        self,
+        out: dict[str, tuple[dict[str, Any], Point]],
+        charts: tuple[tuple[Chart, dict[str, Any]], ...],
+        kind: str,
+        labels: dict[str, str],
+        ts: float,
+        series: _HasSignals,
+    ) -> None:
+        where = series_prefix(kind, labels)
+        due = [(sid, c, meta) for c, meta in charts if self._due(sid := where + c.suffix, ts)]
+        if not due:
+            return  # before reading signals: a GPU series computes them when read
+        signals = series.signals
+        for sid, chart, meta in due:
+            v = signals.get(chart.value)
+            if v is None:
+                continue
+            self._written(sid, ts)
+            ref = signals.get(chart.reference) if chart.reference else None
+            score = signals.get(chart.score) if chart.score else None
+            out[sid] = ({**meta, "labels": labels}, [ts, v, ref, score])

@@ -1,0 +1,178 @@
+"""From ``ragwatch.events`` (OOM kills, XIDs, device events) to alerts that fire at once.
+
+Each event is one evaluation of the ``event`` rules with signals that say what happened
+(``oom_kill``, ``xid``, ``xid_critical``, ``device_event``, ``process_exit`` = 1 or the XID
+code) and labels naming the culprit (host, gpu, pid, process, container, xid). Events are
+instants: nothing later says "it is over". So the worker moves each host's event alerts
+forward in event time with :meth:`EventPipeline.advance` on every GPU envelope of that
+host, evaluating them with all signals at 0; a rule's ``keep_firing_for`` then decides when
+the alert resolves.
+
+>>> from ragwatch.schema import EventEnvelope
+>>> from ragwatch.streams.alerting.rules import load_rules
+>>> pipe = EventPipeline(load_rules())
+>>> oom = EventEnvelope(host="h1", ts=100.0, type="oom_kill",
+...                    attrs={"gpu": 1, "pid": 4711, "process": "rag-worker"})
+>>> [(t.alert.rule, t.alert.status) for t in pipe.process(oom)]
+[('GpuOomKill', 'firing')]
+>>> [t.alert.status for t in pipe.advance("h1", 100.0 + 16 * 60)]
+['resolved']
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ragwatch.schema import EventEnvelope, Transition
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import SERIES_LABELS, SERIES_SIGNALS, Rule
+
+SERIES = "event"
+SIGNALS = SERIES_SIGNALS[SERIES]
+LABELS = SERIES_LABELS[SERIES]
+QUIET: Mapping[str, float | None] = dict.fromkeys(SIGNALS, 0.0)
+CRITICAL_XIDS = frozenset({31, 43, 48, 79})  # page faults, stopped channel, DBE, off the bus
+
+
+@dataclass
+class EventStats:
+    events: int = 0
+    active: int = 0
+    duplicates: int = 0  # events seen already (a replay after a crash, a producer retry)
+    aggregated: int = 0  # events beyond MAX_EVENT_ALERTS of a host and rule (see bounded)
+
+
+RECENT_EVENTS = 256  # per host: how many event identities are remembered to drop duplicates
+# Per host and rule, at most this many alerts of distinct culprits; the events beyond (an
+# OOM flood: 5,000 pids killed) share one alert whose labels say so, and are counted.
+MAX_EVENT_ALERTS = 20
+EventId = tuple[float, str, tuple[tuple[str, str], ...]]
+
+
+def signals_of(event: EventEnvelope) -> dict[str, float | None]:
+    """What the event says, as rule signals (everything else 0)."""
+    sig: dict[str, float | None] = dict.fromkeys(SIGNALS, 0.0)
+    if event.type == "xid":
+        code = event.attrs.get("xid")
+        xid = float(code) if isinstance(code, int | float) and not isinstance(code, bool) else 0
+        sig["xid"] = xid
+        sig["xid_critical"] = 1.0 if int(xid) in CRITICAL_XIDS else 0.0
+    elif event.type in sig:
+        sig[event.type] = 1.0
+    return sig
+
+
+def labels_of(event: EventEnvelope) -> dict[str, str]:
+    """The culprit: the event's host and the attributes that identify what was hit."""
+    labels = {"host": event.host, "type": event.type}
+    for key in LABELS[1:]:
+        value = event.attrs.get(key)
+        if value is not None and key not in labels and not isinstance(value, dict | list):
+            labels[key] = str(value)
+    return labels
+
+
+class EventPipeline:
+    """Evaluates the ``event`` rules on each event and ages their alerts in event time."""
+
+    def __init__(self, rules: list[Rule], engine: AlertEngine | None = None) -> None:
+        self.rules = [r for r in rules if r.series == SERIES]
+        self.engine = engine or AlertEngine()
+        self.stats = EventStats()
+        # host -> (rule, labels) of the alerts its events raised, to age them
+        self._active: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Rule]] = {}
+        self._recent: dict[str, deque[EventId]] = {}  # host -> identities of recent events
+
+    def process(self, event: EventEnvelope) -> list[Transition]:
+        self.stats.events += 1
+        labels, sig = labels_of(event), signals_of(event)
+        recent = self._recent.setdefault(event.host, deque(maxlen=RECENT_EVENTS))
+        ident = (event.ts, event.type, tuple(sorted(labels.items())))
+        if ident in recent:
+            self.stats.duplicates += 1
+            return []
+        recent.append(ident)
+        out = []
+        for rule in self.rules:
+            holds = rule.holds(sig)
+            lab = self._bounded(event.host, rule, labels) if holds else labels
+            t = self.engine.evaluate(rule, lab, sig, event.ts)
+            if t is not None:
+                out.append(t)
+            if holds:
+                # An event is an instant: its alert counts as cleared from the event on, so
+                # keep_firing_for runs from the event's own time.
+                t = self.engine.evaluate(rule, lab, QUIET, event.ts)
+                if t is not None:
+                    out.append(t)
+                else:
+                    key = (rule.name, tuple(sorted(lab.items())))
+                    self._active.setdefault(event.host, {})[key] = rule
+        self.stats.active = sum(len(v) for v in self._active.values())
+        return out
+
+    def _bounded(self, host: str, rule: Rule, labels: dict[str, str]) -> dict[str, str]:
+        """``labels``, or, once the host has ``MAX_EVENT_ALERTS`` alerts of ``rule`` for
+        other culprits, the labels of the one alert that stands for all the others
+        (``culprits="more than 20"``, the culprit labels ``*``): a flood pages once more,
+        not once per pid, and its hints stay short."""
+        active = self._active.get(host, {})
+        if (rule.name, tuple(sorted(labels.items()))) in active:
+            return labels
+        if sum(name == rule.name for name, _ in active) < MAX_EVENT_ALERTS:
+            return labels
+        self.stats.aggregated += 1
+        more = {k: "*" for k in LABELS if k not in ("host", "type")}
+        return {
+            **more,
+            "host": host,
+            "type": labels["type"],
+            "culprits": f"more than {MAX_EVENT_ALERTS}",
+        }
+
+    def advance(self, host: str, ts: float) -> list[Transition]:
+        """Evaluate the host's event alerts at ``ts`` with nothing happening."""
+        active = self._active.get(host)
+        if not active:
+            return []
+        out = []
+        for key, rule in list(active.items()):
+            t = self.engine.evaluate(rule, dict(key[1]), QUIET, ts)
+            if t is not None:
+                out.append(t)
+                if t.alert.status == "resolved":
+                    del active[key]
+        if not active:
+            del self._active[host]
+        self.stats.active = sum(len(v) for v in self._active.values())
+        return out
+
+    def host_state(self, host: str) -> dict[str, Any]:
+        """The host's aging event alerts and recent event identities (for a snapshot)."""
+        active = [(rule.name, labels) for (_, labels), rule in self._active.get(host, {}).items()]
+        return {"active": active, "recent": list(self._recent.get(host, ()))}
+
+    def forget(self, host: str) -> None:
+        """Drop a host's event state without resolving anything (another worker owns it)."""
+        self._active.pop(host, None)
+        self._recent.pop(host, None)
+        self.stats.active = sum(len(v) for v in self._active.values())
+
+    def adopt(self, host: str, state: Mapping[str, Any]) -> None:
+        """Take over a host's event state from a snapshot, unless this pipeline has its own."""
+        if host in self._active or host in self._recent:
+            return
+        rules = {r.name: r for r in self.rules}
+        active = {
+            (name, labels): rules[name] for name, labels in state.get("active", ()) if name in rules
+        }
+        if active:
+            self._active[host] = active
+        self._recent[host] = deque(state.get("recent", ()), maxlen=RECENT_EVENTS)
+        self.stats.active = sum(len(v) for v in self._active.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"events": self.stats.events, "active": self.stats.active}

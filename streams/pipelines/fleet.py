@@ -1,0 +1,131 @@
+"""Everything one worker computes, without Kafka: envelopes in, explained transitions out.
+
+:class:`Pipelines` bundles the GPU, request, event and metrics pipelines around one
+:class:`~ragwatch.streams.alerting.engine.AlertEngine` (fingerprints are unique across series
+types) and the :class:`~ragwatch.streams.pipelines.hints.Correlator` that adds root-cause hints.
+The Faust worker feeds it decoded messages from its topics; a test, a benchmark or a
+replay feeds it envelopes directly, in event-time order, and gets the same transitions.
+
+>>> from ragwatch.agents.scenario import build
+>>> from ragwatch.streams.alerting.rules import load_rules
+>>> world = build("leak", hosts=1, gpus=1, services=1, interval_s=60.0)
+>>> pipes = Pipelines(load_rules())
+>>> transitions = pipes.run(world.envelopes(hours=2.0))
+>>> leak = next(t.alert for t in transitions if t.alert.status == "firing")
+>>> leak.rule, leak.labels["pid"]
+('GpuMemoryLeak', '4001')
+>>> print(leak.annotations["hint"])  # doctest: +NORMALIZE_WHITESPACE
+GPU 0 memory +1.00 GB/h in pid 4001 (rag-worker, container 68335d6694bb) on gpu-node-01:
+services on gpu-node-01 (rag-api-0, rag-api-1) are not degraded yet: restart pid 4001
+before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ragwatch.codec import gpu_wire
+from ragwatch.schema import (
+    Envelope,
+    EventEnvelope,
+    GpuEnvelope,
+    MetricsEnvelope,
+    RequestsEnvelope,
+    Transition,
+)
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.budget import SeriesBudget
+from ragwatch.streams.pipelines.events import EventPipeline
+from ragwatch.streams.pipelines.gpu import GpuPipeline
+from ragwatch.streams.pipelines.hints import Correlator
+from ragwatch.streams.pipelines.metrics import MetricsPipeline
+from ragwatch.streams.pipelines.requests import RequestPipeline
+
+
+class Pipelines:
+    """The GPU, request, event and metrics pipelines of one worker, one engine, one
+    correlator."""
+
+    def __init__(self, rules: list[Rule], *, max_series: int = 100_000) -> None:
+        """``max_series``: the worker's series budget, GPU, request and engine series in
+        all (each pipeline also caps its own kind at it)."""
+        self.rules = rules
+        self.engine = AlertEngine()
+        self.budget = budget = SeriesBudget(max_series)
+        self.gpus = GpuPipeline(rules, self.engine, max_series=max_series, budget=budget)
+        self.requests = RequestPipeline(rules, self.engine, max_series=max_series, budget=budget)
+        self.events = EventPipeline(rules, self.engine)
+        self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series, budget=budget)
+        self.correlator = Correlator(self.gpus, self.requests, rules, self.engine)
+
+    def gone(self) -> tuple[set[str], set[str]]:
+        """Hosts and services that went silent and were swept since the last call (and
+        are tracked no more): their state elsewhere (Redis) can go too. Those handed to
+        another worker (:meth:`forget`) are not gone."""
+        hosts = {
+            h
+            for h in self.gpus.swept | self.metrics.swept
+            if not self.gpus.tracks(h) and not self.metrics.tracks(h)
+        }
+        services = {s for s in self.requests.swept if not self.requests.tracks(s)}
+        self.gpus.swept.clear()
+        self.metrics.swept.clear()
+        self.requests.swept.clear()
+        return hosts, services
+
+    @property
+    def watermark(self) -> float:
+        """The newest event time seen on any input (0 before any)."""
+        return max(self.gpus.watermark, self.requests.watermark, self.metrics.watermark)
+
+    def gpu(self, env: GpuEnvelope) -> list[Transition]:
+        return self.gpu_wire(gpu_wire(env))
+
+    def gpu_wire(self, env: dict[str, Any]) -> list[Transition]:
+        """:meth:`gpu` for a validated wire dict (``codec.decode_gpu_wire``): the worker's
+        hot path, without building records."""
+        # GPU telemetry moves the host's event time forward: event alerts age with it.
+        out = self.gpus.process_wire(env) + self.events.advance(env["host"], float(env["ts"]))
+        return self.correlator.annotate(out)
+
+    def request(self, env: RequestsEnvelope) -> list[Transition]:
+        return self.correlator.annotate(self.requests.process(env))
+
+    def event(self, env: EventEnvelope) -> list[Transition]:
+        return self.correlator.annotate(self.events.process(env))
+
+    def metric(self, env: MetricsEnvelope) -> list[Transition]:
+        return self.correlator.annotate(self.metrics.process(env))
+
+    def process(self, env: Envelope) -> list[Transition]:
+        """One envelope of any kind (alerts are outputs: no transitions)."""
+        if isinstance(env, GpuEnvelope):
+            return self.gpu(env)
+        if isinstance(env, RequestsEnvelope):
+            return self.request(env)
+        if isinstance(env, EventEnvelope):
+            return self.event(env)
+        if isinstance(env, MetricsEnvelope):
+            return self.metric(env)
+        return []
+
+    def forget(self, kind: str, key: str) -> None:
+        """Drop everything held about a host or service (``kind`` "host" or "service"),
+        with no transition: its partition went to another worker, which restores it from
+        the snapshot. Meeting it again restores it here from the snapshot too, instead of
+        carrying on from state that missed what the other worker saw."""
+        if kind == "host":
+            self.gpus.forget(key)
+            self.metrics.forget(key)
+            self.events.forget(key)
+            self.engine.forget(lambda lab: lab.get("host") == key and "service" not in lab)
+        else:
+            self.requests.forget(key)
+            self.engine.forget(lambda lab: lab.get("service") == key)
+
+    def run(self, envelopes: Iterable[Envelope]) -> Iterator[Transition]:
+        """Every transition of a stream of envelopes, in order."""
+        for env in envelopes:
+            yield from self.process(env)

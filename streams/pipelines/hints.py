@@ -1,0 +1,315 @@
+"""Root-cause hints: what else is wrong on the same host and service when an alert fires.
+
+An alert says what crossed a line; the hint says what that probably means, from the other
+signals of the same host and of the service instances running on it (a
+:class:`~ragwatch.schema.RequestsEnvelope` names its ``host``), within ``window_s`` of
+event time:
+
+- GPU side (causes): processes whose GPU memory grows steadily (the leak detector's slope,
+  ``mem_increase_bytes`` >= ``LEAK_MIN_BYTES`` and steadiness >= 0.7), GPUs above 90 %
+  of their framebuffer, and OOM kills and critical XIDs still active on the host;
+- request side (effects): each instance's tokens per request and output tokens/s below
+  their forecast, retrieval P99 and P95 latency above their baselines, errors, and a
+  cluster of unusual requests (with its label, e.g. "long context, short output").
+
+The hint joins both with a suspicion, for example::
+
+    GPU 1 memory +1.20 GB/h in pid 4011 (rag-worker, container 5d1c0e2f9a3b) on
+    gpu-node-01, while rag-api-1 on the same host shows tokens/request -29 %, retrieval
+    P99 4.2x: suspect a leak in that process degrading rag-api-1
+
+The alert's own signal is left out of its hint (its summary already says it). Hints are
+computed from the state of the worker that raises the alert, when the alert starts
+firing: the host's GPU telemetry and its services' requests must be consumed by the same
+worker to be joined (always true with one worker; see the README for several). They are
+joined only within ``window_s`` of the alert's own event time: a worker reads topics and
+partitions at different paces (a catch-up reads one hours ahead of another), so the other
+side's state is used only if it is about the same time, and the hint says so when it is
+not ("GPU telemetry of gpu-node-01 is read up to 2.0 h before this alert: not joined").
+
+>>> from ragwatch.schema import Alert
+>>> from ragwatch.streams.pipelines.gpu import GpuPipeline
+>>> from ragwatch.streams.pipelines.requests import RequestPipeline
+>>> c = Correlator(GpuPipeline([]), RequestPipeline([]), [])
+>>> a = Alert(rule="X", severity="info", status="firing", labels={"host": "h9"},
+...           annotations={}, value=1.0, expected=None, starts_at=0.0, ends_at=None,
+...           fingerprint="f")
+>>> print(c.hint(a))  # doctest: +NORMALIZE_WHITESPACE
+no request telemetry names h9 as its host and no other GPU signal stands out: nothing to
+correlate with yet
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from ragwatch.detectors.leak import GB
+from ragwatch.schema import Alert, Transition
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.gpu import GpuPipeline
+from ragwatch.streams.pipelines.requests import RequestPipeline, ServiceSeries
+
+LEAK_MIN_BYTES = 0.25 * GB  # grown over the leak window, steadily
+LEAK_MIN_STEADINESS = 0.7
+GPU_FULL_RATIO = 0.90
+EVENT_RULE_SERIES = "event"
+
+
+@dataclass(frozen=True, slots=True)
+class _Leak:
+    gpu: str
+    pid: str
+    process: str
+    container: str
+    gb_per_hour: float
+    tte_h: float | None
+
+    def describe(self, host: str) -> str:
+        container = self.container if self.container == "none" else self.container[:12]
+        return (
+            f"GPU {self.gpu} memory {self.gb_per_hour:+.2f} GB/h in pid {self.pid} "
+            f"({self.process}, container {container}) on {host}"
+        )
+
+
+# (signal, test, phrase): what counts as a symptom of a service instance
+_SYMPTOMS: tuple[tuple[str, float, str], ...] = (
+    # at the alert levels of the default rules: a bucket's tokens/s is noisy (+-10 %)
+    ("tpr_deviation", -0.2, "tokens/request {v:+.0%}"),
+    ("tps_deviation", -0.25, "output tokens/s {v:+.0%}"),
+    ("retriever_p99_ratio", 2.0, "retrieval P99 {v:.1f}x"),
+    ("e2e_p95_ratio", 1.3, "P95 latency {v:.1f}x"),
+    ("errors_ratio", 0.05, "errors {v:.0%}"),
+)
+
+
+# a symptom counts only when its test says it is more than noise (|z| >= 3), if it has one
+_SIGNIFICANCE = {"tpr_deviation": "tpr_z", "tps_deviation": "tps_z", "errors_ratio": "errors_z"}
+
+
+class Correlator:
+    """Explains firing alerts with the other signals of their host and services."""
+
+    def __init__(
+        self,
+        gpus: GpuPipeline,
+        requests: RequestPipeline,
+        rules: Iterable[Rule],
+        engine: AlertEngine | None = None,
+        *,
+        window_s: float = 1800.0,
+    ) -> None:
+        self.gpus, self.requests = gpus, requests
+        self.engine = engine or gpus.engine
+        self.window_s = window_s
+        self._rules: dict[str, Rule] = {r.name: r for r in rules}
+
+    def annotate(self, transitions: list[Transition]) -> list[Transition]:
+        """The transitions, each alert that starts firing with a ``hint`` annotation."""
+        return [
+            replace(t, alert=self.explain(t.alert))
+            if t.alert.status == "firing" and t.previous != "firing"
+            else t
+            for t in transitions
+        ]
+
+    def explain(self, alert: Alert) -> Alert:
+        """``alert`` with ``annotations["hint"]`` set."""
+        return replace(alert, annotations={**alert.annotations, "hint": self.hint(alert)})
+
+    def hint(self, alert: Alert) -> str:
+        labels = alert.labels
+        rule = self._rules.get(alert.rule)
+        own = {c.signal for c in rule.conditions} if rule else set()
+        at = alert.at if alert.at is not None else alert.starts_at
+        if "instance" in labels and "service" in labels:
+            return self._service_hint(labels, own, at)
+        return self._host_hint(alert, rule.series if rule else "", own, at)
+
+    def _gpu_lag(self, host: str, at: float) -> str | None:
+        """Why the host's GPU state cannot be joined with an alert at ``at`` (None: it
+        can): no GPU telemetry of it, or only far from that time."""
+        times = [s.last_ts for s in self.gpus.host_series(host).values()]
+        if not times:
+            return None  # nothing to join: the hint says what it knows without it
+        gap = max(times) - at
+        if abs(gap) <= self.window_s:
+            return None
+        side = "after" if gap > 0 else "before"
+        return (
+            f"GPU telemetry of {host} is read up to {abs(gap) / 3600:.1f} h {side} this "
+            "alert: not joined"
+        )
+
+    # ------------------------------------------------------------------ the two views
+
+    def _service_hint(self, labels: Mapping[str, str], own: set[str], at: float) -> str:
+        instance = labels["instance"]
+        s = self.requests.series.get((labels["service"], instance))
+        host = s.host if s is not None else None
+        symptoms = self._symptoms(s, own) if s is not None else []
+        lag = self._gpu_lag(host, at) if host else None
+        causes = self._causes(host) if host and not lag else []
+        effects = f"{instance} also shows {', '.join(symptoms)}" if symptoms else ""
+        text = ", while ".join(x for x in (", ".join(causes), effects) if x)
+        if lag:
+            suspicion = f"{lag}: suspect the service itself until it is"
+        elif host is None:
+            suspicion = (
+                f"the host of {instance} is unknown (the SDK sends it; set host=), so no GPU "
+                "signal can be joined: suspect the service itself"
+            )
+        elif self._active_events(host, "oom_kill"):
+            suspicion = f"suspect GPU memory exhaustion on {host}: the OOM killer took a process"
+        elif leaks := self._leaks(host):
+            suspicion = f"suspect a leak in pid {leaks[0].pid} degrading {instance}"
+        elif "retriever_p99_ratio" in own:
+            suspicion = (
+                f"GPU memory on {host} is steady: suspect the retriever (the vector index or "
+                "its store)"
+            )
+        elif "new_outlier_cluster" in own and s is not None and s.outlier_label:
+            suspicion = f"suspect a change in the traffic mix ({s.outlier_label} requests)"
+        else:
+            suspicion = (
+                f"no GPU signal on {host} explains it: suspect the model server or the "
+                "service itself (a deploy, a configuration or an upstream change)"
+            )
+        return f"{text}: {suspicion}" if text else suspicion
+
+    def _host_hint(self, alert: Alert, series: str, own: set[str], at: float) -> str:
+        labels = alert.labels
+        host = labels.get("host", "")
+        leaks = self._leaks(host)
+        mine = [lk for lk in leaks if lk.pid == labels.get("pid")]
+        on_gpu = [lk for lk in leaks if lk.gpu == labels.get("gpu")]
+        culprit = next(iter(mine or on_gpu), None)
+        causes = self._causes(host, skip_pid=labels.get("pid") if series == "process" else None)
+        if series == "process" and culprit is not None:
+            causes.insert(0, culprit.describe(host))
+        instances = self._instances_on(host, at)
+        degraded = [inst for inst, symptoms in instances if symptoms]
+        effects = "; ".join(
+            f"{inst} on the same host shows {', '.join(symptoms)}"
+            for inst, symptoms in instances
+            if symptoms
+        )
+        text = ", while ".join(x for x in (", ".join(causes), effects) if x)
+        names = ", ".join(degraded)
+        if series == EVENT_RULE_SERIES and labels.get("type") == "oom_kill":
+            leaked = f"a leak in pid {labels.get('pid')}" if culprit else "GPU memory exhaustion"
+            suspicion = f"suspect {leaked}" + (f": it hit {names}" if names else "")
+        elif culprit is not None and degraded:
+            suspicion = f"suspect a leak in that process degrading {names}"
+        elif culprit is not None:
+            tte = culprit.tte_h
+            when = (
+                f" (GPU {culprit.gpu} full in ~{tte:.1f} h)" if tte and math.isfinite(tte) else ""
+            )
+            served = [i for i, _ in instances]
+            suspicion = (
+                f"services on {host} ({', '.join(served)}) are not degraded yet: restart "
+                f"pid {culprit.pid} before the CUDA OOM killer does{when}"
+                if served
+                else f"suspect a leak in pid {culprit.pid}{when}; no request telemetry names "
+                f"{host} as its host"
+            )
+        elif degraded:
+            suspicion = f"suspect the GPU problem on {host} degrading {names}"
+        else:
+            served = [i for i, _ in instances]
+            suspicion = (
+                f"services on {host} ({', '.join(served)}) are healthy: no correlated signal"
+                if served
+                else f"no request telemetry names {host} as its host and no other GPU signal "
+                "stands out: nothing to correlate with yet"
+            )
+        return f"{text}: {suspicion}" if text else suspicion
+
+    # ------------------------------------------------------------------ facts
+
+    def _leaks(self, host: str) -> list[_Leak]:
+        out = []
+        for key, s in self.gpus.host_series(host).items():
+            if key[3] < 0:
+                continue
+            sig = s.signals
+            inc, steady = sig.get("mem_increase_bytes"), sig.get("mem_steadiness")
+            rate = sig.get("recent_gb_per_hour")
+            if rate is None:
+                rate = sig.get("gb_per_hour")
+            if inc is None or steady is None or rate is None:
+                continue
+            if inc >= LEAK_MIN_BYTES and steady >= LEAK_MIN_STEADINESS and rate > 0:
+                lab = s.labels
+                out.append(
+                    _Leak(
+                        lab["gpu"],
+                        lab["pid"],
+                        lab["process"],
+                        lab["container"],
+                        rate,
+                        sig.get("tte_h"),
+                    )
+                )
+        return sorted(out, key=lambda lk: -lk.gb_per_hour)
+
+    def _causes(self, host: str, skip_pid: str | None = None) -> list[str]:
+        out = [lk.describe(host) for lk in self._leaks(host) if lk.pid != skip_pid][:2]
+        for key, s in sorted(self.gpus.host_series(host).items()):
+            ratio = s.signals.get("fb_used_ratio")
+            if key[3] < 0 and ratio is not None and ratio >= GPU_FULL_RATIO:
+                out.append(f"GPU {s.labels['gpu']} at {ratio:.0%} memory")
+        ooms = [
+            f"the OOM killer took pid {a.labels.get('pid', '?')} on GPU {a.labels.get('gpu', '?')}"
+            for a in self._active_events(host, "oom_kill")
+        ]
+        xids = [
+            f"XID {a.labels.get('xid', '?')} on GPU {a.labels.get('gpu', '?')}"
+            for a in self._active_events(host, "xid")
+        ]
+        return out + _first(ooms, "OOM kills") + _first(xids, "XIDs")
+
+    def _active_events(self, host: str, kind: str) -> list[Alert]:
+        return [
+            a
+            for a in self.engine.active.values()
+            if a.labels.get("host") == host and a.labels.get("type") == kind
+        ]
+
+    def _instances_on(self, host: str, at: float) -> list[tuple[str, list[str]]]:
+        """(instance, its symptoms) of every service instance running on ``host`` whose
+        signals are about the alert's time (within ``window_s`` of ``at``)."""
+        out = []
+        for (_, inst), s in sorted(self.requests.series.items()):
+            fresh = s.bucket_end is not None and abs(s.bucket_end - at) <= self.window_s
+            if s.host == host and fresh:
+                out.append((inst, self._symptoms(s, set())))
+        return out
+
+    @staticmethod
+    def _symptoms(s: ServiceSeries, own: set[str]) -> list[str]:
+        out = []
+        for signal, limit, phrase in _SYMPTOMS:
+            v = s.signals.get(signal)
+            if signal in own or v is None:
+                continue
+            sure = s.signals.get(_SIGNIFICANCE.get(signal, ""))
+            if sure is not None and abs(sure) < 3:  # within the window's sampling noise
+                continue
+            if (limit < 0 and v <= limit) or (limit > 0 and v >= limit):
+                out.append(phrase.format(v=v))
+        if "new_outlier_cluster" not in own and (
+            s.signals.get("new_outlier_cluster") or (s.signals.get("outlier_ratio") or 0) > 0.01
+        ):
+            label = f" ({s.outlier_label})" if s.outlier_label else ""
+            out.append(f"a cluster of outlier requests{label}")
+        return out
+
+
+def _first(causes: list[str], what: str, n: int = 3) -> list[str]:
+    """The first ``n`` causes and how many more (a hint stays short in a flood)."""
+    return causes if len(causes) <= n else [*causes[:n], f"{len(causes) - n} more {what}"]

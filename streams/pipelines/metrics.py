@@ -1,0 +1,401 @@
+"""From ``ragwatch.metrics`` (scraped serving-engine metrics) to per-engine rates and alerts.
+
+Plain Python (no Faust): the worker feeds decoded :class:`MetricsEnvelope` s (one scrape of
+one target) into :meth:`MetricsPipeline.process`, and so can a test or a replay.
+
+Series ``engine``: one per (host, target), labels ``host`` and ``target``. The agent has
+already renamed vLLM, TGI and Triton metrics to engine-neutral ``ragwatch_*`` names
+(:mod:`ragwatch.agents.prom_map`); counters arrive cumulative, as scraped. Each counter
+series (one label set) becomes a rate over the last ``window_s`` of event time, with
+Prometheus' reset handling: a value below the previous one means the counter restarted
+from zero (the server restarted), so the increase is the new value, never a negative
+rate or a drop to zero; resets are counted (``counter_resets``). A value that would mean
+more than ``MAX_COUNTER_RATE`` (10^12) a second, or a reset to a negative value, is
+garbage: the counter starts over from it (its window dropped), counted in
+``MetricsStats.implausible_counters``, so no scraped number can make a rate huge or inf.
+The rates and gauges of all label sets of a name are summed (ratios: the maximum), like
+``sum by (instance)``:
+
+- ``requests_per_s`` (``ragwatch_requests_total``, else succeeded + failed),
+  ``errors_ratio``, ``generation_tokens_per_s``, ``prompt_tokens_per_s``,
+  ``tokens_per_request`` (generation tokens / requests: the throughput ratio),
+  ``preemptions_per_s``;
+- mean latencies from histogram and summary ``_sum`` / ``_count`` rates: ``e2e_mean_s``,
+  ``ttft_mean_s``, ``queue_mean_s``, ``tpot_mean_s``;
+- gauges: ``requests_waiting``, ``requests_running``, ``kv_cache_usage_ratio``;
+- a seasonal baseline (:class:`~ragwatch.detectors.seasonal.SeasonalBaseline` of the
+  log of generation tokens/s, fed each 5-minute bucket's mean: a daily profile learnt
+  from previous days, a level and trend, held while the rate deviates significantly, a
+  new level accepted after a day) with ``tps_forecast``, ``tps_deviation``, ``tps_z``
+  (the deviation in standard deviations: the requests' sampling noise when the engine
+  counts requests, plus the baseline's uncertainty), ``tps_score``, ``tps_held_s``,
+  ``tps_relearned_at`` and ``tps_relearned_from``.
+
+Signals are None until a counter has two points in the window. Metrics that are not in
+:data:`COUNTERS` or :data:`GAUGES` are ignored here (they stay on the topic for other
+consumers). A scrape not newer than the series' last one is a duplicate and dropped. A
+series silent for ``stale_s`` is forgotten and its alerts resolve; at most
+``max_label_sets`` label sets per engine and ``max_series`` engines are tracked (beyond:
+dropped and counted).
+
+>>> from ragwatch.schema import MetricSample, MetricsEnvelope
+>>> pipe = MetricsPipeline([])
+>>> def scrape(ts, tokens, requests):
+...     return MetricsEnvelope("node-1", "http://vllm:8000/metrics", ts, (
+...         MetricSample("ragwatch_generation_tokens_total", {}, tokens),
+...         MetricSample("ragwatch_requests_succeeded_total", {}, requests)))
+>>> for ts, tokens, requests in ((0.0, 0.0, 0.0), (15.0, 3000.0, 12.0), (30.0, 6000.0, 24.0),
+...                              (45.0, 1500.0, 6.0)):   # the server restarted before 45
+...     _ = pipe.process(scrape(1e9 + ts, tokens, requests))
+>>> sig = pipe.engine_snapshot("node-1")[0]["signals"]
+>>> sig["generation_tokens_per_s"], sig["tokens_per_request"], sig["counter_resets"]
+(166.66666666666666, 250.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragwatch.detectors.seasonal import SeasonalBaseline
+from ragwatch.schema import MetricsEnvelope, Transition
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.budget import SeriesBudget
+from ragwatch.streams.pipelines.evidence import count_z
+
+log = logging.getLogger(__name__)
+
+BASELINE_BUCKET_S = 300.0  # one observation of the tokens/s baseline per 5 minutes
+# No engine counts 10^12 of anything a second: a counter growing faster is garbage (or an
+# attack: 0, 1.79e308, 0, 1.79e308 made the reset offset inf for good) and starts over.
+MAX_COUNTER_RATE = 1e12
+MAX_TARGETS = 64  # scraped targets per host: beyond, a new target's scrapes are dropped
+HOLD_BAND, HOLD_Z = 0.1, 3.0  # the baseline holds through a deviation this large and sure
+
+SERIES = "engine"
+SeriesKey = tuple[str, str]  # host, target
+LabelKey = tuple[str, tuple[tuple[str, str], ...]]  # metric name, sorted labels
+COUNTERS = (
+    "ragwatch_requests_total",
+    "ragwatch_requests_succeeded_total",
+    "ragwatch_requests_failed_total",
+    "ragwatch_generation_tokens_total",
+    "ragwatch_prompt_tokens_total",
+    "ragwatch_preemptions_total",
+    *(
+        f"ragwatch_{m}_seconds_{p}"
+        for m in ("e2e", "ttft", "queue", "tpot")
+        for p in ("sum", "count")
+    ),
+)
+GAUGES = ("ragwatch_requests_waiting", "ragwatch_requests_running", "ragwatch_kv_cache_usage_ratio")
+
+
+@dataclass
+class _Counter:
+    """One counter label set: its raw last value and, in the window, points of its
+    cumulative increase (resets and implausible values accounted for)."""
+
+    last: float
+    total: float = 0.0  # the increase seen so far (what Prometheus' increase() adds up)
+    points: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, total)
+
+    def add(self, ts: float, value: float, window_s: float) -> str | None:
+        """One scraped value; returns ``"reset"`` (it restarted from zero: the increase is
+        the new value), ``"implausible"`` (it grew faster than ``MAX_COUNTER_RATE`` a
+        second, or a reset to a negative value: the counter starts over from this value,
+        its window dropped, so no rate of it is ever huge, negative or inf) or None.
+
+        >>> c = _Counter(0.0)
+        >>> [c.add(t, v, 60.0) for t, v in ((15, 100.0), (30, 1.79e308), (45, 0.0), (60, 50.0))]
+        [None, 'implausible', 'reset', None]
+        >>> c.rate()  # 0 then 50 tokens in the 15 s since the counter started over
+        1.6666666666666667
+        """
+        reset = value < self.last
+        increase = value if reset else value - self.last
+        prev = self.points[-1][0] if self.points else None
+        self.last = value
+        if prev is not None and not 0 <= increase <= MAX_COUNTER_RATE * max(ts - prev, 1.0):
+            self.total = 0.0
+            self.points.clear()
+            self.points.append((ts, 0.0))
+            return "implausible"
+        self.total += increase
+        self.points.append((ts, self.total))
+        while len(self.points) > 2 and ts - self.points[1][0] >= window_s:
+            self.points.popleft()  # keep one point at or beyond the window's start
+        return "reset" if reset else None
+
+    def rate(self) -> float | None:
+        if len(self.points) < 2:
+            return None
+        (t0, v0), (t1, v1) = self.points[0], self.points[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+
+
+@dataclass
+class EngineSeries:
+    """One scraped target: its counters, gauges, baseline and latest signals."""
+
+    labels: dict[str, str]
+    tps: SeasonalBaseline  # log generation tokens/s
+    counters: dict[LabelKey, _Counter] = field(default_factory=dict)
+    gauges: dict[LabelKey, float] = field(default_factory=dict)
+    last_ts: float = 0.0
+    resets: int = 0
+    signals: dict[str, float | None] = field(default_factory=dict)
+    bucket: int | None = None  # the open baseline bucket, and its sums: tokens/s, requests/s
+    sums: tuple[float, float, int] = (0.0, 0.0, 0)
+    relearned: tuple[float, float] | None = None  # when the baseline accepted a level, from
+
+
+@dataclass
+class MetricsStats:
+    envelopes: int = 0
+    samples: int = 0
+    counter_resets: int = 0
+    implausible_counters: int = 0  # values that restarted a counter (see _Counter.add)
+    duplicates: int = 0  # scrapes not newer than their series' last
+    dropped_label_sets: int = 0
+    dropped_series: int = 0
+    evicted_series: int = 0
+
+
+class MetricsPipeline:
+    """Tracks every scraped engine and evaluates the ``engine`` rules on it."""
+
+    def __init__(
+        self,
+        rules: list[Rule],
+        engine: AlertEngine | None = None,
+        *,
+        window_s: float = 300.0,
+        stale_s: float = 600.0,
+        max_series: int = 10_000,
+        max_targets: int = MAX_TARGETS,
+        budget: SeriesBudget | None = None,
+        max_label_sets: int = 256,
+    ) -> None:
+        if not (window_s > 0 and stale_s > 0):
+            raise ValueError(f"need window_s > 0 and stale_s > 0: {window_s, stale_s}")
+        self.rules = [r for r in rules if r.series == SERIES]
+        self.engine = engine or AlertEngine()
+        self.window_s, self.stale_s = window_s, stale_s
+        self.max_series, self.max_label_sets = max_series, max_label_sets
+        self.max_targets = max_targets
+        self.budget = budget or SeriesBudget(max_series)
+        self.budget.watch(lambda: len(self.series))
+        self._by_host: dict[str, set[SeriesKey]] = {}  # host -> its tracked targets
+        self.swept: set[str] = set()  # hosts whose last target went silent
+        self.series: dict[SeriesKey, EngineSeries] = {}
+        self._watermark = 0.0
+        self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
+        self._last_sweep = 0.0
+        self.stats = MetricsStats()
+
+    @property
+    def watermark(self) -> float:
+        """The newest event time seen (0 before any)."""
+        return max(0.0, self._watermark)
+
+    def process(self, env: MetricsEnvelope) -> list[Transition]:
+        """One scrape: update the target's rates and gauges; return the alert transitions."""
+        self.stats.envelopes += 1
+        self.stats.samples += len(env.samples)
+        s = self._series(env.host, env.target)
+        out: list[Transition] = []
+        if s is not None and env.ts <= s.last_ts:
+            self.stats.duplicates += 1
+        elif s is not None:
+            s.last_ts = env.ts
+            self._add(s, env)
+            s.signals = self._signals(s, env.ts)
+            for rule in self.rules:
+                t = self.engine.evaluate(rule, s.labels, s.signals, env.ts)
+                if t is not None:
+                    out.append(t)
+        self._watermark = max(self._watermark, env.ts)
+        if self._watermark - self._last_sweep >= self.stale_s:
+            self._last_sweep = self._watermark
+            out += self._sweep()
+        return out
+
+    def engine_snapshot(self, host: str) -> list[dict[str, Any]]:
+        """What ``ragwatch status`` shows about the engines scraped on one host."""
+        return [
+            {"target": k[1], "ts": s.last_ts, "signals": dict(s.signals)}
+            for k, s in sorted(self.series.items())
+            if k[0] == host
+        ]
+
+    def tracks(self, host: str) -> bool:
+        return host in self._by_host
+
+    def host_series(self, host: str) -> dict[SeriesKey, EngineSeries]:
+        return {k: self.series[k] for k in sorted(self._by_host.get(host, ()))}
+
+    def forget(self, host: str) -> None:
+        """Drop a host's engines without resolving anything (another worker owns it now)."""
+        for k in self._by_host.pop(host, ()):
+            del self.series[k]
+
+    def adopt(self, host: str, series: Mapping[SeriesKey, EngineSeries]) -> int:
+        """Take over a host's engines from a snapshot, unless this pipeline has any."""
+        if host in self._by_host or any(k[0] != host for k in series):
+            return 0
+        keys = sorted(series)[: max(0, min(self.max_targets, self._room()))]
+        self.series.update((k, series[k]) for k in keys)
+        if keys:
+            self._by_host[host] = set(keys)
+        return len(keys)
+
+    # ------------------------------------------------------------------ internals
+
+    def _series(self, host: str, target: str) -> EngineSeries | None:
+        s = self.series.get((host, target))
+        if s is None:
+            if self._room() <= 0 or len(self._by_host.get(host, ())) >= self.max_targets:
+                self.stats.dropped_series += 1
+                return None
+            base = SeasonalBaseline(step_s=BASELINE_BUCKET_S)
+            s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, base)
+            self._by_host.setdefault(host, set()).add((host, target))
+        return s
+
+    def _room(self) -> int:
+        """How many more engines fit: under ``max_series`` and the worker's budget."""
+        return min(self.max_series - len(self.series), self.budget.room())
+
+    def _drop(self, key: SeriesKey) -> EngineSeries:
+        s = self.series.pop(key)
+        targets = self._by_host.get(key[0], set())
+        targets.discard(key)
+        if not targets:
+            self._by_host.pop(key[0], None)
+            self.swept.add(key[0])
+        return s
+
+    def _add(self, s: EngineSeries, env: MetricsEnvelope) -> None:
+        for sample in env.samples:
+            name = sample.name
+            if name not in COUNTERS and name not in GAUGES:
+                continue
+            key = (name, tuple(sorted(sample.labels.items())))
+            if name in GAUGES:
+                if key in s.gauges or len(s.gauges) + len(s.counters) < self.max_label_sets:
+                    s.gauges[key] = sample.value
+                else:
+                    self.stats.dropped_label_sets += 1
+                continue
+            c = s.counters.get(key)
+            if c is None:
+                if len(s.gauges) + len(s.counters) >= self.max_label_sets:
+                    self.stats.dropped_label_sets += 1
+                    continue
+                c = s.counters[key] = _Counter(sample.value)
+            seen = c.add(env.ts, sample.value, self.window_s)
+            if seen == "reset":
+                s.resets += 1
+                self.stats.counter_resets += 1
+            elif seen == "implausible":
+                self.stats.implausible_counters += 1
+
+    def _signals(self, s: EngineSeries, ts: float) -> dict[str, float | None]:
+        rates: dict[str, float] = {}
+        for (name, _), c in s.counters.items():
+            r = c.rate()
+            if r is not None:
+                rates[name] = rates.get(name, 0.0) + r
+        gauges: dict[str, float] = {}
+        for (name, _), v in s.gauges.items():
+            combine = max if name.endswith("_ratio") else float.__add__
+            gauges[name] = combine(gauges[name], v) if name in gauges else v
+
+        def ratio(num: float | None, den: float | None) -> float | None:
+            return None if num is None or not den else num / den
+
+        failed = rates.get("ragwatch_requests_failed_total")
+        requests = rates.get("ragwatch_requests_total")
+        if requests is None and "ragwatch_requests_succeeded_total" in rates:
+            requests = rates["ragwatch_requests_succeeded_total"] + (failed or 0.0)
+        tokens = rates.get("ragwatch_generation_tokens_total")
+        sig: dict[str, float | None] = {
+            "requests_per_s": requests,
+            "errors_ratio": ratio(failed, requests) if requests is not None else None,
+            "generation_tokens_per_s": tokens,
+            "prompt_tokens_per_s": rates.get("ragwatch_prompt_tokens_total"),
+            "tokens_per_request": ratio(tokens, requests),
+            "preemptions_per_s": rates.get("ragwatch_preemptions_total"),
+            "requests_waiting": gauges.get("ragwatch_requests_waiting"),
+            "requests_running": gauges.get("ragwatch_requests_running"),
+            "kv_cache_usage_ratio": gauges.get("ragwatch_kv_cache_usage_ratio"),
+            "counter_resets": float(s.resets),
+        }
+        for m in ("e2e", "ttft", "queue", "tpot"):
+            sig[f"{m}_mean_s"] = ratio(
+                rates.get(f"ragwatch_{m}_seconds_sum"), rates.get(f"ragwatch_{m}_seconds_count")
+            )
+        self._baseline(s, ts, tokens, requests, sig)
+        return sig
+
+    def _baseline(
+        self,
+        s: EngineSeries,
+        ts: float,
+        tokens: float | None,
+        requests: float | None,
+        sig: dict[str, float | None],
+    ) -> None:
+        """Generation tokens/s against the seasonal baseline, then hold or learn it."""
+        for k in ("forecast", "deviation", "z", "score"):
+            sig[f"tps_{k}"] = None
+        base = s.tps
+        f = base.forecast(ts) if tokens is not None else None
+        if f is not None and tokens is not None:
+            forecast = math.exp(f.mean)
+            d = tokens / forecast - 1
+            rel_var = f.var + f.noise
+            if requests:  # the requests' own noise: a compound Poisson count of tokens
+                w = self.window_s
+                z = count_z(tokens * w, forecast * w, 1.05 * tokens / requests, rel_var)
+            else:
+                z = math.log((tokens + 1e-9) / forecast) / math.sqrt(rel_var or 1e-12)
+            sig["tps_forecast"], sig["tps_deviation"], sig["tps_z"] = forecast, d, z
+            sig["tps_score"] = min(1.0, -d / 0.5) if d < 0 and z < -HOLD_Z else 0.0
+            deviating = abs(d) > HOLD_BAND and (base.holding or abs(z) > HOLD_Z)
+            if base.hold(ts, deviating, math.log(tokens + 1e-9)):
+                s.relearned = (ts, forecast)
+        if tokens is not None:
+            self._learn(s, ts, tokens, requests)
+        sig["tps_held_s"] = base.held_s(ts)
+        sig["tps_relearned_at"] = s.relearned[0] if s.relearned else None
+        sig["tps_relearned_from"] = s.relearned[1] if s.relearned else None
+
+    def _learn(self, s: EngineSeries, ts: float, tokens: float, requests: float | None) -> None:
+        """Each BASELINE_BUCKET_S bucket's mean tokens/s is one observation."""
+        b = math.floor(ts / BASELINE_BUCKET_S)
+        if s.bucket is not None and b != s.bucket:
+            total, reqs, n = s.sums
+            if n:
+                mean, req_mean = total / n, reqs / n
+                var = 1.05 / (req_mean * BASELINE_BUCKET_S) if req_mean > 0 else 0.0
+                s.tps.learn((s.bucket + 0.5) * BASELINE_BUCKET_S, math.log(mean + 1e-9), var)
+            s.sums = (0.0, 0.0, 0)
+        s.bucket = b
+        total, reqs, n = s.sums
+        s.sums = (total + tokens, reqs + (requests or 0.0), n + 1)
+
+    def _sweep(self) -> list[Transition]:
+        out: list[Transition] = []
+        now = min(self._watermark, self.sweep_mark)
+        for key in [k for k, s in self.series.items() if now - s.last_ts > self.stale_s]:
+            s = self._drop(key)
+            self.stats.evicted_series += 1
+            out += self.engine.clear(s.labels, now)
+        return out

@@ -1,0 +1,420 @@
+"""The worker's loop: every input message, every rebalance, every tick, as one object.
+
+:class:`WorkerLoop` holds the state the worker keeps beside its pipelines (which hosts and
+services changed, which are known, which are mid-send, the partitions each came on, the
+sweep marks, the snapshot schedule, the held acks, the chart recorder) and the four things
+that change it: :meth:`~WorkerLoop.handle` (one message), :meth:`~WorkerLoop.assigned` (a
+rebalance), :meth:`~WorkerLoop.tick` (every second) and :meth:`~WorkerLoop.stop` (a clean
+shutdown). Faust only feeds it (:func:`ragwatch.streams.worker.app.register_processors`);
+a test can feed it an in-memory stream.
+
+Checkpoint order (what is written before which offset is acked; the acks are
+:mod:`ragwatch.streams.worker.acks`'s):
+
+1. a message is decoded, checked and processed; its transitions are sent to the alerts
+   topic (and Redis) *before* its ack is held behind its host's or service's snapshot;
+   a message that fails anywhere is dead-lettered and its ack released at once, in order;
+2. while a key has messages mid-send (``busy``), no snapshot of it is taken;
+3. every tick, the snapshots that are due are written first, and only then are the acks
+   they cover released (so a committed offset never runs ahead of the state that holds
+   it); a snapshot that fails gives its acks back;
+4. a rebalance forgets the lost partitions' hosts and services and every held ack (Faust
+   reads what it keeps again from the committed offsets);
+5. a clean stop snapshots everything changed and idle, so its offsets are committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, Protocol
+
+from ragwatch.chart_ids import owner_prefixes
+from ragwatch.codec import decode_as, decode_gpu_wire
+from ragwatch.config import Settings
+from ragwatch.errors import SchemaError
+from ragwatch.schema import (
+    DLQ_HEADER_OFFSET,
+    DLQ_HEADER_PARTITION,
+    DLQ_HEADER_REASON,
+    DLQ_HEADER_TOPIC,
+    EventEnvelope,
+    MetricsEnvelope,
+    RequestsEnvelope,
+    Transition,
+)
+from ragwatch.streams.pipelines.charts import SeriesRecorder
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.acks import HeldAcks
+from ragwatch.streams.worker.marks import SweepMarks
+
+log = logging.getLogger(__name__)
+
+Domain = Literal["host", "service"]  # what an input topic's key names
+Key = tuple[Domain, str]
+
+# A partition nothing was read from for this long (wall seconds) does not hold back the
+# silence sweeps: its hosts stopped sending, or it has none.
+IDLE_PARTITION_S = 30.0
+
+
+class Sweeper(Protocol):
+    """A pipeline that sweeps silent series against a mark of event time."""
+
+    sweep_mark: float
+
+
+@dataclass(frozen=True)
+class InputTopic:
+    """One input topic: what its key names, how its bytes decode, the key and newest event
+    time of a decoded envelope, and the pipeline that processes it (``sweeper``: the
+    pipeline whose silence sweeps follow this topic's partitions, if any)."""
+
+    kind: str  # the topic's name without the prefix: gpu, events, requests, metrics
+    domain: Domain
+    decode: Callable[[bytes], Any]
+    key: Callable[[Any], str]
+    newest: Callable[[Any], float]
+    process: Callable[[Any], list[Transition]]
+    sweeper: Sweeper | None = None
+
+
+def _key(env: Any) -> str:
+    return str(env.key)
+
+
+def _ts(env: Any) -> float:
+    return float(env.ts)
+
+
+def _gpu_ts(env: dict[str, Any]) -> float:
+    return float(env["ts"])
+
+
+def _requests_ts(env: RequestsEnvelope) -> float:
+    return max((r.ts for r in env.records), default=env.ts)
+
+
+def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
+    """The worker's input topics. GPU envelopes stay plain dicts (``decode_gpu_wire``
+    validates them as strictly): building ~90 frozen records per host envelope cost more
+    than the analysis."""
+    return (
+        InputTopic(
+            "gpu", "host", decode_gpu_wire, operator.itemgetter("host"), _gpu_ts,
+            pipes.gpu_wire, pipes.gpus,
+        ),
+        InputTopic("events", "host", partial(decode_as, EventEnvelope), _key, _ts, pipes.event),
+        InputTopic(
+            "requests", "service", partial(decode_as, RequestsEnvelope), _key, _requests_ts,
+            pipes.request, pipes.requests,
+        ),
+        InputTopic(
+            "metrics", "host", partial(decode_as, MetricsEnvelope), _key, _ts, pipes.metric,
+            pipes.metrics,
+        ),
+    )  # fmt: skip
+
+
+class Delivery(Protocol):
+    """What the loop needs of the worker's Redis side (``app.Delivery``)."""
+
+    closed: bool
+    redis_down_since: float | None
+
+    async def restore(self, pipes: Pipelines, domain: str, key: str) -> None: ...
+    async def write_snapshots(
+        self, pipes: Pipelines, hosts: set[str], services: set[str]
+    ) -> bool: ...
+    async def write_status(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None: ...
+    async def write_series(self, points: Any) -> None: ...
+    async def prune(self, hosts: set[str], services: set[str], prefixes: Any) -> None: ...
+
+
+SendAlert = Callable[[Transition], Awaitable[None]]
+SendDeadLetter = Callable[[Any, bytes, dict[str, bytes]], Awaitable[None]]  # key, value, headers
+
+
+class WorkerLoop:
+    """The per-message loop, rebalances, the snapshot schedule and the tick (see the module
+    docstring for the checkpoint order)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pipes: Pipelines,
+        delivery: Delivery,
+        counters: Any,
+        *,
+        send_alert: SendAlert,
+        send_dead_letter: SendDeadLetter,
+    ) -> None:
+        self.settings = settings
+        self.pipes = pipes
+        self.delivery = delivery
+        self.counters = counters
+        self._send_alert, self._send_dead_letter = send_alert, send_dead_letter
+        self.topics = {t.kind: t for t in input_topics(pipes)}
+        self.dirty: dict[str, set[str]] = {kind: set() for kind in self.topics}
+        self.known: dict[Domain, set[str]] = {"host": set(), "service": set()}
+        self.recorder = SeriesRecorder()
+        self.held = HeldAcks()
+        self.busy: Counter[Key] = Counter()  # messages of a key being processed and sent
+        self.partitions: dict[Key, set[Any]] = {}  # (domain, key) -> the TPs it came on
+        self.assigned_tps: set[Any] = set()
+        # per input partition: the newest event time read, for the pipelines' sweep marks
+        self.marks = SweepMarks(idle_s=IDLE_PARTITION_S)
+        # snapshots of a changed key are rewritten once it is snapshot_interval seconds
+        # since its last one, spread over the interval (at most 2x the average rate per
+        # tick): writing every host in the same tick held the event loop long enough to
+        # show in the alerts' latency
+        self.snap_due: set[Key] = set()
+        self.snap_at: dict[Key, float] = {}
+        for t in self.topics.values():
+            if t.sweeper is not None:
+                t.sweeper.sweep_mark = -math.inf  # no silence sweeps before the first marks
+
+    # -- one message -------------------------------------------------------------------
+
+    async def consume(self, kind: str, stream: Any) -> None:
+        """Every message of ``stream`` (a Faust stream of the ``kind`` topic), acked once the
+        snapshot holds it."""
+        stream = stream.noack()
+        async for event in stream.events():
+            await self.handle(self.topics[kind], stream, event)
+
+    async def handle(self, topic: InputTopic, stream: Any, event: Any) -> None:
+        """One message: decode, check, process, send its transitions, hold its ack."""
+        msg = event.message
+        self.counters.messages += 1
+        raw = msg.value or b""
+        h = self.held.add(msg.tp, stream, event)  # its place in the partition's acks
+        env = await self._decoded(topic, msg, raw)
+        if env is None:
+            await self.held.release([h])
+            return
+        k = topic.key(env)
+        key: Key = (topic.domain, k)
+        self.busy[key] += 1  # no snapshot of k until its transitions are sent
+        try:
+            if k not in self.known[topic.domain]:
+                self.known[topic.domain].add(k)
+                await self.delivery.restore(self.pipes, topic.domain, k)
+            self.partitions.setdefault(key, set()).add(msg.tp)
+            transitions = await self._processed(topic, msg, raw, env, k)
+            if transitions is None:
+                await self.held.release([h])
+                return
+            self.dirty[topic.kind].add(k)
+            for t in transitions:
+                await self._send_alert(t)
+            self.held.hold(key, h)
+        finally:
+            self.busy[key] -= 1
+
+    async def _decoded(self, topic: InputTopic, msg: Any, raw: bytes) -> Any | None:
+        """The envelope, or None once a bad one is dead-lettered."""
+        try:
+            env = topic.decode(raw)
+        except SchemaError as exc:
+            await self.dead_letter(msg, exc.reason, raw)
+            return None
+        except Exception as exc:  # a decoder bug must not stall the partition either
+            log.exception("decoding failed %s[%d]", msg.topic, msg.partition)
+            await self.dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}", raw)
+            return None
+        ts = topic.newest(env)
+        ahead = ts - time.time()
+        skew = self.settings.max_clock_skew
+        if ahead > skew:
+            # event time drives windows, sweeps and `for:`: one envelope from a host with a
+            # wrong clock would close every open bucket and age every alert
+            reason = f"ts: {ahead:,.0f} s ahead of this worker's clock "
+            await self.dead_letter(msg, reason + f"(RAGWATCH_MAX_CLOCK_SKEW={skew:g})", raw)
+            return None
+        self.marks.read(msg.topic, msg.partition, ts)
+        return env
+
+    async def _processed(
+        self, topic: InputTopic, msg: Any, raw: bytes, env: Any, k: str
+    ) -> list[Transition] | None:
+        """The envelope's transitions, or None once a failure is dead-lettered."""
+        try:
+            started = time.perf_counter()
+            transitions = topic.process(env)
+        except Exception as exc:  # a bug must not stall the partition
+            log.exception("processing failed %s key=%s", topic.kind, k)
+            await self.dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}", raw)
+            return None
+        took = time.perf_counter() - started
+        if took > self.settings.slow_message:  # every partition waited this long
+            self.counters.slow_messages += 1
+            log.warning(
+                "slow message %s[%d] offset=%d key=%s: %.1f s",
+                msg.topic, msg.partition, msg.offset, k, took,
+            )  # fmt: skip
+        return transitions
+
+    async def dead_letter(self, msg: Any, reason: str, value: bytes) -> None:
+        self.counters.deadletter += 1
+        log.warning(
+            "dead-letter %s[%d] offset=%d: %s", msg.topic, msg.partition, msg.offset, reason
+        )
+        headers = {
+            DLQ_HEADER_TOPIC: msg.topic.encode(),
+            DLQ_HEADER_PARTITION: str(msg.partition).encode(),
+            DLQ_HEADER_OFFSET: str(msg.offset).encode(),
+            DLQ_HEADER_REASON: reason.encode(),
+        }
+        await self._send_dead_letter(msg.key, value, headers)
+
+    # -- rebalances and stops ------------------------------------------------------------
+
+    async def assigned(self, assigned_now: set[Any]) -> None:
+        """Hosts and services of partitions this worker lost: drop their state and held
+        acks. The new owner restores their snapshots and reads what came after; if they
+        come back here, they are restored from the snapshot again, not from stale memory."""
+        lost = self.assigned_tps - set(assigned_now)
+        self.assigned_tps = set(assigned_now)
+        # Faust reads every partition it keeps again from its committed offset: those
+        # messages get their places in the queues again
+        n = self.held.reset()
+        if not lost:
+            return
+        gone = [k for k, tps in self.partitions.items() if tps & lost]
+        self._forget(gone)
+        for domain, k in gone:
+            self.pipes.forget(domain, k)
+        self.marks.forget((tp.topic, tp.partition) for tp in lost)
+        log.info(
+            "rebalance: %d partition(s) gone to other workers: forgot %d host(s)/service(s) "
+            "and %d unsnapshotted message(s) (the new owner reads them again)",
+            len(lost),
+            len(gone),
+            n,
+        )
+
+    def _forget(self, keys: Iterable[Key]) -> None:
+        """Everything the loop keeps about ``keys`` (not their pipelines' state)."""
+        for key in keys:
+            domain, k = key
+            self.known[domain].discard(k)
+            self.partitions.pop(key, None)
+            self.snap_due.discard(key)
+            self.snap_at.pop(key, None)
+            for kind, d in self.dirty.items():
+                if self.topics[kind].domain == domain:
+                    d.discard(k)
+
+    async def stop(self) -> None:
+        """A clean stop snapshots every changed host and service, so its last offsets are
+        committed and the next start carries on from there."""
+        for kind, d in self.dirty.items():
+            self.snap_due.update((self.topics[kind].domain, k) for k in d)
+        idle = sorted(k for k in self.snap_due if not self.busy[k])  # mid-send: read again
+        if idle and not self.delivery.closed:
+            await self.snapshot(idle, time.monotonic())
+
+    # -- the tick --------------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Every second: prune what went silent, write status and charts of what changed,
+        write the snapshots that are due and release the acks they hold."""
+        if self.delivery.closed:
+            return
+        await self.prune_gone()
+        hosts, services = self._changed()
+        self.sweep_marks()
+        await self.delivery.write_status(self.pipes, hosts, services)
+        await self.delivery.write_series(self.recorder.collect(self.pipes, hosts, services))
+        now = time.monotonic()
+        batch = self.snapshots_due(now)
+        if batch:
+            await self.snapshot(batch, now)
+        if self.held.over():
+            log.warning(
+                "%d messages read wait for snapshots (Redis away, or snapshots not keeping "
+                "up): committing their offsets anyway (a crash now loses their effect)",
+                len(self.held),
+            )
+            await self.held.release_all()
+
+    def _changed(self) -> tuple[set[str], set[str]]:
+        """The hosts and services whose status to write (all known ones while Redis is
+        away: a restarted Redis is empty), and mark their snapshots due."""
+        hosts = self.dirty["gpu"] | self.dirty["metrics"]
+        event_hosts, services = set(self.dirty["events"]), set(self.dirty["requests"])
+        for d in self.dirty.values():
+            d.clear()
+        if self.delivery.redis_down_since is not None:
+            hosts |= self.known["host"]
+            services |= self.known["service"]
+        self.snap_due.update(("host", h) for h in hosts | event_hosts)
+        self.snap_due.update(("service", s) for s in services)
+        return hosts, services
+
+    def sweep_marks(self) -> None:
+        """Each pipeline sweeps silent hosts/services against the slowest of its topic's
+        partitions (one read from in the last IDLE_PARTITION_S): after a restart or a
+        rebalance, partitions are caught up at different paces, and one read far ahead
+        must not make the hosts of another look silent and resolve their alerts."""
+        for kind, t in self.topics.items():
+            if t.sweeper is None:
+                continue
+            mark = self.marks.mark(self.settings.topic(kind))
+            if mark is not None:  # else nothing was read lately: keep the last mark
+                t.sweeper.sweep_mark = mark
+
+    def snapshots_due(self, now: float) -> list[Key]:
+        interval = self.settings.snapshot_interval
+        at = self.snap_at
+        due = sorted(
+            (
+                k
+                for k in self.snap_due
+                if now - at.get(k, -math.inf) >= interval and not self.busy[k]
+            ),
+            key=lambda k: at.get(k, -math.inf),
+        )
+        budget = max(8, math.ceil(2 * max(len(at), len(self.snap_due)) / interval))
+        return due[:budget]
+
+    async def snapshot(self, batch: list[Key], now: float) -> bool:
+        """Write the snapshots of ``batch``, then ack the messages they hold."""
+        taken = self.held.take(batch)  # before the snapshots: everything taken is in them
+        written = False
+        try:
+            written = await self.delivery.write_snapshots(
+                self.pipes,
+                {k for d, k in batch if d == "host"},
+                {k for d, k in batch if d == "service"},
+            )
+        finally:
+            if not written:
+                self.held.give_back(taken)
+        if not written:
+            return False
+        for k in batch:
+            self.snap_at[k] = now
+            self.snap_due.discard(k)
+        await self.held.ack(taken)
+        return True
+
+    async def prune_gone(self) -> None:
+        """Hosts and services that went silent and were swept: forget them here (their
+        held acks go: nothing is left to snapshot) and delete their state in Redis."""
+        hosts, services = self.pipes.gone()
+        if not hosts and not services:
+            return
+        keys: list[Key] = [("host", h) for h in hosts] + [("service", s) for s in services]
+        self._forget(keys)
+        await self.held.ack(self.held.take(keys))
+        prefixes = owner_prefixes(hosts, services)
+        self.recorder.forget(prefixes)
+        await self.delivery.prune(hosts, services, prefixes)
