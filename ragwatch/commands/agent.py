@@ -73,7 +73,11 @@ def add_parser(sub: Any) -> None:
         help="records kept in memory while the broker is slow or away (beyond them: the "
         "spool, or dropped without one); also caps the records in flight to the broker",
     )
-    sim = a.add_argument_group("sim")
+    _add_sim_arguments(a.add_argument_group("sim"))
+    _add_source_arguments(a)
+
+
+def _add_sim_arguments(sim: Any) -> None:
     sim.add_argument(
         "--scenario",
         default="leak",
@@ -116,6 +120,9 @@ def add_parser(sub: Any) -> None:
         help="event time of the first sample, epoch seconds (default: now minus "
         "--duration, so a fast replay ends near the present)",
     )
+
+
+def _add_source_arguments(a: Any) -> None:
     nvml = a.add_argument_group("nvml")
     nvml.add_argument(
         "--proc-root",

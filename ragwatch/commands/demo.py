@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -212,6 +212,51 @@ def _worker_messages(settings: Settings) -> int:
         client.close()
 
 
+def _demo_env(
+    environ: Mapping[str, str],
+    stack: EmbeddedStack,
+    own: tuple[str, ...],
+    run_id: str,
+    run_dir: Path,
+    notify_file: Path,
+) -> dict[str, str]:
+    """The environment of the demo's processes: the stack's servers, its own consumer
+    group, state dir, and topic and key prefixes on an external Kafka or Redis."""
+    env = {
+        **environ,
+        **stack.env(),
+        "RAGWATCH_NOTIFY_FILE": str(notify_file),
+        "DEMO_PD_ROUTING_KEY": "demo" * 8,
+        "RAGWATCH_APP_ID": f"ragwatch-demo-{run_id}",
+        "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
+        "RAGWATCH_STATE_DIR": str(run_dir),
+    }
+    if "kafka" not in own:
+        env["RAGWATCH_TOPIC_PREFIX"] = f"demo-{run_id}."
+    if "redis" not in own:
+        env["RAGWATCH_REDIS_PREFIX"] = f"ragwatch-demo-{run_id}"
+    return env
+
+
+def _start_agent(children: _Children, scenario: str, wanted: Sequence[Expectation]) -> None:
+    """The simulated fleet of ``scenario``, played at the scenario's pace."""
+    speed, interval, duration = PACE.get(scenario, DEFAULT_PACE)
+    children.start(
+        "agent",
+        "agent",
+        *("--source", "sim", "--scenario", scenario),
+        *("--hosts", str(HOSTS), "--gpus", str(GPUS), "--services", str(SERVICES)),
+        *("--speed", speed, "--interval", interval, "--duration", duration),
+        *("--start", str(_start(duration))),
+        *(("--heal-after", HEAL_AFTER) if scenario in HEALING else ()),
+    )
+    _say(
+        f"scenario {scenario}: {HOSTS} hosts x {GPUS} GPUs and {SERVICES} RAG services "
+        f"x 2 instances, {duration} of telemetry at {speed}x; the fault starts at minute "
+        f"20; waiting for: {'; '.join(e.what for e in wanted) or 'silence'}"
+    )
+
+
 def run_demo(
     settings: Settings,
     environ: Mapping[str, str],
@@ -249,19 +294,7 @@ def run_demo(
             stack.up(own)
         notify_file = run_dir / "notify.yaml"
         notify_file.write_text(NOTIFY_YAML.format(hook=receiver.url, slack=slack.url, pd=pager.url))
-        env = {
-            **environ,
-            **stack.env(),
-            "RAGWATCH_NOTIFY_FILE": str(notify_file),
-            "DEMO_PD_ROUTING_KEY": "demo" * 8,
-            "RAGWATCH_APP_ID": f"ragwatch-demo-{run_id}",
-            "RAGWATCH_KAFKA_SESSION_TIMEOUT": "6",
-            "RAGWATCH_STATE_DIR": str(run_dir),
-        }
-        if "kafka" not in own:
-            env["RAGWATCH_TOPIC_PREFIX"] = f"demo-{run_id}."
-        if "redis" not in own:
-            env["RAGWATCH_REDIS_PREFIX"] = f"ragwatch-demo-{run_id}"
+        env = _demo_env(environ, stack, own, run_id, run_dir, notify_file)
         demo_settings = Settings.from_env(env)
         ensure_topics(demo_settings, command="demo")
         _say(
@@ -271,35 +304,7 @@ def run_demo(
         children = _Children(run_dir, env)
         children.start("worker", "worker")
         children.start("notify", "notify")
-        speed, interval, duration = PACE.get(scenario, DEFAULT_PACE)
-        children.start(
-            "agent",
-            "agent",
-            "--source",
-            "sim",
-            "--scenario",
-            scenario,
-            "--hosts",
-            str(HOSTS),
-            "--gpus",
-            str(GPUS),
-            "--services",
-            str(SERVICES),
-            "--speed",
-            speed,
-            "--interval",
-            interval,
-            "--duration",
-            duration,
-            "--start",
-            str(_start(duration)),
-            *(("--heal-after", HEAL_AFTER) if scenario in HEALING else ()),
-        )
-        _say(
-            f"scenario {scenario}: {HOSTS} hosts x {GPUS} GPUs and {SERVICES} RAG services "
-            f"x 2 instances, {duration} of telemetry at {speed}x; the fault starts at minute "
-            f"20; waiting for: {'; '.join(e.what for e in wanted) or 'silence'}"
-        )
+        _start_agent(children, scenario, wanted)
         ok = _watch(children, receiver, demo_settings, wanted, deadline, timeout_s, as_json, out)
         if ok and scenario in HEALING:
             ok = _healed(children, receiver, wanted, deadline)

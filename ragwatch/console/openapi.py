@@ -270,8 +270,6 @@ def spec(
     fingerprint_max: int = 128,
 ) -> dict[str, Any]:
     """The document, with the server's limits filled in."""
-    kinds = {"type": "string", "enum": ["gpu", "process", "service", "engine"]}
-    series_id = {"type": "string", "maxLength": 512}
     return {
         "openapi": "3.0.3",
         "info": {
@@ -289,77 +287,93 @@ def spec(
             "schemas": SCHEMAS,
         },
         "paths": {
-            "/api/v1/status": _op(
-                "What 'ragwatch status --json' prints, a page of hosts and services at a time",
-                _json(_ref("Status"), "status"),
-                [
-                    _limit(status_max) | {"description": "at most this many hosts and services"},
-                    _query(
-                        "offset",
-                        {"type": "integer", "minimum": 0, "default": 0},
-                        "skip this many hosts and services (each, in name order)",
-                    ),
-                ],
-            ),
-            "/api/v1/alerts": _op(
-                "Active alerts, firing first",
-                _json(_ref("AlertList"), "active alerts"),
-                [
-                    _query("state", {"type": "string", "enum": ["firing", "pending"]}),
-                    _limit(alerts_max),
-                ],
-            ),
-            "/api/v1/alerts/{fingerprint}": _op(
-                "One alert, active or resolved: its changes, silences and chart series",
-                _json(_ref("AlertDetail"), "the alert"),
-                [_path("fingerprint", {"type": "string", "maxLength": fingerprint_max})],
-                {"404": _error("not active and not in the alert history")},
-            ),
-            "/api/v1/series": _op(
-                "The index of chart series",
-                _json(_ref("SeriesIndex"), "series ids and what they hold, sorted by id"),
-                [_query("kind", kinds), _limit(index_max)],
-            ),
-            "/api/v1/series/{id}": _op(
-                "Recent points of one series, oldest first",
-                _json(_ref("Series"), "points [ts, value, forecast, score]"),
-                [
-                    _path("id", series_id, "URL-encoded: ids contain ':' and may contain '/'"),
-                    _limit(series_points),
-                ],
-                {"404": _error("no such series")},
-            ),
-            "/api/v1/silences": _op(
-                "Silences (created with 'ragwatch silence add')",
-                _json(_ref("SilenceList"), "silences, oldest first"),
-                [_query("all", {"type": "boolean", "default": False}, "include expired ones")],
-            ),
-            "/healthz": _op(
-                "Liveness: Redis answers a PING (never needs the token)",
-                _json(_ref("Health"), "Redis answers"),
-                errors={"503": _json(_ref("Health"), "Redis does not answer: the reason")},
-                public=True,
-            ),
-            "/metrics": _op(
-                "Prometheus exposition (text or OpenMetrics, by the Accept header)",
-                {"description": "metrics", "content": _TEXT},
-            ),
-            "/openapi.json": _op(
-                "This document", {"description": "OpenAPI 3.0", "content": _JSON_ANY}
-            ),
-            "/": _op(
-                "The live status page (open it once as /?token=...: the page keeps the token "
-                "in sessionStorage)",
-                {"description": "HTML", "content": _HTML},
-                public=True,
-            ),
-            "/alerts/{fingerprint}": _alert_page(),
-            "/static/{path}": _op(
-                "The page's script, style and vendored uPlot",
-                {"description": "a static file", "content": {"*/*": {"schema": {}}}},
-                [_path("path", {"type": "string"})],
-                {"404": {"description": "no such file"}},
-                public=True,
-            ),
+            **_api_paths(series_points, index_max, alerts_max, status_max, fingerprint_max),
+            **_page_paths(),
         },
+    }
+
+
+def _api_paths(
+    series_points: int, index_max: int, alerts_max: int, status_max: int, fingerprint_max: int
+) -> dict[str, Any]:
+    """The JSON API's operations."""
+    kinds = {"type": "string", "enum": ["gpu", "process", "service", "engine"]}
+    series_id = {"type": "string", "maxLength": 512}
+    return {
+        "/api/v1/status": _op(
+            "What 'ragwatch status --json' prints, a page of hosts and services at a time",
+            _json(_ref("Status"), "status"),
+            [
+                _limit(status_max) | {"description": "at most this many hosts and services"},
+                _query(
+                    "offset",
+                    {"type": "integer", "minimum": 0, "default": 0},
+                    "skip this many hosts and services (each, in name order)",
+                ),
+            ],
+        ),
+        "/api/v1/alerts": _op(
+            "Active alerts, firing first",
+            _json(_ref("AlertList"), "active alerts"),
+            [
+                _query("state", {"type": "string", "enum": ["firing", "pending"]}),
+                _limit(alerts_max),
+            ],
+        ),
+        "/api/v1/alerts/{fingerprint}": _op(
+            "One alert, active or resolved: its changes, silences and chart series",
+            _json(_ref("AlertDetail"), "the alert"),
+            [_path("fingerprint", {"type": "string", "maxLength": fingerprint_max})],
+            {"404": _error("not active and not in the alert history")},
+        ),
+        "/api/v1/series": _op(
+            "The index of chart series",
+            _json(_ref("SeriesIndex"), "series ids and what they hold, sorted by id"),
+            [_query("kind", kinds), _limit(index_max)],
+        ),
+        "/api/v1/series/{id}": _op(
+            "Recent points of one series, oldest first",
+            _json(_ref("Series"), "points [ts, value, forecast, score]"),
+            [
+                _path("id", series_id, "URL-encoded: ids contain ':' and may contain '/'"),
+                _limit(series_points),
+            ],
+            {"404": _error("no such series")},
+        ),
+        "/api/v1/silences": _op(
+            "Silences (created with 'ragwatch silence add')",
+            _json(_ref("SilenceList"), "silences, oldest first"),
+            [_query("all", {"type": "boolean", "default": False}, "include expired ones")],
+        ),
+    }
+
+
+def _page_paths() -> dict[str, Any]:
+    """Health, metrics, this document, the pages and their files."""
+    return {
+        "/healthz": _op(
+            "Liveness: Redis answers a PING (never needs the token)",
+            _json(_ref("Health"), "Redis answers"),
+            errors={"503": _json(_ref("Health"), "Redis does not answer: the reason")},
+            public=True,
+        ),
+        "/metrics": _op(
+            "Prometheus exposition (text or OpenMetrics, by the Accept header)",
+            {"description": "metrics", "content": _TEXT},
+        ),
+        "/openapi.json": _op("This document", {"description": "OpenAPI 3.0", "content": _JSON_ANY}),
+        "/": _op(
+            "The live status page (open it once as /?token=...: the page keeps the token "
+            "in sessionStorage)",
+            {"description": "HTML", "content": _HTML},
+            public=True,
+        ),
+        "/alerts/{fingerprint}": _alert_page(),
+        "/static/{path}": _op(
+            "The page's script, style and vendored uPlot",
+            {"description": "a static file", "content": {"*/*": {"schema": {}}}},
+            [_path("path", {"type": "string"})],
+            {"404": {"description": "no such file"}},
+            public=True,
+        ),
     }

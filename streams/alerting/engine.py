@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 import orjson
 
 from ragwatch.schema import Alert, AlertStatus, Transition
-from ragwatch.streams.alerting.rules import EVIDENCE_SIGNAL, Rule
+from ragwatch.streams.alerting.catalog import EVIDENCE_SIGNAL
+from ragwatch.streams.alerting.rules import Rule
 
 
 def fingerprint(rule_name: str, labels: Mapping[str, str]) -> str:

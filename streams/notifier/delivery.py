@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -340,3 +340,59 @@ class Target:
         else:
             self.log.warning("%s: %s to retry: %s", self.name, what, outcome.reason)
         return outcome
+
+
+class ReceiverConfig(Protocol):
+    """What every receiver's config has (they are frozen: read-only here)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+
+C = TypeVar("C", bound=ReceiverConfig)
+
+
+class PostingSender(Generic[C]):
+    """What every sender holds: its receiver's config and name, its counters and clock, and
+    the :class:`Target` it posts to. A sender says where it posts (:meth:`_url`), which
+    state it shares with other senders of the same target (:meth:`_share`, returning
+    the target's hold) and how it names itself (:meth:`describe`); it sends with
+    :func:`in_order` and ``self._target.post``."""
+
+    kind: ClassVar[str]
+    default_retry_after_s: ClassVar[float | None] = None  # a 429 without Retry-After
+
+    def __init__(
+        self,
+        config: C,
+        session: aiohttp.ClientSession,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.stats = SenderStats()
+        self._clock = clock
+        self._target = Target(
+            session,
+            self._url(),
+            config.timeout_s,
+            self._share(session),
+            self.stats,
+            clock,
+            self.describe(),
+            self.default_retry_after_s,
+            logging.getLogger(type(self).__module__),
+        )
+
+    def _url(self) -> str:
+        raise NotImplementedError
+
+    def _share(self, session: aiohttp.ClientSession) -> Hold:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError

@@ -70,8 +70,8 @@ from ragwatch.config import Secret, redact_url
 from ragwatch.schema import Alert
 from ragwatch.streams.notifier.delivery import (
     Hold,
+    PostingSender,
     ReceiverFields,
-    Target,
     count_outcomes,
     in_order,
     shared,
@@ -83,7 +83,6 @@ from ragwatch.streams.notifier.notification import (
     Notification,
     Outcome,
     Retry,
-    SenderStats,
 )
 from ragwatch.streams.notifier.webhook import rfc3339
 
@@ -293,10 +292,12 @@ class _KeyState:
     hold: Hold = field(default_factory=Hold)
 
 
-class PagerDutySender:
+class PagerDutySender(PostingSender[PagerDutyConfig]):
     """Sends notifications to one PagerDuty routing key (rules: module docstring)."""
 
     kind: ClassVar[str] = "pagerduty"
+
+    default_retry_after_s: ClassVar[float | None] = DEFAULT_RETRY_AFTER_S
 
     def __init__(
         self,
@@ -305,25 +306,17 @@ class PagerDutySender:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config
-        self.name = config.name
-        self.stats = SenderStats()
-        self._clock = clock
-        window = SlidingWindow(config.rate_per_min)
-        key = target_key("pagerduty", config.url, config.routing_key.get())
-        self._key = shared(session, key, lambda: _KeyState(window))
-        self._target = Target(
-            session,
-            config.url,
-            config.timeout_s,
-            self._key.hold,
-            self.stats,
-            clock,
-            self.describe(),
-            DEFAULT_RETRY_AFTER_S,
-            log,
-        )
         self._accepted: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        super().__init__(config, session, clock=clock)
+
+    def _url(self) -> str:
+        return self.config.url
+
+    def _share(self, session: aiohttp.ClientSession) -> Hold:
+        window = SlidingWindow(self.config.rate_per_min)
+        key = target_key("pagerduty", self.config.url, self.config.routing_key.get())
+        self._key = shared(session, key, lambda: _KeyState(window))
+        return self._key.hold
 
     def describe(self) -> str:
         return f"pagerduty {self.name} -> {redact_url(self.config.url)}"

@@ -48,8 +48,7 @@ import asyncio
 import logging
 import math
 import re
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
@@ -61,8 +60,8 @@ from ragwatch.config import Secret, mask_webhook
 from ragwatch.schema import Alert
 from ragwatch.streams.notifier.delivery import (
     Hold,
+    PostingSender,
     ReceiverFields,
-    Target,
     count_outcomes,
     in_order,
     shared,
@@ -73,7 +72,6 @@ from ragwatch.streams.notifier.notification import (
     Notification,
     Outcome,
     Retry,
-    SenderStats,
 )
 from ragwatch.streams.notifier.webhook import rfc3339
 
@@ -449,36 +447,22 @@ class _UrlState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class SlackSender:
+class SlackSender(PostingSender[SlackConfig]):
     """Sends notifications to one Slack incoming webhook (rules: module docstring)."""
 
     kind: ClassVar[str] = "slack"
 
-    def __init__(
-        self,
-        config: SlackConfig,
-        session: aiohttp.ClientSession,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.config = config
-        self.name = config.name
-        self.stats = SenderStats()
-        self._clock = clock
-        bucket = TokenBucket(config.rate_per_s, float(config.burst))
-        key = target_key("slack", config.url.get())
-        self._url = shared(session, key, lambda: _UrlState(bucket))
-        self._target = Target(
-            session,
-            config.url.get(),
-            config.timeout_s,
-            self._url.hold,
-            self.stats,
-            clock,
-            self.describe(),
-            DEFAULT_RETRY_AFTER_S,
-            log,
+    default_retry_after_s: ClassVar[float | None] = DEFAULT_RETRY_AFTER_S
+
+    def _url(self) -> str:
+        return self.config.url.get()
+
+    def _share(self, session: aiohttp.ClientSession) -> Hold:
+        bucket = TokenBucket(self.config.rate_per_s, float(self.config.burst))
+        self._url_state = shared(
+            session, target_key("slack", self.config.url.get()), lambda: _UrlState(bucket)
         )
+        return self._url_state.hold
 
     def describe(self) -> str:
         return f"slack {self.name} -> {mask_webhook(self.config.url.get())}"
@@ -486,13 +470,13 @@ class SlackSender:
     async def send(self, batch: Sequence[Notification]) -> list[Outcome]:
         if not batch:
             return []
-        async with self._url.lock:
+        async with self._url_state.lock:
             out = await self._send(batch)
         count_outcomes(self.stats, out)
         return out
 
     async def _send(self, batch: Sequence[Notification]) -> list[Outcome]:
-        now, state = self._clock(), self._url
+        now, state = self._clock(), self._url_state
         if state.hold.left(now) > 0:
             return self._held(batch, state.hold.left(now), "Slack asked to wait")
         tokens = math.floor(state.bucket.available(now) + 1e-9)
@@ -511,7 +495,7 @@ class SlackSender:
 
     async def _one_by_one(self, batch: Sequence[Notification]) -> list[Outcome]:
         async def one(n: Notification) -> Outcome:
-            self._url.bucket.take(self._clock())
+            self._url_state.bucket.take(self._clock())
             return await self._post(slack_message(n), 1)
 
         return await in_order(batch, one)  # Slack is down or limiting: the rest is not sent
@@ -523,7 +507,7 @@ class SlackSender:
     async def _post(self, message: dict[str, Any], count: int) -> Outcome:
         outcome = await self._target.post(orjson.dumps(message), f"{count} notification(s)")
         if isinstance(outcome, Retry) and outcome.after_s is not None:  # the hold is on
-            self._url.bucket.drain(self._clock())
+            self._url_state.bucket.drain(self._clock())
         return outcome
 
 

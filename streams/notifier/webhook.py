@@ -39,8 +39,7 @@ import hashlib
 import hmac
 import logging
 import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -53,8 +52,8 @@ from ragwatch.config import Secret, mask_webhook
 from ragwatch.schema import Alert
 from ragwatch.streams.notifier.delivery import (
     Hold,
+    PostingSender,
     ReceiverFields,
-    Target,
     count_outcomes,
     in_order,
     shared,
@@ -64,7 +63,6 @@ from ragwatch.streams.notifier.notification import (
     Notification,
     Outcome,
     Retry,
-    SenderStats,
 )
 
 if TYPE_CHECKING:
@@ -215,7 +213,7 @@ class WebhookConfig:
         )
 
 
-class WebhookSender:
+class WebhookSender(PostingSender[WebhookConfig]):
     """Posts each notification to one URL (see the module docstring for the rules).
 
     A Retry answer (or a ``Retry-After``) stops the batch: the notifications after it are
@@ -224,27 +222,11 @@ class WebhookSender:
 
     kind: ClassVar[str] = "webhook"
 
-    def __init__(
-        self,
-        config: WebhookConfig,
-        session: aiohttp.ClientSession,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.config = config
-        self.name = config.name
-        self.stats = SenderStats()
-        self._clock = clock
-        self._target = Target(
-            session,
-            config.url,
-            config.timeout_s,
-            shared(session, target_key("webhook", config.url), Hold),
-            self.stats,
-            clock,
-            self.describe(),
-            log=log,
-        )
+    def _url(self) -> str:
+        return self.config.url
+
+    def _share(self, session: aiohttp.ClientSession) -> Hold:
+        return shared(session, target_key("webhook", self.config.url), Hold)
 
     def describe(self) -> str:
         signed = ", signed" if self.config.hmac_secret else ""

@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from ragwatch.chart_ids import series_prefix
 from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.base import Domain
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 Point = list[float | None]
@@ -176,18 +177,11 @@ class SeriesRecorder:
         """series id -> (its index entry, the new point) for what changed."""
         plan = self.plan(pipes.rules)
         out: dict[str, tuple[dict[str, Any], Point]] = {}
-        for host in hosts:
-            for key, s in pipes.gpus.host_series(host).items():
-                kind = "gpu" if key[3] < 0 else "process"
-                self._add(out, plan.get(kind, ()), kind, s.labels, s.last_ts, s)
-            for e in pipes.metrics.host_series(host).values():
-                self._add(out, plan.get("engine", ()), "engine", e.labels, e.last_ts, e)
-        for service in services:
-            series, _ = pipes.requests.service_state(service)
-            for svc in series.values():
-                if svc.bucket_end is not None:
-                    charts = plan.get("service", ())
-                    self._add(out, charts, "service", svc.labels, svc.bucket_end, svc)
+        keys: list[tuple[Domain, str]] = [("host", h) for h in hosts]
+        keys += [("service", s) for s in services]
+        for domain, key in keys:
+            for c in pipes.charts(domain, key):
+                self._add(out, plan.get(c.kind, ()), c.kind, c.labels, c.ts, c.holder)
         return out
 
     def _due(self, sid: str, ts: float) -> bool:
@@ -219,7 +213,7 @@ class SeriesRecorder:
         out: dict[str, tuple[dict[str, Any], Point]],
         charts: tuple[tuple[Chart, dict[str, Any]], ...],
         kind: str,
-        labels: dict[str, str],
+        labels: Mapping[str, str],
         ts: float,
         series: _HasSignals,
     ) -> None:
@@ -235,4 +229,4 @@ class SeriesRecorder:
             self._written(sid, ts)
             ref = signals.get(chart.reference) if chart.reference else None
             score = signals.get(chart.score) if chart.score else None
-            out[sid] = ({**meta, "labels": labels}, [ts, v, ref, score])
+            out[sid] = ({**meta, "labels": dict(labels)}, [ts, v, ref, score])

@@ -21,14 +21,17 @@ the alert resolves.
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ragwatch.schema import EventEnvelope, Transition
+from ragwatch.streams.alerting.catalog import SERIES_LABELS, SERIES_SIGNALS
 from ragwatch.streams.alerting.engine import AlertEngine
-from ragwatch.streams.alerting.rules import SERIES_LABELS, SERIES_SIGNALS, Rule
+from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.base import ChartSeries, Domain
 
 SERIES = "event"
 SIGNALS = SERIES_SIGNALS[SERIES]
@@ -85,9 +88,12 @@ class EventPipeline:
         # host -> (rule, labels) of the alerts its events raised, to age them
         self._active: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Rule]] = {}
         self._recent: dict[str, deque[EventId]] = {}  # host -> identities of recent events
+        self.swept: set[str] = set()  # never filled: no series to sweep
+        self._watermark = 0.0  # the newest event time seen
 
     def process(self, event: EventEnvelope) -> list[Transition]:
         self.stats.events += 1
+        self._watermark = max(self._watermark, event.ts)
         labels, sig = labels_of(event), signals_of(event)
         recent = self._recent.setdefault(event.host, deque(maxlen=RECENT_EVENTS))
         ident = (event.ts, event.type, tuple(sorted(labels.items())))
@@ -135,6 +141,7 @@ class EventPipeline:
 
     def advance(self, host: str, ts: float) -> list[Transition]:
         """Evaluate the host's event alerts at ``ts`` with nothing happening."""
+        self._watermark = max(self._watermark, ts)
         active = self._active.get(host)
         if not active:
             return []
@@ -150,6 +157,28 @@ class EventPipeline:
         self.stats.active = sum(len(v) for v in self._active.values())
         return out
 
+    # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
+
+    name: ClassVar[str] = "events"
+    domain: ClassVar[Domain] = "host"
+    sweep_mark = math.inf  # events keep no series to sweep: their alerts age with the host
+
+    @property
+    def watermark(self) -> float:
+        return self._watermark
+
+    def tracks(self, key: str) -> bool:
+        return key in self._active or key in self._recent
+
+    def dump(self, key: str) -> dict[str, Any]:
+        return self.host_state(key)
+
+    def status(self, key: str) -> dict[str, Any]:
+        return {}  # the events' alerts are in the alert list
+
+    def charts(self, key: str) -> Iterable[ChartSeries]:
+        return ()  # device events are not charted: their alerts show the process's memory
+
     def host_state(self, host: str) -> dict[str, Any]:
         """The host's aging event alerts and recent event identities (for a snapshot)."""
         active = [(rule.name, labels) for (_, labels), rule in self._active.get(host, {}).items()]
@@ -161,10 +190,11 @@ class EventPipeline:
         self._recent.pop(host, None)
         self.stats.active = sum(len(v) for v in self._active.values())
 
-    def adopt(self, host: str, state: Mapping[str, Any]) -> None:
-        """Take over a host's event state from a snapshot, unless this pipeline has its own."""
+    def adopt(self, host: str, state: Mapping[str, Any]) -> int:
+        """Take over a host's event state from a snapshot, unless this pipeline has its own
+        (events hold no series: 0)."""
         if host in self._active or host in self._recent:
-            return
+            return 0
         rules = {r.name: r for r in self.rules}
         active = {
             (name, labels): rules[name] for name, labels in state.get("active", ()) if name in rules
@@ -172,6 +202,7 @@ class EventPipeline:
         if active:
             self._active[host] = active
         self._recent[host] = deque(state.get("recent", ()), maxlen=RECENT_EVENTS)
+        return 0
         self.stats.active = sum(len(v) for v in self._active.values())
 
     def snapshot(self) -> dict[str, Any]:

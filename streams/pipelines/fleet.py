@@ -22,7 +22,7 @@ before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ragwatch.codec import gpu_wire
@@ -36,6 +36,7 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.base import DOMAINS, ChartSeries, Domain, SignalPipeline, owns
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.events import EventPipeline
 from ragwatch.streams.pipelines.gpu import GpuPipeline
@@ -59,26 +60,55 @@ class Pipelines:
         self.events = EventPipeline(rules, self.engine)
         self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series, budget=budget)
         self.correlator = Correlator(self.gpus, self.requests, rules, self.engine)
+        self.pipelines: tuple[SignalPipeline, ...] = (
+            self.gpus,
+            self.events,
+            self.metrics,
+            self.requests,
+        )
+
+    def of(self, domain: Domain) -> tuple[SignalPipeline, ...]:
+        """The pipelines whose state belongs to keys of ``domain``."""
+        return tuple(p for p in self.pipelines if p.domain == domain)
 
     def gone(self) -> tuple[set[str], set[str]]:
         """Hosts and services that went silent and were swept since the last call (and
         are tracked no more): their state elsewhere (Redis) can go too. Those handed to
         another worker (:meth:`forget`) are not gone."""
-        hosts = {
-            h
-            for h in self.gpus.swept | self.metrics.swept
-            if not self.gpus.tracks(h) and not self.metrics.tracks(h)
-        }
-        services = {s for s in self.requests.swept if not self.requests.tracks(s)}
-        self.gpus.swept.clear()
-        self.metrics.swept.clear()
-        self.requests.swept.clear()
+        hosts, services = (self._gone(domain) for domain in DOMAINS)
         return hosts, services
+
+    def _gone(self, domain: Domain) -> set[str]:
+        pipes = self.of(domain)
+        swept = set().union(*(p.swept for p in pipes))
+        for p in pipes:
+            p.swept.clear()
+        return {k for k in swept if not any(p.tracks(k) for p in pipes)}
 
     @property
     def watermark(self) -> float:
         """The newest event time seen on any input (0 before any)."""
-        return max(self.gpus.watermark, self.requests.watermark, self.metrics.watermark)
+        return max(p.watermark for p in self.pipelines)
+
+    def dump(self, domain: Domain, key: str) -> dict[str, Any]:
+        """``key``'s state in every pipeline of ``domain``, by pipeline name (a snapshot)."""
+        return {p.name: p.dump(key) for p in self.of(domain)}
+
+    def adopt(self, domain: Domain, key: str, parts: Mapping[str, Any]) -> int:
+        """Take over ``key`` from a :meth:`dump`; the series adopted."""
+        return sum(p.adopt(key, parts[p.name]) for p in self.of(domain) if p.name in parts)
+
+    def status(self, domain: Domain, key: str) -> dict[str, Any]:
+        """``key``'s status entry: every pipeline's part of it."""
+        out: dict[str, Any] = {}
+        for p in self.of(domain):
+            out.update(p.status(key))
+        return out
+
+    def charts(self, domain: Domain, key: str) -> Iterator[ChartSeries]:
+        """``key``'s series that charts may draw."""
+        for p in self.of(domain):
+            yield from p.charts(key)
 
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
         return self.gpu_wire(gpu_wire(env))
@@ -111,19 +141,14 @@ class Pipelines:
             return self.metric(env)
         return []
 
-    def forget(self, kind: str, key: str) -> None:
-        """Drop everything held about a host or service (``kind`` "host" or "service"),
-        with no transition: its partition went to another worker, which restores it from
-        the snapshot. Meeting it again restores it here from the snapshot too, instead of
-        carrying on from state that missed what the other worker saw."""
-        if kind == "host":
-            self.gpus.forget(key)
-            self.metrics.forget(key)
-            self.events.forget(key)
-            self.engine.forget(lambda lab: lab.get("host") == key and "service" not in lab)
-        else:
-            self.requests.forget(key)
-            self.engine.forget(lambda lab: lab.get("service") == key)
+    def forget(self, domain: Domain, key: str) -> None:
+        """Drop everything held about a host or service, with no transition: its partition
+        went to another worker, which restores it from the snapshot. Meeting it again
+        restores it here from the snapshot too, instead of carrying on from state that
+        missed what the other worker saw."""
+        for p in self.of(domain):
+            p.forget(key)
+        self.engine.forget(lambda lab: owns(domain, key, lab))
 
     def run(self, envelopes: Iterable[Envelope]) -> Iterator[Transition]:
         """Every transition of a stream of envelopes, in order."""

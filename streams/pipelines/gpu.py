@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ragwatch.codec import gpu_wire
 from ragwatch.detectors import make
@@ -42,6 +42,7 @@ from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
 from ragwatch.schema import GpuEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
 
 log = logging.getLogger(__name__)
@@ -313,6 +314,21 @@ class GpuPipeline:
             self.series.pop(k, None)
         self._oldest.pop(host, None)
         return len(keys)
+
+    # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
+
+    name: ClassVar[str] = "gpu"
+    domain: ClassVar[Domain] = "host"
+
+    def dump(self, key: str) -> dict[SeriesKey, Series]:
+        return self.host_series(key)
+
+    def status(self, key: str) -> dict[str, Any]:
+        return self.host_snapshot(key)
+
+    def charts(self, key: str) -> Iterable[ChartSeries]:
+        for k, s in self.host_series(key).items():
+            yield ChartSeries("gpu" if k[3] < 0 else "process", s.labels, s.last_ts, s)
 
     def host_snapshot(self, host: str) -> dict[str, Any]:
         """What ``ragwatch status`` shows about one host: GPUs, their processes, slopes."""

@@ -57,14 +57,15 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ragwatch.detectors.seasonal import SeasonalBaseline
 from ragwatch.schema import MetricsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.evidence import count_z
 
@@ -225,6 +226,21 @@ class MetricsPipeline:
             self._last_sweep = self._watermark
             out += self._sweep()
         return out
+
+    # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
+
+    name: ClassVar[str] = "engines"
+    domain: ClassVar[Domain] = "host"
+
+    def dump(self, key: str) -> dict[SeriesKey, EngineSeries]:
+        return self.host_series(key)
+
+    def status(self, key: str) -> dict[str, Any]:
+        return {"engines": self.engine_snapshot(key)}
+
+    def charts(self, key: str) -> Iterable[ChartSeries]:
+        for e in self.host_series(key).values():
+            yield ChartSeries("engine", e.labels, e.last_ts, e)
 
     def engine_snapshot(self, host: str) -> list[dict[str, Any]]:
         """What ``ragwatch status`` shows about the engines scraped on one host."""

@@ -100,14 +100,16 @@ import logging
 import math
 import random
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.detectors.seasonal import Forecast, SeasonalBaseline
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.evidence import (
     BucketCounts,
@@ -464,9 +466,28 @@ class RequestPipeline:
         for k in [k for k in self.series if k[0] == service]:
             del self.series[k]
 
-    def adopt(self, service: str, series: dict[SeriesKey, ServiceSeries], shared: Any) -> int:
-        """Take over a service from a snapshot, unless this pipeline already tracks it (its
-        own state is newer). Returns how many series it adopted."""
+    # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
+
+    name: ClassVar[str] = "requests"
+    domain: ClassVar[Domain] = "service"
+
+    def dump(self, key: str) -> tuple[dict[SeriesKey, ServiceSeries], Any]:
+        return self.service_state(key)
+
+    def status(self, key: str) -> dict[str, Any]:
+        return self.service_snapshot(key)
+
+    def charts(self, key: str) -> Iterable[ChartSeries]:
+        series, _ = self.service_state(key)
+        for s in series.values():
+            if s.bucket_end is not None:
+                yield ChartSeries("service", s.labels, s.bucket_end, s)
+
+    def adopt(self, service: str, state: tuple[dict[SeriesKey, ServiceSeries], Any]) -> int:
+        """Take over a service from a snapshot (:meth:`dump`: its series and shared outlier
+        state), unless this pipeline already tracks it (its own state is newer). Returns
+        how many series it adopted."""
+        series, shared = state
         if service in self._services or not isinstance(shared, _Service):
             return 0
         if any(k[0] != service for k in series):

@@ -191,13 +191,8 @@ class Delivery(mode.Service):
     async def write_status(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None:
         gpus, requests = pipes.gpus, pipes.requests
         try:
-            await self.store.write_hosts(
-                {
-                    h: {**gpus.host_snapshot(h), "engines": pipes.metrics.engine_snapshot(h)}
-                    for h in hosts
-                }
-            )
-            await self.store.write_services({s: requests.service_snapshot(s) for s in services})
+            await self.store.write_hosts({h: pipes.status("host", h) for h in hosts})
+            await self.store.write_services({s: pipes.status("service", s) for s in services})
             await self.store.write_worker(
                 self.worker_id,
                 {

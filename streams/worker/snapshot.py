@@ -47,6 +47,7 @@ import pickle
 from typing import Any
 
 from ragwatch.errors import RagwatchError
+from ragwatch.streams.pipelines.base import Domain, owns
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 # 2: GPU series keep raw values; 3: request series keep evidence windows and seasonal
@@ -124,53 +125,46 @@ def _rule_names(p: Pipelines) -> set[str]:
     return {r.name for r in p.rules}
 
 
+def _parts(kind: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The pipelines' parts of a snapshot, by pipeline name. Snapshots written before the
+    pipelines had names held the same parts under fixed keys."""
+    if "parts" in state:
+        return dict(state["parts"])
+    if kind == "host":
+        return {"gpu": state["series"], "events": state["events"], "engines": state["engines"]}
+    return {"requests": (state["series"], state["shared"])}
+
+
 def dump_host(p: Pipelines, host: str) -> bytes:
-    """The host's GPU and event state and the engine state of its alerts."""
-    return _dumps(
-        "host",
-        host,
-        {
-            "series": p.gpus.host_series(host),
-            "events": p.events.host_state(host),
-            "engines": p.metrics.host_series(host),
-            "alerts": p.engine.export(lambda lab: lab.get("host") == host and "service" not in lab),
-        },
-    )
+    """The host's state in every host pipeline and the engine state of its alerts."""
+    return _dump(p, "host", host)
+
+
+def dump_service(p: Pipelines, service: str) -> bytes:
+    """The service's state in every service pipeline and the engine state of its alerts."""
+    return _dump(p, "service", service)
 
 
 def load_host(p: Pipelines, host: str, data: bytes) -> int:
     """Adopt a host snapshot (what ``p`` already knows wins); returns the series adopted."""
-    state = _loads("host", host, data)
-    try:
-        n = p.gpus.adopt(host, state["series"])
-        n += p.metrics.adopt(host, state["engines"])
-        p.events.adopt(host, state["events"])
-        p.engine.restore(state["alerts"], _rule_names(p))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise SnapshotError(f"host snapshot of {host!r} does not fit: {exc}") from None
-    return n
-
-
-def dump_service(p: Pipelines, service: str) -> bytes:
-    """The service's request series, its outlier state and the engine state of its alerts."""
-    series, shared = p.requests.service_state(service)
-    return _dumps(
-        "service",
-        service,
-        {
-            "series": series,
-            "shared": shared,
-            "alerts": p.engine.export(lambda lab: lab.get("service") == service),
-        },
-    )
+    return _load(p, "host", host, data)
 
 
 def load_service(p: Pipelines, service: str, data: bytes) -> int:
     """Adopt a service snapshot (what ``p`` already knows wins); returns the series adopted."""
-    state = _loads("service", service, data)
+    return _load(p, "service", service, data)
+
+
+def _dump(p: Pipelines, domain: Domain, key: str) -> bytes:
+    alerts = p.engine.export(lambda lab: owns(domain, key, lab))
+    return _dumps(domain, key, {"parts": p.dump(domain, key), "alerts": alerts})
+
+
+def _load(p: Pipelines, domain: Domain, key: str, data: bytes) -> int:
+    state = _loads(domain, key, data)
     try:
-        n = p.requests.adopt(service, state["series"], state["shared"])
+        n = p.adopt(domain, key, _parts(domain, state))
         p.engine.restore(state["alerts"], _rule_names(p))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise SnapshotError(f"service snapshot of {service!r} does not fit: {exc}") from None
+        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc}") from None
     return n

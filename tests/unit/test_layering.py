@@ -144,3 +144,15 @@ def test_dependencies_are_declared_exactly_as_used() -> None:
                     used.add(DISTRIBUTIONS.get(root, root).lower())
     assert used - declared == set(), "imported, not declared"
     assert declared - used == set(), "declared, never imported"
+
+
+def test_no_function_in_product_code_is_over_100_lines() -> None:
+    long = []
+    for top in ("ragwatch", "agents", "streams", "detectors"):
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > 100:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {lines}")
+    assert long == []

@@ -14,15 +14,8 @@ import pytest
 
 from ragwatch.agents.scenario import build
 from ragwatch.errors import ConfigError
-from ragwatch.streams.alerting.rules import (
-    SERIES_LABELS,
-    SERIES_SIGNALS,
-    Condition,
-    Rule,
-    load_rules,
-    parse_expr,
-    parse_rule,
-)
+from ragwatch.streams.alerting.catalog import SERIES_LABELS, SERIES_SIGNALS
+from ragwatch.streams.alerting.rules import Condition, Rule, load_rules, parse_expr, parse_rule
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 GIB = 1024.0**3

@@ -1,0 +1,102 @@
+"""The signal catalog: every signal each kind of series has, and its labels, declared once.
+
+Each pipeline produces exactly these signals for its series (``SERIES_SIGNALS[kind]``; a
+test runs the pipelines and holds them to it), rules may name only these (checked when a
+rule is loaded), and the charts, hints and exporter read names from here. Kinds:
+``process`` and ``gpu`` (:mod:`ragwatch.streams.pipelines.gpu`), ``service``
+(:mod:`~ragwatch.streams.pipelines.requests`), ``event``
+(:mod:`~ragwatch.streams.pipelines.events`), ``engine``
+(:mod:`~ragwatch.streams.pipelines.metrics`).
+
+>>> "leak_score" in SERIES_SIGNALS["process"], SERIES_LABELS["service"]
+(True, ('service', 'instance'))
+"""
+
+from __future__ import annotations
+
+# Signals of every memory series (leak detector output; see streams/pipelines/gpu.py).
+_MEMORY_SIGNALS = (
+    "fb_used_bytes",
+    "fb_total_bytes",
+    "mem_increase_bytes",
+    "mem_increase_gb",
+    "mem_slope_bytes_per_s",
+    "mem_steadiness",
+    "recent_gb_per_hour",
+    "recent_steadiness",
+    "gb_per_hour",
+    "leak_score",
+    "window_h",
+    "tte_s",
+    "tte_h",
+)
+SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
+    "process": ("gpu_mem_bytes", "rss_bytes", *_MEMORY_SIGNALS),
+    "gpu": (
+        *_MEMORY_SIGNALS,
+        "fb_used_ratio",
+        "gpu_util",
+        "mem_copy_util",
+        "temp_c",
+        "power_w",
+    ),
+}
+# Baselines that hold through a fault and may, after holding long enough, accept a new level
+# (detectors/seasonal.py, streams/pipelines/evidence.py): per series kind, family -> the signal
+# holding the family's forecast. Each family also has the signals ``<family>_held_s`` (how long the
+# baseline has been held), ``<family>_relearned_at`` (event time it last accepted a new level) and
+# ``<family>_relearned_from`` (its forecast before that), so an alert whose ``expected`` is the
+# forecast can say it resolved because of a re-learnt baseline, not because the signal recovered.
+BASELINES: dict[str, dict[str, str]] = {
+    "service": {
+        "rps": "rps_forecast",
+        "tpr": "tpr_forecast",
+        "tps": "tps_forecast",
+        "retriever_p99": "retriever_p99_baseline_ms",
+        "e2e_p95": "e2e_p95_baseline_ms",
+    },
+    "engine": {"tps": "tps_forecast"},
+}
+
+
+def _baseline_signals(series: str) -> tuple[str, ...]:
+    return tuple(
+        f"{family}_{what}"
+        for family in BASELINES[series]
+        for what in ("held_s", "relearned_at", "relearned_from")
+    )
+
+
+SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipelines/requests.py
+    "rps", "errors_ratio", "output_tokens_per_s", "tokens_per_request",
+    "context_tokens_per_request", "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms",
+    *(f"{stage}_{q}" for stage in ("retriever", "reranker", "llm")
+      for q in ("p50_ms", "p95_ms", "p99_ms", "share")),
+    "ttft_p95_ms", "queue_p95_ms", "rps_forecast", "rps_deviation", "rps_z",
+    "tpr_forecast", "tpr_deviation", "tpr_z", "tpr_score",
+    "tps_forecast", "tps_deviation", "tps_z", "tps_score", "retriever_p99_baseline_ms",
+    "retriever_p99_ratio", "e2e_p95_baseline_ms", "e2e_p95_ratio", "outliers",
+    "recent_outliers", "outlier_ratio", "new_outlier_cluster", "outlier_cluster_size",
+    "outlier_cluster_active",
+    "window_s", "window_requests", "requests_total", "errors_baseline", "errors_z",
+    "clustered_requests", *_baseline_signals("service"),
+)  # fmt: skip
+# a cumulative count of the evidence behind a series' signals, for keep_firing_requests
+EVIDENCE_SIGNAL = {"service": "requests_total"}
+# one device event (streams/pipelines/events.py): 1.0 for what happened (the XID code for xid)
+SERIES_SIGNALS["event"] = ("oom_kill", "xid", "xid_critical", "device_event", "process_exit")
+# one scraped serving engine (streams/pipelines/metrics.py): rates from counters, gauges, baseline
+SERIES_SIGNALS["engine"] = (
+    "requests_per_s", "errors_ratio", "generation_tokens_per_s", "prompt_tokens_per_s",
+    "tokens_per_request", "preemptions_per_s", "requests_waiting", "requests_running",
+    "kv_cache_usage_ratio", "counter_resets", "e2e_mean_s", "ttft_mean_s", "queue_mean_s",
+    "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_z", "tps_score",
+    *_baseline_signals("engine"),
+)  # fmt: skip
+SERIES_LABELS: dict[str, tuple[str, ...]] = {
+    "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
+    "gpu": ("host", "gpu", "uuid", "mig", "gpu_name"),
+    "service": ("service", "instance"),
+    "event": ("host", "gpu", "mig", "pid", "process", "container", "type", "xid", "event"),
+    "engine": ("host", "target"),
+}
