@@ -1,5 +1,5 @@
-"""Rules and the alert engine: the signal catalog (:mod:`.catalog`: every signal and label
-of each kind of series, declared once), the rule format (:mod:`.rules`, the shipped
-``default_rules.yaml``) and the state machine of alerts in event time (:mod:`.engine`).
+"""Rules and the alert engine: the rule format (:mod:`.rules`, the shipped
+``default_rules.yaml``; the signals a rule may name are the core's catalog,
+:mod:`ragwatch.catalog`) and the state machine of alerts in event time (:mod:`.engine`).
 Imports only the core.
 """

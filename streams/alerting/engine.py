@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 
 import orjson
 
+from ragwatch.catalog import EVIDENCE_SIGNAL
 from ragwatch.schema import Alert, AlertStatus, Transition
-from ragwatch.streams.alerting.catalog import EVIDENCE_SIGNAL
 from ragwatch.streams.alerting.rules import Rule
 
 

@@ -50,14 +50,14 @@ from typing import Any
 
 import yaml
 
-from ragwatch.config import parse_duration
-from ragwatch.errors import ConfigError
-from ragwatch.streams.alerting.catalog import (
+from ragwatch.catalog import (
     BASELINES,
     EVIDENCE_SIGNAL,
     SERIES_LABELS,
     SERIES_SIGNALS,
 )
+from ragwatch.config import parse_duration
+from ragwatch.errors import ConfigError
 
 SEVERITIES = ("critical", "error", "warning", "info")
 OPS: dict[str, Callable[[float, float], bool]] = {

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ragwatch.catalog import SERIES_LABELS, SERIES_SIGNALS
 from ragwatch.schema import EventEnvelope, Transition
-from ragwatch.streams.alerting.catalog import SERIES_LABELS, SERIES_SIGNALS
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain

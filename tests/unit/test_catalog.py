@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from ragwatch.agents.scenario import build
+from ragwatch.catalog import SERIES_SIGNALS
+from ragwatch.console.exporter import ENGINE_GAUGES, GPU_GAUGES, SERVICE_GAUGES, SERVICE_SCORES
 from ragwatch.schema import MetricSample, MetricsEnvelope
-from ragwatch.streams.alerting.catalog import SERIES_SIGNALS
 from ragwatch.streams.alerting.rules import Rule, load_rules, parse_rule
 from ragwatch.streams.pipelines.charts import CHARTS
 from ragwatch.streams.pipelines.fleet import Pipelines
@@ -109,6 +110,13 @@ def test_every_shipped_rule_names_only_signals_a_pipeline_produces(
 def test_a_rule_naming_a_signal_no_pipeline_produces_is_refused() -> None:
     with pytest.raises(Exception, match="tpr_devation"):
         parse_rule({"name": "Typo", "series": "service", "expr": "tpr_devation < -0.25"})
+
+
+def test_the_exporter_reads_catalogued_signals() -> None:
+    assert {k for k, _, _ in GPU_GAUGES} <= set(SERIES_SIGNALS["gpu"])
+    assert {k for k, _ in ENGINE_GAUGES} <= set(SERIES_SIGNALS["engine"])
+    service = {k for k, _ in (*SERVICE_GAUGES, *SERVICE_SCORES)}
+    assert service <= set(SERIES_SIGNALS["service"])
 
 
 def test_every_chart_draws_catalogued_signals() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from ragwatch.agents.scenario import build
+from ragwatch.catalog import SERIES_LABELS, SERIES_SIGNALS
 from ragwatch.errors import ConfigError
-from ragwatch.streams.alerting.catalog import SERIES_LABELS, SERIES_SIGNALS
 from ragwatch.streams.alerting.rules import Condition, Rule, load_rules, parse_expr, parse_rule
 from ragwatch.streams.pipelines.fleet import Pipelines
 

@@ -2,7 +2,9 @@
 
 Each pipeline produces exactly these signals for its series (``SERIES_SIGNALS[kind]``; a
 test runs the pipelines and holds them to it), rules may name only these (checked when a
-rule is loaded), and the charts, hints and exporter read names from here. Kinds:
+rule is loaded), and the charts and the exporter read names from here. It is in the core,
+not beside the rules, because the console (the exporter) reads it and may not import
+``ragwatch.streams``. Kinds:
 ``process`` and ``gpu`` (:mod:`ragwatch.streams.pipelines.gpu`), ``service``
 (:mod:`~ragwatch.streams.pipelines.requests`), ``event``
 (:mod:`~ragwatch.streams.pipelines.events`), ``engine``
