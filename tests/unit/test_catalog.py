@@ -1,6 +1,6 @@
 """The signal catalog is true: the pipelines produce exactly the signals it declares for
 each kind of series, every rule (the shipped ones included) names only signals a pipeline
-produces for its series, and every chart draws catalogued signals.
+produces for its series, and the charts, the hints and the exporter read catalogued ones.
 
 The pipelines run the ``all`` scenario (GPU, processes, device events, RAG requests) and a
 scraped engine; what the alert engine is handed to evaluate is recorded per series kind.
@@ -8,7 +8,9 @@ scraped engine; what the alert engine is handed to evaluate is recorded per seri
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from ragwatch.catalog import SERIES_SIGNALS
 from ragwatch.console.exporter import ENGINE_GAUGES, GPU_GAUGES, SERVICE_GAUGES, SERVICE_SCORES
 from ragwatch.schema import MetricSample, MetricsEnvelope
 from ragwatch.streams.alerting.rules import Rule, load_rules, parse_rule
+from ragwatch.streams.pipelines import hints
 from ragwatch.streams.pipelines.charts import CHARTS
 from ragwatch.streams.pipelines.fleet import Pipelines
 
@@ -123,3 +126,29 @@ def test_every_chart_draws_catalogued_signals() -> None:
     for chart in CHARTS:
         drawn = {*chart.signals, *chart.about}
         assert drawn <= set(SERIES_SIGNALS[chart.kind]), (chart.suffix, drawn)
+
+
+def test_the_hints_read_catalogued_signals() -> None:
+    """Every signal the root-cause hints read (``sig.get("...")``, ``s.signals.get(...)``,
+    the symptom tables) is one a pipeline produces."""
+    source = Path(hints.__file__).read_text()
+    read: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and (
+                (isinstance(node.func.value, ast.Name) and node.func.value.id == "sig")
+                or (
+                    isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "signals"
+                )
+            )
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            read.add(node.args[0].value)
+    read |= {signal for signal, _, _ in hints._SYMPTOMS}
+    read |= set(hints._SIGNIFICANCE) | set(hints._SIGNIFICANCE.values())
+    catalogued = set().union(*map(set, SERIES_SIGNALS.values()))
+    assert len(read) >= 10 and read <= catalogued, read - catalogued
