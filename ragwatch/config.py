@@ -147,6 +147,40 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+OTLP_ENCODINGS = ("auto", "otlp_proto", "otlp_json")
+
+
+def _otlp_encoding(v: str) -> str:
+    v = v.strip().lower()
+    if v not in OTLP_ENCODINGS:
+        raise ValueError(f"expected one of {', '.join(OTLP_ENCODINGS)}, got {v!r}")
+    return v
+
+
+def parse_stage_patterns(spec: str) -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """``stage=regex;stage=regex`` as (stage, compiled regex) pairs; ValueError names the
+    bad pair.
+
+    >>> [(s, p.pattern) for s, p in parse_stage_patterns("retriever=^search; llm=generate")]
+    [('retriever', '^search'), ('llm', 'generate')]
+    """
+    pairs = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        stage, sep, rx = part.partition("=")
+        if not sep or not stage.strip() or not rx:
+            raise ValueError(f"expected stage=regex, got {part!r}")
+        try:
+            pairs.append((stage.strip(), re.compile(rx)))
+        except re.error as exc:
+            raise ValueError(f"{part!r}: bad regular expression: {exc}") from None
+    return tuple(pairs)
+
+
+def _stage_patterns(v: str) -> str:
+    parse_stage_patterns(v)
+    return v
+
+
 def _opt_path(v: str) -> Path | None:
     return Path(v) if v else None
 
@@ -270,6 +304,29 @@ class Settings:
         "seconds between two state snapshots of a changing host or service in Redis "
         "(what a restarted worker resumes from)",
     )
+    otlp_topic: str = _setting(
+        "otlp_spans",
+        str,
+        "topic of OTLP traces the worker reads (the OTel Collector's Kafka exporter's default; "
+        "with the topic prefix); empty = none",
+    )
+    otlp_encoding: str = _setting(
+        "auto",
+        _otlp_encoding,
+        "otlp_proto, otlp_json, or auto (detected per message)",
+    )
+    otlp_grace: float = _setting(
+        30.0,
+        _positive_float,
+        "seconds of event time after a trace's newest span before its requests are emitted "
+        "(spans of one trace arrive in several messages)",
+    )
+    otlp_stage_patterns: str = _setting(
+        "",
+        _stage_patterns,
+        "stage=regex pairs separated by ';' mapping custom span names to stages, checked "
+        "before the semantic conventions, e.g. 'retriever=^vector_search'",
+    )
     log_level: str = _setting(
         "INFO", _choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level of ragwatch"
     )
@@ -306,6 +363,10 @@ class Settings:
         if name not in TOPICS:
             raise ValueError(f"unknown topic {name!r}; expected one of {TOPICS}")
         return f"{self.topic_prefix}ragwatch.{name}"
+
+    def otlp_topic_name(self) -> str | None:
+        """The OTLP traces topic, with the prefix (None: the worker reads none)."""
+        return f"{self.topic_prefix}{self.otlp_topic}" if self.otlp_topic else None
 
     def kafka_config(self) -> dict[str, Any]:
         """librdkafka (confluent-kafka) options (:class:`ragwatch.kafka.KafkaClient`)."""

@@ -81,7 +81,11 @@ def ensure_topics(
 
     admin = _QuietAdmin(settings)
     existing = admin.topics(settings, command, timeout_s)
-    wanted = [settings.topic(n) for n in names if settings.topic(n) not in existing]
+    names_wanted = [settings.topic(n) for n in names]
+    otlp = settings.otlp_topic_name()
+    if names == TOPICS and otlp:  # the OTLP topic too, so a worker can subscribe to it
+        names_wanted.append(otlp)
+    wanted = [t for t in names_wanted if t not in existing]
     if not wanted:
         return []
     futures = admin.client.create_topics(

@@ -537,6 +537,38 @@ class Transition:
         )
 
 
+AttrValue = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One span of a trace, as decoded from OTLP (:mod:`ragwatch.otlp`): ids in hex, times
+    in nanoseconds, scalar attributes only (arrays and maps are dropped), and where it
+    ran from its resource (``service.name``, ``service.instance.id`` or ``k8s.pod.name``,
+    ``host.name``)."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None  # None: a root span
+    name: str
+    start_ns: int  # nanoseconds since the epoch, as OTLP has them
+    end_ns: int
+    error: bool  # status ERROR
+    attributes: Mapping[str, AttrValue]
+    service: str
+    instance: str
+    host: str | None = None
+
+    @property
+    def end(self) -> float:
+        """Event time of its end, epoch seconds."""
+        return self.end_ns / 1e9
+
+    @property
+    def duration_ms(self) -> float:
+        return max(0, self.end_ns - self.start_ns) / 1e6
+
+
 @dataclass(frozen=True, slots=True)
 class MetricSample:
     """One scraped Prometheus sample: name, labels and a finite value."""

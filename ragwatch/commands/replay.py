@@ -54,6 +54,7 @@ from ragwatch.config import Settings
 from ragwatch.detectors import Detector, make, score_then_learn
 from ragwatch.errors import ConfigError, SchemaError
 from ragwatch.event_order import Item, sort_items
+from ragwatch.otlp import decode_traces
 from ragwatch.schema import (
     Alert,
     AlertStatus,
@@ -61,18 +62,31 @@ from ragwatch.schema import (
     GpuEnvelope,
     MetricsEnvelope,
     RequestsEnvelope,
+    Span,
     Transition,
 )
 from ragwatch.streams.alerting.engine import fingerprint
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.traces import TraceAssembler
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".csv")
 SCORE_RULE = "AnomalyScore"
 KEEP_BAD = 100  # bad lines kept for the report (all are counted)
-Telemetry = GpuEnvelope | RequestsEnvelope | EventEnvelope | MetricsEnvelope
+
+
+@dataclass(frozen=True, slots=True)
+class Traces:
+    """One OTLP/JSON line (an ``ExportTraceServiceRequest``, as the Collector's file
+    exporter writes them): its spans, at the event time of the newest span's end."""
+
+    ts: float
+    spans: tuple[Span, ...]
+
+
+Telemetry = GpuEnvelope | RequestsEnvelope | EventEnvelope | MetricsEnvelope | Traces
 TOPIC_KINDS: dict[str, type[Any]] = {
     "gpu": GpuEnvelope,
     "requests": RequestsEnvelope,
@@ -175,10 +189,28 @@ def _event_time(raw: bytes) -> float | None:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
+    if isinstance(obj, dict) and "resourceSpans" in obj:
+        return _spans_end(obj)
     ts = obj.get("ts") if isinstance(obj, dict) else None
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
         return None
     return float(ts)
+
+
+def _spans_end(obj: dict[str, Any]) -> float | None:
+    """The newest span end of an OTLP/JSON request, epoch seconds (None if it has none)."""
+    ends = [
+        sp.get("endTimeUnixNano")
+        for rs in _dicts(obj.get("resourceSpans"))
+        for ss in _dicts(rs.get("scopeSpans"))
+        for sp in _dicts(ss.get("spans"))
+    ]
+    ns = [int(e) for e in ends if isinstance(e, str | int) and str(e).isdigit()]
+    return max(ns) / 1e9 if ns else None
+
+
+def _dicts(v: Any) -> list[dict[str, Any]]:
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 
 def _reject(path: Path, n: int, raw: bytes, tally: Tally) -> None:
@@ -197,6 +229,11 @@ def _reject(path: Path, n: int, raw: bytes, tally: Tally) -> None:
 def _decoded(items: Iterator[Item], paths: Sequence[Path], tally: Tally) -> Iterator[Telemetry]:
     for item in items:
         try:
+            if item.raw.lstrip().startswith(b'{"resourceSpans"'):  # OTLP/JSON
+                spans = tuple(decode_traces(item.raw, "otlp_json"))
+                tally.envelopes += 1
+                yield Traces(item.ts, spans)
+                continue
             env = decode(item.raw)
         except SchemaError as exc:
             tally.reject(paths[item.file], item.line, exc.reason)
@@ -342,6 +379,7 @@ class Replay:
         self, rules: list[Rule], files: Sequence[Path], *, detector: str, threshold: float
     ) -> None:
         self.pipes = Pipelines(rules)
+        self.traces = TraceAssembler()
         csvs = {i: p for i, p in enumerate(files) if p.name.endswith(".csv")}
         names = Counter(p.name for p in csvs.values())  # the path only where names clash
         self.lanes = {
@@ -352,11 +390,22 @@ class Replay:
     def process(self, item: Telemetry | Point) -> list[Transition]:
         if isinstance(item, Point):
             return self.lanes[item.lane].process(item)
-        return self.pipes.process(item)
+        if isinstance(item, Traces):  # assembled into request records, as the worker does
+            return self._requests(self.traces.add(item.spans))
+        out = self._requests(self.traces.advance(item.ts)) if self.traces.stats.open else []
+        return out + self.pipes.process(item)
+
+    def finish(self) -> list[Transition]:
+        """The traces still open at the end of the input: they are done."""
+        return self._requests(self.traces.advance(math.inf))
+
+    def _requests(self, envelopes: Iterable[RequestsEnvelope]) -> list[Transition]:
+        return [t for env in envelopes for t in self.pipes.process(env)]
 
     def run(self, items: Iterable[Telemetry | Point]) -> Iterator[Transition]:
         for item in items:
             yield from self.process(item)
+        yield from self.finish()
 
 
 @dataclass
@@ -428,15 +477,22 @@ def replay(
         raise ConfigError(f"replay: {exc}") from None
     tally, summary = Tally(), Summary()
     started = time.perf_counter()
-    for item in merged(files, tally):
-        summary.see(item.ts)
-        for t in runner.process(item):
-            summary.add(t)
-            if pending or t.notify:
-                out.write(_json_line(t) if as_json else _text(t))
+    for t in _transitions(runner, merged(files, tally), summary):
+        summary.add(t)
+        if pending or t.notify:
+            out.write(_json_line(t) if as_json else _text(t))
     elapsed = time.perf_counter() - started
     _report(tally, summary, elapsed, out, err or sys.stderr, as_json)
     return 0 if tally.envelopes + tally.points else 2
+
+
+def _transitions(
+    runner: Replay, items: Iterable[Telemetry | Point], summary: Summary
+) -> Iterator[Transition]:
+    for item in items:
+        summary.see(item.ts)
+        yield from runner.process(item)
+    yield from runner.finish()
 
 
 def _when(a: Alert) -> float:

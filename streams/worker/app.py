@@ -31,12 +31,14 @@ from ragwatch.kafka import KafkaClient
 from ragwatch.outage import OutageLog
 from ragwatch.schema import (
     Alert,
+    RequestsEnvelope,
     Transition,
 )
 from ragwatch.store import RedisState, async_client
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.loop import WorkerLoop
+from ragwatch.streams.worker.relay import TraceRelay
 from ragwatch.streams.worker.snapshot import (
     SnapshotError,
     dump_host,
@@ -76,6 +78,13 @@ class WorkerCounters:
     duplicate_notifications: int = 0  # transitions already sent before a restart: not re-sent
     snapshots_restored: int = 0
     snapshot_errors: int = 0
+    # OTLP traces (streams/worker/relay.py): spans read, requests relayed, and what the
+    # assembler dropped (duplicate spans, spans of traces already emitted)
+    otlp_spans: int = 0
+    otlp_requests: int = 0
+    otlp_duplicate_spans: int = 0
+    otlp_late_spans: int = 0
+    otlp_evicted_traces: int = 0
 
 
 class Delivery(mode.Service):
@@ -304,6 +313,7 @@ def register_processors(
         app.agent(_topic(app, settings, kind), name=f"ragwatch.{kind}-processor")(
             _agent(loop, kind)
         )
+    relay = _relay(app, settings, loop)
 
     @app.on_partitions_assigned.connect  # type: ignore[untyped-decorator, arg-type]
     async def forget_revoked(app: Any, assigned_now: set[Any], **kwargs: Any) -> None:
@@ -315,6 +325,8 @@ def register_processors(
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
+        if relay is not None:
+            await relay.tick()
         await loop.tick()
 
     return loop
@@ -328,3 +340,25 @@ def _agent(loop: WorkerLoop, kind: str) -> Callable[[Any], Awaitable[None]]:
 
     consume.__name__ = f"{kind}_processor"
     return consume
+
+
+def _relay(app: faust.App, settings: Settings, loop: WorkerLoop) -> TraceRelay | None:
+    """The OTLP topic's agent, relaying finished requests to the requests topic."""
+    name = settings.otlp_topic_name()
+    if name is None:
+        return None
+    requests_topic = _topic(app, settings, "requests")
+
+    async def send_requests(env: RequestsEnvelope) -> None:
+        await requests_topic.send(key=env.service.encode(), value=encode(env))
+
+    relay = TraceRelay(settings, loop, send_requests)
+    otlp = app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                     value_serializer="raw")  # fmt: skip
+
+    async def consume(stream: Any) -> None:
+        await relay.consume(stream)
+
+    consume.__name__ = "otlp_processor"
+    app.agent(otlp, name="ragwatch.otlp-processor")(consume)
+    return relay

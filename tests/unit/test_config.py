@@ -167,6 +167,16 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_SERVE_TOKEN", "tok", "serve_token", Secret("tok")),
     ("RAGWATCH_LOG_LEVEL", "debug", "log_level", "DEBUG"),
     ("RAGWATCH_LOG_LEVEL", "WARNING", "log_level", "WARNING"),
+    ("RAGWATCH_OTLP_TOPIC", "traces", "otlp_topic", "traces"),
+    ("RAGWATCH_OTLP_TOPIC", "", "otlp_topic", ""),
+    ("RAGWATCH_OTLP_ENCODING", "OTLP_JSON", "otlp_encoding", "otlp_json"),
+    ("RAGWATCH_OTLP_GRACE", "5", "otlp_grace", 5.0),
+    (
+        "RAGWATCH_OTLP_STAGE_PATTERNS",
+        "retriever=^vector_search;reranker=rerank$",
+        "otlp_stage_patterns",
+        "retriever=^vector_search;reranker=rerank$",
+    ),
 ]
 
 
@@ -276,6 +286,10 @@ BAD: list[tuple[str, str]] = [
     ("RAGWATCH_SERVE_PORT", "http"),
     ("RAGWATCH_LOG_LEVEL", "TRACE"),
     ("RAGWATCH_LOG_LEVEL", "verbose"),
+    ("RAGWATCH_OTLP_ENCODING", "protobuf"),
+    ("RAGWATCH_OTLP_GRACE", "0"),
+    ("RAGWATCH_OTLP_STAGE_PATTERNS", "retriever=("),
+    ("RAGWATCH_OTLP_STAGE_PATTERNS", "no-equals-sign"),
 ]
 
 

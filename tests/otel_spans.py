@@ -1,0 +1,108 @@
+"""Spans made by the OpenTelemetry Python SDK and encoded by its own OTLP encoder
+(``opentelemetry-exporter-otlp-proto-common``), in the two encodings the Collector's Kafka
+exporter writes: ``otlp_proto`` (the message's bytes) and ``otlp_json`` (the OTLP/JSON
+mapping: hex trace and span ids, integer enums, 64-bit integers as decimal strings).
+
+:func:`spans_of` turns request records (what the ragwatch SDK would send) into the traces
+an instrumented RAG service would export for the same requests: a server span, then a
+retriever (OpenInference RETRIEVER), a reranker (RERANKER) and an LLM span (GenAI ``chat``
+with its token usage), one after another, for the stages a record has.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+from google.protobuf.json_format import MessageToDict
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from ragwatch.schema import RequestRecord, RequestsEnvelope
+
+NS = 1_000_000_000
+STAGE_ATTRIBUTES = {
+    "retriever": {"openinference.span.kind": "RETRIEVER"},
+    "reranker": {"openinference.span.kind": "RERANKER"},
+    "llm": {"gen_ai.operation.name": "chat", "gen_ai.request.model": "llama-3-8b"},
+}
+
+
+class Service:
+    """One instrumented service instance: a tracer provider with its resource, spans kept
+    in memory until :meth:`take`."""
+
+    def __init__(self, service: str, instance: str, host: str | None = None) -> None:
+        attrs = {"service.name": service, "service.instance.id": instance}
+        if host:
+            attrs["host.name"] = host
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider(resource=Resource.create(attrs))
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = self.provider.get_tracer("rag-app")
+
+    def request(self, rec: RequestRecord) -> None:
+        """The spans of one request: ``rec.ts`` is its end, ``rec.e2e_ms`` its length."""
+        end = round(rec.ts * NS)
+        start = end - round(rec.e2e_ms * 1e6)
+        root = self.tracer.start_span("POST /ask", start_time=start, kind=trace.SpanKind.SERVER)
+        ctx = trace.set_span_in_context(root)
+        t = start
+        for stage in ("retriever", "reranker", "llm"):
+            if stage not in rec.stages:
+                continue
+            length = round(rec.stages[stage] * 1e6)
+            attrs: dict[str, Any] = dict(STAGE_ATTRIBUTES[stage])
+            if stage == "llm":
+                attrs["gen_ai.usage.input_tokens"] = rec.context_tokens
+                attrs["gen_ai.usage.output_tokens"] = rec.output_tokens
+            child = self.tracer.start_span(stage, context=ctx, start_time=t, attributes=attrs)
+            child.end(end_time=t + length)
+            t += length
+        if rec.status == "error":
+            root.set_status(Status(StatusCode.ERROR, "upstream failed"))
+        root.end(end_time=end)
+
+    def take(self) -> list[ReadableSpan]:
+        spans = list(self.exporter.get_finished_spans())
+        self.exporter.clear()
+        return spans
+
+
+def spans_of(envelopes: Iterable[RequestsEnvelope]) -> list[ReadableSpan]:
+    """The SDK spans of every record of ``envelopes``, one Service per instance."""
+    services: dict[tuple[str, str], Service] = {}
+    out: list[ReadableSpan] = []
+    for env in envelopes:
+        svc = services.get((env.service, env.instance))
+        if svc is None:
+            svc = services[(env.service, env.instance)] = Service(
+                env.service, env.instance, env.host
+            )
+        for rec in env.records:
+            svc.request(rec)
+        out += svc.take()
+    return out
+
+
+def otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:
+    return bytes(encode_spans(spans).SerializeToString())
+
+
+def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
+    """The OTLP/JSON of the SDK's own ExportTraceServiceRequest, as the Collector writes it."""
+    doc = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for sp in ss.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if sp.get(key):
+                        sp[key] = base64.b64decode(sp[key]).hex()
+    return orjson.dumps(doc)

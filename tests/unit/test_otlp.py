@@ -1,0 +1,246 @@
+"""OTLP traces in: spans made and encoded by the OpenTelemetry SDK itself, decoded in both
+of the Collector's encodings, assembled into the request records the ragwatch SDK would
+have sent for the same requests, and paging exactly as that path does."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+
+from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
+from ragwatch.commands.replay import replay
+from ragwatch.errors import SchemaError
+from ragwatch.otlp import MAX_SPANS, Encoding, decode_traces
+from ragwatch.schema import RequestRecord, RequestsEnvelope, Span
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.traces import StageMap, TraceAssembler
+from tests.otel_spans import Service, otlp_json, otlp_proto, spans_of
+
+T0 = 1_767_225_600.0
+
+
+def records(envs: list[RequestsEnvelope]) -> dict[tuple[str, str], list[RequestRecord]]:
+    out: dict[tuple[str, str], list[RequestRecord]] = {}
+    for env in envs:
+        out.setdefault((env.service, env.instance), []).extend(env.records)
+    return {k: sorted(v, key=lambda r: r.ts) for k, v in out.items()}
+
+
+def assemble(payloads: list[bytes], end: float) -> list[RequestsEnvelope]:
+    asm = TraceAssembler(grace_s=30.0)
+    out = []
+    for p in payloads:
+        out += asm.add(decode_traces(p))
+    return out + asm.advance(end)
+
+
+def test_the_sdks_spans_decode_alike_in_both_encodings() -> None:
+    svc = Service("rag-api", "pod-7", "gpu-node-01")
+    rec = RequestRecord(T0, "ok", 812.0, 3100, 220, {"retriever": 95.0, "llm": 700.0})
+    svc.request(rec)
+    spans = svc.take()
+    proto, json = decode_traces(otlp_proto(spans)), decode_traces(otlp_json(spans))
+    assert sorted(proto, key=lambda s: s.span_id) == sorted(json, key=lambda s: s.span_id)
+    root = next(s for s in proto if s.parent_id is None)
+    assert (root.service, root.instance, root.host) == ("rag-api", "pod-7", "gpu-node-01")
+    assert root.duration_ms == 812.0 and root.name == "POST /ask"
+    ((key, (got,)),) = records(assemble([otlp_proto(spans)], T0 + 60)).items()
+    assert key == ("rag-api", "pod-7") and got == rec
+
+
+def test_a_simulated_days_requests_come_back_as_the_same_records() -> None:
+    """Every record of the request simulator (with a retrieval slowdown) made into SDK
+    spans, split into messages of a few spans, shuffled within a window, some sent twice:
+    assembled, they are the records again."""
+    sim = RequestSimulator(RequestSimConfig(services=1, scenario="retrieval", batch_s=10.0))
+    envs = [e for _, batch in itertools.islice(sim.ticks(), 180) for e in batch]  # 30 min
+    spans = spans_of(envs)
+    rng = random.Random(3)
+    chunks = [spans[i : i + 7] for i in range(0, len(spans), 7)]
+    for i in range(0, len(chunks) - 3, 3):  # out of order within a few messages
+        window = chunks[i : i + 3]
+        rng.shuffle(window)
+        chunks[i : i + 3] = window
+    payloads = [
+        (otlp_proto if i % 2 else otlp_json)(c) for i, c in enumerate(chunks)
+    ]  # both encodings, one stream
+    payloads += payloads[10:20]  # redelivered (at-least-once)
+    got = records(assemble(payloads, envs[-1].ts + 120))
+    want = records([e for e in envs if e.records])
+    assert got.keys() == want.keys()
+    for key in want:
+        assert len(got[key]) == len(want[key])
+        for g, w in zip(got[key], want[key], strict=True):
+            assert_same(g, w)
+
+
+def assert_same(got: RequestRecord, want: RequestRecord) -> None:
+    """Spans carry nanoseconds: times come back to within a microsecond."""
+    assert got.ts == pytest.approx(want.ts, abs=1e-6)
+    assert got.e2e_ms == pytest.approx(want.e2e_ms, abs=1e-3)
+    assert got.stages == pytest.approx(want.stages, abs=1e-3)
+    assert (got.status, got.context_tokens, got.output_tokens) == (
+        want.status, want.context_tokens, want.output_tokens,
+    )  # fmt: skip
+
+
+def test_a_retrieval_slowdown_pages_from_spans_as_it_does_from_the_sdk() -> None:
+    cfg = RequestSimConfig(services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0)
+    envs = [e for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 720) for e in batch]
+    sdk = Pipelines(load_rules())
+    direct = [t for env in envs for t in sdk.process(env)]
+    asm, traced = TraceAssembler(grace_s=30.0), Pipelines(load_rules())
+    services: dict[tuple[str, str], Service] = {}
+    via_spans = []
+    for env in envs:  # 2 h: each batch of requests as the instance's exporter would send it
+        svc = services.setdefault(
+            (env.service, env.instance), Service(env.service, env.instance, env.host)
+        )
+        for rec in env.records:
+            svc.request(rec)
+        spans = svc.take()
+        out = asm.add(decode_traces(otlp_proto(spans))) if spans else asm.advance(env.ts)
+        for assembled in out:
+            via_spans += traced.process(assembled)
+    fired = {(t.alert.rule, t.alert.labels.get("instance")) for t in direct if t.notify}
+    assert {i for r, i in fired if r == "RetrievalSlowdown"} == {"rag-api-1"}  # the faulty one
+    key = [(t.alert.rule, t.alert.status, t.alert.labels.get("instance")) for t in direct]
+    got = [(t.alert.rule, t.alert.status, t.alert.labels.get("instance")) for t in via_spans]
+    assert got == key
+
+
+def span(tid: str, sid: str, parent: str | None, **kw: object) -> Span:
+    return Span(
+        tid, sid, parent, str(kw.get("name", "op")), int(kw.get("start", 0)),
+        int(kw.get("end", 1_000_000)), False, dict(kw.get("attrs", {})),  # type: ignore[call-overload]
+        str(kw.get("service", "rag")), "i0",
+    )  # fmt: skip
+
+
+def test_stages_from_every_convention_and_name_patterns() -> None:
+    ms = 1_000_000
+    conv = [
+        ("a1", {"openinference.span.kind": "RERANKER"}, "reranker"),
+        ("a2", {"gen_ai.operation.name": "embeddings"}, "embedding"),
+        ("a3", {"traceloop.span.kind": "tool"}, "tool"),
+        ("a4", {"llm.request.type": "chat", "llm.token_count.prompt": 9}, "llm"),
+        ("a5", {"db.system.name": "qdrant"}, "retriever"),
+        ("a6", {"openinference.span.kind": "CHAIN"}, None),
+    ]
+    stages = StageMap()
+    for sid, attrs, stage in conv:
+        assert stages.stage(span("t", sid, "r", attrs=attrs)) == stage, attrs
+    custom = StageMap.parse("retriever=^vector_search;reranker=rerank$")
+    assert custom.stage(span("t", "x", "r", name="vector_search.query")) == "retriever"
+    assert custom.stage(span("t", "y", "r", name="cohere.rerank")) == "reranker"
+    with pytest.raises(ValueError, match="regular expression"):
+        StageMap.parse("retriever=(")
+    # a retriever span inside another retriever span counts once; tokens: the LLM's
+    asm = TraceAssembler(grace_s=1.0)
+    asm.add([
+        span("t", "r", None, end=1000 * ms),
+        span("t", "a", "r", start=100 * ms, end=400 * ms, attrs={"db.system": "qdrant"}),
+        span("t", "b", "a", start=150 * ms, end=350 * ms, attrs={"db.system": "qdrant"}),
+        span("t", "c", "r", start=400 * ms, end=900 * ms,
+             attrs={"gen_ai.operation.name": "chat", "gen_ai.usage.prompt_tokens": 40,
+                    "gen_ai.usage.completion_tokens": 7}),
+    ])  # fmt: skip
+    ((env,),) = [asm.advance(100.0)]
+    (rec,) = env.records
+    assert rec.stages == {"llm": 500.0, "retriever": 300.0}
+    assert (rec.context_tokens, rec.output_tokens) == (40, 7)
+
+
+def test_a_service_called_by_another_is_its_own_request() -> None:
+    ms = 1_000_000
+    asm = TraceAssembler(grace_s=1.0)
+    asm.add([
+        span("t", "g", None, service="gateway", end=1000 * ms),
+        span("t", "r", "g", service="rag", start=100 * ms, end=900 * ms),
+        span("t", "x", "missing-parent", service="search", start=0, end=50 * ms),
+    ])  # fmt: skip
+    out = {e.service: e.records[0].e2e_ms for e in asm.advance(100.0)}
+    assert out == {"gateway": 1000.0, "rag": 800.0, "search": 50.0}
+
+
+def test_duplicates_late_spans_and_a_flood_of_trace_ids_are_bounded() -> None:
+    asm = TraceAssembler(grace_s=1.0, max_traces=100, remember=1_000)
+    emitted = []
+    for i in range(1_000):  # a flood of trace ids within one second of event time
+        emitted += asm.add([span(f"t{i}", "s", None, end=i * 1_000_000)])
+    assert asm.stats.open == 100 and asm.stats.evicted == 900 and len(emitted) == 900
+    assert len(asm.advance(10.0)) == 1 and asm.stats.open == 0  # one instance, 100 records
+    assert asm.stats.records == 1_000
+    asm.add([span("t999", "s", None, end=999 * 1_000_000)])  # a trace redelivered
+    assert asm.stats.late_spans == 1 and asm.advance(20.0) == []
+    twice = span("v", "r", None, end=30 * 10**9)
+    asm.add([twice, twice])
+    assert asm.stats.duplicates == 1 and len(asm.advance(40.0)[0].records) == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "encoding", "reason"),
+    [
+        (b"\x0a\xff\xff\xff", "auto", "not an OTLP protobuf"),
+        (b"[1, 2]", "otlp_json", "not an ExportTraceServiceRequest"),
+        (b"[1, 2]", "auto", "not an OTLP protobuf"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}', "auto",
+         "traceId"),
+        (b"{not json", "auto", "not JSON"),
+    ],
+)  # fmt: skip
+def test_bad_otlp_is_a_schema_error_with_a_reason(
+    payload: bytes, encoding: Encoding, reason: str
+) -> None:
+    with pytest.raises(SchemaError, match=reason):
+        decode_traces(payload, encoding)
+
+
+def test_hostile_names_too_many_spans_and_zero_ids_are_refused() -> None:
+    svc = Service("rag\x00api", "i0")
+    svc.request(RequestRecord(T0, "ok", 10.0, 1, 1))
+    with pytest.raises(SchemaError, match="control character"):
+        decode_traces(otlp_proto(svc.take()))
+    base = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "x",
+            "startTimeUnixNano": "1", "endTimeUnixNano": "2"}  # fmt: skip
+    many = {"resourceSpans": [{"scopeSpans": [{"spans": [base] * (MAX_SPANS + 1)}]}]}
+    with pytest.raises(SchemaError, match="more than"):
+        decode_traces(orjson.dumps(many))
+    zero = {"resourceSpans": [{"scopeSpans": [{"spans": [{**base, "traceId": "0" * 32}]}]}]}
+    with pytest.raises(SchemaError, match="all-zero"):
+        decode_traces(orjson.dumps(zero))
+
+
+def test_replay_of_an_otlp_json_file_pages_the_slow_instance_only(tmp_path: Path) -> None:
+    """``ragwatch replay traces.otlp.jsonl``: one ExportTraceServiceRequest per line, as
+    the Collector's file exporter writes them, from the SDK's own encoder."""
+    cfg = RequestSimConfig(services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0)
+    path = tmp_path / "traces.otlp.jsonl"
+    services: dict[tuple[str, str], Service] = {}
+    with path.open("wb") as f:
+        for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 720):  # 2 h
+            for env in batch:
+                svc = services.setdefault(
+                    (env.service, env.instance), Service(env.service, env.instance, env.host)
+                )
+                for rec in env.records:
+                    svc.request(rec)
+                if spans := svc.take():
+                    f.write(otlp_json(spans) + b"\n")
+    out = io.StringIO()
+    assert replay([path], load_rules(), out, as_json=True, err=io.StringIO()) == 0
+    lines = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    fired = {
+        (a["labels"]["alertname"], a["labels"].get("instance"))
+        for a in lines
+        if a.get("kind") != "summary" and a.get("status") == "firing"
+    }
+    assert fired == {("RetrievalSlowdown", "rag-api-1")}
+    (summary,) = [x for x in lines if x.get("kind") == "summary"]
+    assert summary["bad_lines"] == 0 and summary["envelopes"] > 1_000
