@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis chromium demo test unit lint typecheck bench soak clean
+.PHONY: help setup redis chromium alertmanager demo test unit lint typecheck bench soak clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -23,6 +23,11 @@ chromium: ## install Debian's chromium (the live page's browser test) if it is m
 	  echo "installing chromium (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+alertmanager: ## install Debian's prometheus-alertmanager (the Alertmanager sink's test) if it is missing (needs root)
+	@command -v prometheus-alertmanager >/dev/null 2>&1 || { \
+	  echo "installing prometheus-alertmanager (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null; }
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS)]'
@@ -33,7 +38,7 @@ setup: redis $(STAMP) ## create .venv and install ragwatch with all extras
 demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert delivered)
 	$(VENV)/bin/ragwatch demo
 
-test: setup chromium lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
+test: setup chromium alertmanager lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
 	$(PY) -m pytest
 
 unit: setup ## only the fast tests (no broker, no Redis)

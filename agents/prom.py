@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 
 from ragwatch.agents import prom_map
 from ragwatch.errors import RagwatchError
-from ragwatch.schema import Envelope, GpuEnvelope, MetricSample, MetricsEnvelope
+from ragwatch.schema import Envelope, EventEnvelope, GpuEnvelope, MetricSample, MetricsEnvelope
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ class PromSource:
         self.clock = clock
         self.fetch: Fetch = fetch or fetch_text
         self.stats = {url: TargetStats() for url in self.targets}
+        self._xids: dict[prom_map.XidKey, float] = {}  # the last XID gauge value per GPU
 
     def sample(self) -> list[Envelope]:
         """Scrape every target once; GpuEnvelopes and a MetricsEnvelope per target."""
@@ -158,16 +159,31 @@ class PromSource:
         if raw is None:
             return []
         ts = self.clock()
+        xids, raw = prom_map.xid_gauges(raw, self.host)
         gpus, rest, incomplete = prom_map.split_gpus(_finite(raw, st), self.host)
         st.incomplete_gpus += incomplete
         out: list[Envelope] = [
             GpuEnvelope(host=h, ts=ts, gpus=tuple(g)) for h, g in sorted(gpus.items())
         ]
+        out += self._xid_events(xids, ts)
         selected, duplicates = prom_map.select(rest)
         st.duplicate_series += duplicates
         samples = tuple(self._cap(url, _finite(selected, st), st))  # a unit scale can overflow
         if samples:
             out.append(MetricsEnvelope(host=self.host, target=url, ts=ts, samples=samples))
+        return out
+
+    def _xid_events(self, xids: dict[prom_map.XidKey, float], ts: float) -> list[Envelope]:
+        """One XID event per change of a GPU's XID gauge to a new nonzero value. The first
+        value seen is where the gauge stands, not an event: it may be days old (a repeat of
+        the same XID cannot be told from the gauge)."""
+        out: list[Envelope] = []
+        for key, value in xids.items():
+            before = self._xids.get(key)
+            self._xids[key] = value
+            if before is not None and value != before and value > 0:
+                attrs = prom_map.xid_event_attrs(key, value)
+                out.append(EventEnvelope(host=key[0], ts=ts, type="xid", attrs=attrs))
         return out
 
     def _read(self, url: str, st: TargetStats) -> list[MetricSample] | None:

@@ -343,6 +343,46 @@ def _gpu_sample(key: GpuKey, fields: Mapping[str, float]) -> GpuSample | None:
     )
 
 
+XID_FIELD: Final = "DCGM_FI_DEV_XID_ERRORS"  # a gauge: the last XID since the exporter started
+XidKey = tuple[str, str, str, str]  # host, GPU index, UUID, GPU instance id
+
+
+def xid_gauges(
+    samples: Iterable[MetricSample], default_host: str
+) -> tuple[dict[XidKey, float], list[MetricSample]]:
+    """dcgm-exporter's XID gauges by GPU (host, index, UUID, GPU instance), and the rest.
+
+    The gauge holds the last XID until the exporter restarts: a page on its value would
+    never resolve, so the source turns its *changes* into XID events (:mod:`.prom`)."""
+    gauges: dict[XidKey, float] = {}
+    rest: list[MetricSample] = []
+    for s in samples:
+        if s.name == XID_FIELD and math.isfinite(s.value):
+            host = next((s.labels[k] for k in HOST_LABELS if s.labels.get(k)), default_host)
+            key = (
+                host,
+                s.labels.get("gpu", ""),
+                s.labels.get("UUID", ""),
+                s.labels.get("GPU_I_ID", ""),
+            )
+            gauges[key] = s.value
+        else:
+            rest.append(s)
+    return gauges, rest
+
+
+def xid_event_attrs(key: XidKey, xid: float) -> dict[str, object]:
+    """The attributes of the XID event a new gauge value means, as the nvml agent sends."""
+    _, index, uuid, instance = key
+    attrs: dict[str, object] = {"gpu": int(index) if index.isdigit() else None, "xid": int(xid)}
+    if uuid:
+        attrs["uuid"] = uuid
+    if instance:
+        attrs["mig"] = f"GI{instance}"  # as the GPU series of this exporter name the instance
+    attrs["source"] = "dcgm-exporter"
+    return attrs
+
+
 def split_gpus(
     samples: Iterable[MetricSample], default_host: str
 ) -> tuple[dict[str, list[GpuSample]], list[MetricSample], int]:

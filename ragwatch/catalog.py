@@ -36,6 +36,8 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
     "process": ("gpu_mem_bytes", "rss_bytes", *_MEMORY_SIGNALS),
     "gpu": (
         *_MEMORY_SIGNALS,
+        "attributed_gb_per_hour",  # the recent growth the GPU's processes explain
+        "unattributed_gb_per_hour",  # the GPU's recent growth less that
         "fb_used_ratio",
         "gpu_util",
         "mem_copy_util",

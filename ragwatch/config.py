@@ -258,6 +258,18 @@ class Settings:
     webhook_max_attempts: int = _setting(
         8, _positive_int, "webhook delivery attempts before giving up"
     )
+    alertmanager_urls: tuple[str, ...] = _setting(
+        (),
+        _url_list,
+        "comma-separated base URLs of Alertmanagers the notifier posts alerts to (/api/v2/alerts), "
+        "as Prometheus does",
+        secret=True,
+    )
+    alertmanager_resend: float = _setting(
+        60.0,
+        _positive_float,
+        "seconds between two posts of a firing alert to Alertmanager (Prometheus' resend delay)",
+    )
     rules_file: Path | None = _setting(
         None, _opt_path, "YAML rules file; empty = the shipped default rules"
     )

@@ -40,6 +40,7 @@ from ragwatch.outage import OutageLog
 from ragwatch.schema import Alert
 from ragwatch.silences import Silence, decode_all
 from ragwatch.store import Keys, async_client
+from ragwatch.streams.notifier.alertmanager import AlertmanagerForwarder, decode_active
 from ragwatch.streams.notifier.grouping import Grouper
 from ragwatch.streams.notifier.notification import Delivered, Failed, Retry, Sender
 from ragwatch.streams.notifier.outbox import Entry, Outbox
@@ -152,6 +153,7 @@ class Notifier:
         self._wake = asyncio.Event()  # set when a notification is queued: send it now
         self._sending: dict[str, asyncio.Task[None]] = {}  # receiver -> its send in flight
         self._done: set[str] = set()  # notifications sent since the last outbox read
+        self.forward: AlertmanagerForwarder | None = None  # RAGWATCH_ALERTMANAGER_URLS
 
     # ---------------------------------------------------------------- the loops
 
@@ -166,6 +168,14 @@ class Notifier:
                     self._senders[name] = make_sender(name, spec, session)
             self._redis = async_client(self.settings.redis_url)
             cleanup.push_async_callback(self._redis.aclose)
+            if self.settings.alertmanager_urls:
+                self.forward = AlertmanagerForwarder(
+                    self.settings.alertmanager_urls,
+                    session,
+                    external_url=self.settings.external_url,
+                    resend_s=self.settings.alertmanager_resend,
+                )
+                await self._adopt_firing()
             self.outbox = Outbox(
                 self._redis,
                 self.keys,
@@ -221,6 +231,8 @@ class Notifier:
                 await self._save_groups()
             if batch:
                 await consumer.commit()
+            if self.forward is not None:
+                await self.forward.flush()
             if wall - last_status >= 1.0:
                 last_status = wall
                 await self._write_status()
@@ -234,6 +246,8 @@ class Notifier:
             log.warning("notify: unreadable record on the alerts topic: %s", exc.reason)
             return False
         self.clock.observe(alert.at if alert.at is not None else alert.ends_at or alert.starts_at)
+        if self.forward is not None:
+            self.forward.observe(alert)
         now = self.clock.now()
         self.grouper.add(alert, now if now is not None else alert.starts_at)
         return True
@@ -350,6 +364,16 @@ class Notifier:
                 self._redis_failed("record a delivery", exc)
 
     # ---------------------------------------------------------------- state
+
+    async def _adopt_firing(self) -> None:
+        """The alerts firing now (Redis), for Alertmanager: resent after a restart."""
+        assert self.forward is not None
+        try:
+            active = await self._redis.hvals(self.keys.active)
+        except RedisError as exc:
+            self._redis_failed("read the active alerts", exc)
+            return
+        self.forward.adopt(decode_active(active))
 
     def _silenced(self, alert: Alert) -> bool:
         wall = time.time()

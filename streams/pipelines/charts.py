@@ -39,12 +39,12 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 >>> rec = SeriesRecorder()
 >>> points = rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})
 >>> for sid in sorted(points)[:5]:  # of 13
-...     print(sid, points[sid][0]["rules"])
-gpu:gpu-node-01:0:fb_used ['GpuMemoryHigh', 'GpuOomKill', 'GpuXidCritical']
-process:gpu-node-01:0:2000:gpu_mem ['GpuMemoryLeak', 'GpuOomKill', 'GpuXidCritical']
-process:gpu-node-01:0:4001:gpu_mem ['GpuMemoryLeak', 'GpuOomKill', 'GpuXidCritical']
-service:rag-api:rag-api-0:e2e_p95 ['E2eLatencyDeviation']
-service:rag-api:rag-api-0:outliers ['RequestOutlierCluster']
+...     print(sid, *points[sid][0]["rules"])
+gpu:gpu-node-01:0:fb_used GpuMemoryHigh GpuMemoryLeakUnattributed GpuOomKill GpuXidCritical
+process:gpu-node-01:0:2000:gpu_mem GpuMemoryLeak GpuOomKill GpuXidCritical
+process:gpu-node-01:0:4001:gpu_mem GpuMemoryLeak GpuOomKill GpuXidCritical
+service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation
+service:rag-api:rag-api-0:outliers RequestOutlierCluster
 >>> rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})  # nothing new since
 {}
 """

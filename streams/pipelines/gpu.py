@@ -111,6 +111,7 @@ class Series:
     power_w: float | None = None
     rss: int | None = None
     estimate: LeakEstimate | None = None  # the detector's, as of the last evaluation
+    attributed: float = 0.0  # a GPU's: the recent GB/h of its processes' own estimates
     watch: bool = True  # an alert of a rule that reads only the estimate may be active
     keys: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)  # rule -> alert
 
@@ -141,6 +142,9 @@ class Series:
             "tte_h": None if tte is None else tte / 3600,
         }
         if self.gpu:
+            recent = est.recent_gb_per_hour if est else None
+            out["attributed_gb_per_hour"] = self.attributed
+            out["unattributed_gb_per_hour"] = None if recent is None else recent - self.attributed
             out["fb_used_ratio"] = fb_used / total if total else None
             out["gpu_util"] = self.gpu_util
             out["mem_copy_util"] = self.mem_copy_util
@@ -255,6 +259,7 @@ class GpuPipeline:
                 g.mem_copy_util = gpu.get("mem_copy_util")
                 g.temp_c = gpu.get("temp_c")
                 g.power_w = gpu.get("power_w")
+                g.attributed = self._attributed(host, index, mig, procs)
                 self._evaluate(g, "gpu", ts, out)
             for proc in procs:
                 pkey = (host, index, mig, proc["pid"])
@@ -284,6 +289,17 @@ class GpuPipeline:
             for h in list(self._by_host):
                 out += self._evict(h, now, SILENT_HOST_FACTOR * self.stale_s)
         return out
+
+    def _attributed(self, host: str, index: int, mig: str, procs: Iterable[Any]) -> float:
+        """What the GPU's processes explain of its growth: the sum of their own recent
+        rates, as of their last estimates (0 when no process is seen)."""
+        total = 0.0
+        for proc in procs:
+            p = self.series.get((host, index, mig, proc["pid"]))
+            est = p.detector.estimate if p is not None else None
+            if est is not None and est.recent_gb_per_hour is not None:
+                total += est.recent_gb_per_hour
+        return total
 
     def tracks(self, host: str) -> bool:
         return host in self._by_host

@@ -167,6 +167,13 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_SERVE_TOKEN", "tok", "serve_token", Secret("tok")),
     ("RAGWATCH_LOG_LEVEL", "debug", "log_level", "DEBUG"),
     ("RAGWATCH_LOG_LEVEL", "WARNING", "log_level", "WARNING"),
+    (
+        "RAGWATCH_ALERTMANAGER_URLS",
+        "http://am-1:9093, http://am-2:9093",
+        "alertmanager_urls",
+        ("http://am-1:9093", "http://am-2:9093"),
+    ),
+    ("RAGWATCH_ALERTMANAGER_RESEND", "30", "alertmanager_resend", 30.0),
     ("RAGWATCH_OTLP_TOPIC", "traces", "otlp_topic", "traces"),
     ("RAGWATCH_OTLP_TOPIC", "", "otlp_topic", ""),
     ("RAGWATCH_OTLP_ENCODING", "OTLP_JSON", "otlp_encoding", "otlp_json"),
@@ -290,6 +297,8 @@ BAD: list[tuple[str, str]] = [
     ("RAGWATCH_OTLP_GRACE", "0"),
     ("RAGWATCH_OTLP_STAGE_PATTERNS", "retriever=("),
     ("RAGWATCH_OTLP_STAGE_PATTERNS", "no-equals-sign"),
+    ("RAGWATCH_ALERTMANAGER_URLS", "ftp://am:9093"),
+    ("RAGWATCH_ALERTMANAGER_RESEND", "-1"),
 ]
 
 

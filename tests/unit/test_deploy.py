@@ -43,6 +43,7 @@ SECRET_VALUES = {
     "RAGWATCH_KAFKA_SASL_PASSWORD": "s3cret",
     "RAGWATCH_REDIS_URL": "redis://:pw@redis.ragwatch.svc:6379/0",
     "RAGWATCH_WEBHOOK_URLS": "https://hooks.example.internal/a,https://hooks.example.internal/b",
+    "RAGWATCH_ALERTMANAGER_URLS": "https://am:pw@alertmanager.example.internal:9093",
     "RAGWATCH_WEBHOOK_HMAC_SECRET": "hmac-s3cret",
     "RAGWATCH_SERVE_TOKEN": "t0ken",
 }

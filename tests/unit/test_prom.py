@@ -22,7 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from ragwatch import codec
 from ragwatch.agents import prom_map
 from ragwatch.agents.prom import PromSource, ScrapeError, fetch_text
-from ragwatch.schema import Envelope, GpuEnvelope, GpuSample, MetricSample, MetricsEnvelope
+from ragwatch.schema import (
+    Envelope,
+    EventEnvelope,
+    GpuEnvelope,
+    GpuSample,
+    MetricSample,
+    MetricsEnvelope,
+)
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.fleet import Pipelines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "prom"
 MIB = 1024 * 1024
@@ -685,3 +694,48 @@ def test_values_beyond_range_after_scaling_are_dropped(exporter: Exporter) -> No
     ]
     st = src.stats[exporter.url("/metrics")]
     assert (st.non_finite, st.incomplete_gpus) == (1, 1)
+
+
+def test_dcgm_xid_gauge_changes_become_one_event_each_and_their_alert_resolves(
+    exporter: Exporter,
+) -> None:
+    """dcgm-exporter's DCGM_FI_DEV_XID_ERRORS holds the last XID until the exporter
+    restarts: as a value it would page forever. Its changes are XID events, as the nvml
+    agent sends them, and GpuXidCritical fires once per new XID and ages out."""
+    dcgm = (FIXTURES / "dcgm.txt").read_text()
+    assert 'DCGM_FI_DEV_XID_ERRORS{gpu="0"' in dcgm
+    clock = {"t": TS}
+    src = PromSource(
+        [exporter.serve("/metrics", dcgm)], host="agent-host", clock=lambda: clock["t"]
+    )
+
+    def scrape(xid0: int) -> list[Envelope]:
+        lines = [
+            (line.rsplit(" ", 1)[0] + f" {xid0}")
+            if line.startswith('DCGM_FI_DEV_XID_ERRORS{gpu="0"')
+            else line
+            for line in dcgm.splitlines()
+        ]
+        exporter.serve("/metrics", "\n".join(lines) + "\n")
+        clock["t"] += 60.0
+        return src.sample()
+
+    pipes = Pipelines(load_rules())
+    events, pages = [], []
+    for xid in (13, 13, 79, 79, 79, *([79] * 40), 43, 0, 0):  # 13: before the agent started
+        for env in scrape(xid):
+            if isinstance(env, EventEnvelope):
+                events.append(env)
+            pages += [t for t in pipes.process(env) if t.notify]
+    assert [(e.type, e.attrs["xid"], e.attrs["gpu"]) for e in events] == [
+        ("xid", 79, 0),
+        ("xid", 43, 0),
+    ]
+    assert events[0].host == "gpu-node-07" and events[0].attrs["source"] == "dcgm-exporter"
+    assert events[0].attrs["uuid"].startswith("GPU-3f7a1c2e")
+    xid_pages = [
+        (t.alert.status, t.alert.labels.get("xid")) for t in pages if "Xid" in t.alert.rule
+    ]
+    assert xid_pages == [("firing", "79"), ("resolved", "79"), ("firing", "43")]
+    metrics = [e for e in src.sample() if isinstance(e, MetricsEnvelope)]
+    assert all(s.name != prom_map.XID_FIELD for m in metrics for s in m.samples)
