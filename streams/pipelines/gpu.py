@@ -111,7 +111,7 @@ class Series:
     power_w: float | None = None
     rss: int | None = None
     estimate: LeakEstimate | None = None  # the detector's, as of the last evaluation
-    attributed: float = 0.0  # a GPU's: the recent GB/h of its processes' own estimates
+    attributed: float | None = 0.0  # a GPU's: its processes' recent GB/h (None: not known)
     watch: bool = True  # an alert of a rule that reads only the estimate may be active
     keys: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)  # rule -> alert
 
@@ -142,9 +142,11 @@ class Series:
             "tte_h": None if tte is None else tte / 3600,
         }
         if self.gpu:
-            recent = est.recent_gb_per_hour if est else None
-            out["attributed_gb_per_hour"] = self.attributed
-            out["unattributed_gb_per_hour"] = None if recent is None else recent - self.attributed
+            recent, attributed = (est.recent_gb_per_hour if est else None), self.attributed
+            out["attributed_gb_per_hour"] = attributed
+            out["unattributed_gb_per_hour"] = (
+                None if recent is None or attributed is None else recent - attributed
+            )
             out["fb_used_ratio"] = fb_used / total if total else None
             out["gpu_util"] = self.gpu_util
             out["mem_copy_util"] = self.mem_copy_util
@@ -290,15 +292,18 @@ class GpuPipeline:
                 out += self._evict(h, now, SILENT_HOST_FACTOR * self.stale_s)
         return out
 
-    def _attributed(self, host: str, index: int, mig: str, procs: Iterable[Any]) -> float:
+    def _attributed(self, host: str, index: int, mig: str, procs: Iterable[Any]) -> float | None:
         """What the GPU's processes explain of its growth: the sum of their own recent
-        rates, as of their last estimates (0 when no process is seen)."""
+        rates, as of their last estimates (0 when no process is seen). Unknown (None)
+        while a visible process has no estimate yet (new, or warming up: a process that
+        restarted and leaks again must not read as growth nobody explains)."""
         total = 0.0
         for proc in procs:
             p = self.series.get((host, index, mig, proc["pid"]))
             est = p.detector.estimate if p is not None else None
-            if est is not None and est.recent_gb_per_hour is not None:
-                total += est.recent_gb_per_hour
+            if est is None or est.recent_gb_per_hour is None:
+                return None
+            total += est.recent_gb_per_hour
         return total
 
     def tracks(self, host: str) -> bool:

@@ -70,3 +70,28 @@ def test_with_the_process_visible_the_leak_pages_once_from_the_process(seed: int
     assert (page.alert.rule, page.alert.status) == ("GpuMemoryLeak", "firing")
     assert page.alert.labels["pid"] == "4011"
     assert page.alert.labels["container"] == "f861f38c0b0c"
+
+
+def test_a_process_that_restarts_and_leaks_again_pages_from_its_new_pid_only() -> None:
+    """Found by bench/quality.py (oom, all): after the OOM kill the restarted worker leaks
+    again; for the ten minutes its new pid has no estimate yet, the GPU's growth looked
+    unexplained and the GPU-level rule paged beside the process one."""
+    rng, pipe, pages_ = random.Random(5), GpuPipeline(load_rules()), []
+    restart = LEAK_AT + 3 * H
+    t = 0.0
+    while t < END:
+        v = gpu_memory(t, rng)
+        leaked = 1.2 * GB * (t - LEAK_AT) / H if t >= LEAK_AT else 0.0
+        pid = 4011 if t < restart else 4012
+        if t >= restart:  # the old leak is freed; the new process leaks from its start
+            leaked = 1.2 * GB * (t - restart) / H
+            v = v - 1.2 * GB * (t - LEAK_AT) / H + leaked
+        proc = ProcessSample(pid, "rag-worker", int(v - 2 * GB), container="f861f38c0b0c")
+        sample = GpuSample(0, "GPU-8f2c", "H100", int(v), int(80 * GB), procs=(proc,))
+        env = GpuEnvelope("gpu-node-01", T0 + t, (sample,))
+        pages_ += [x for x in pipe.process(env) if x.notify and x.alert.status == "firing"]
+        t += 30.0
+    assert [(p.alert.rule, p.alert.labels.get("pid")) for p in pages_] == [
+        ("GpuMemoryLeak", "4011"),
+        ("GpuMemoryLeak", "4012"),
+    ]
