@@ -185,6 +185,16 @@ class TraceAssembler:
         self.watermark = max(self.watermark, now)
         return _envelopes(self._flush())
 
+    def close_open(self) -> list[RequestsEnvelope]:
+        """Every open trace, done now, event time unchanged (the input went quiet in wall
+        time: the last requests of a quiet service are not held until more spans come)."""
+        out: list[RequestRecordAt] = []
+        while self._traces:
+            out += self._emit(next(iter(self._traces)))
+        self._due.clear()
+        self.stats.open = 0
+        return _envelopes(out)
+
     def _flush(self) -> list[RequestRecordAt]:
         out: list[RequestRecordAt] = []
         while self._due and self._due[0][0] <= self.watermark:

@@ -79,9 +79,9 @@ class TraceRelay:
         """Every second: after a grace of wall time without OTLP messages, the open
         traces are done."""
         idle = self._clock() - self._last_read
-        a = self.assembler
-        if a.stats.open and idle >= a.grace_s:
-            await self._relay(a.advance(a.watermark + a.grace_s))
+        if self.assembler.stats.open and idle >= self.assembler.grace_s:
+            # not by moving event time on: spans that come later must still wait their grace
+            await self._relay(self.assembler.close_open())
 
     async def _relay(self, envelopes: list[RequestsEnvelope]) -> None:
         c, stats = self.loop.counters, self.assembler.stats

@@ -244,3 +244,19 @@ def test_replay_of_an_otlp_json_file_pages_the_slow_instance_only(tmp_path: Path
     assert fired == {("RetrievalSlowdown", "rag-api-1")}
     (summary,) = [x for x in lines if x.get("kind") == "summary"]
     assert summary["bad_lines"] == 0 and summary["envelopes"] > 1_000
+
+
+def test_closing_open_traces_on_a_quiet_input_leaves_event_time_alone() -> None:
+    """The worker closes open traces after a grace of wall time without OTLP messages;
+    moving event time on instead would have emitted the next trace split across two
+    messages before its second half came."""
+    ms = 1_000_000
+    asm = TraceAssembler(grace_s=30.0)
+    asm.add([span("t1", "r", None, end=1000 * ms)])
+    (env,) = asm.close_open()
+    assert env.records[0].e2e_ms == 1000.0 and asm.watermark == 1.0
+    first_half = [span("t2", "c", "r2", start=2000 * ms, end=2500 * ms,
+                       attrs={"db.system": "qdrant"})]  # fmt: skip
+    assert asm.add(first_half) == []
+    (env,) = asm.add([span("t2", "r2", None, start=2000 * ms, end=3000 * ms)]) or asm.advance(40.0)
+    assert env.records[0].stages == {"retriever": 500.0}
