@@ -36,7 +36,7 @@ import orjson
 
 from ragwatch.codec import MAX_MESSAGE_BYTES
 from ragwatch.errors import SchemaError
-from ragwatch.schema import MAX_LABEL_LEN, AttrValue, Span
+from ragwatch.schema import MAX_LABEL_LEN, AttrValue, Span, check_label
 
 Encoding = Literal["otlp_proto", "otlp_json", "auto"]
 ENCODINGS: tuple[str, ...] = ("otlp_proto", "otlp_json", "auto")
@@ -268,7 +268,7 @@ def _span(
         trace_id=trace_id,
         span_id=span_id,
         parent_id=parent_id,
-        name=_checked(name[:MAX_LABEL_LEN], f"{where}.name"),
+        name=check_label(name[:MAX_LABEL_LEN], f"{where}.name"),
         start_ns=start_ns,
         end_ns=end_ns,
         error=error,
@@ -285,13 +285,5 @@ def _resource_label(
     for key in keys:
         v = resource.get(key)
         if isinstance(v, str) and v:
-            return _checked(v, f"{where}: resource attribute {key}")
+            return check_label(v, f"{where}: resource attribute {key}")
     return None
-
-
-def _checked(v: str, where: str) -> str:
-    if len(v) > MAX_LABEL_LEN:
-        raise SchemaError(f"{where}: longer than {MAX_LABEL_LEN} characters ({len(v)})")
-    if not v.isprintable():
-        raise SchemaError(f"{where}: contains a control character")
-    return v

@@ -75,7 +75,7 @@ MAX_LABEL_LEN = 256
 MAX_JSON_DEPTH = 32  # free-form values (event attributes): lists and objects nested this deep
 
 
-def _check_label(v: str, name: str) -> str:
+def check_label(v: str, name: str) -> str:
     """Names that become labels (hosts, services, processes ...) end up in Slack text,
     HTML, Redis keys and /metrics: printable, at most MAX_LABEL_LEN characters."""
     if len(v) > MAX_LABEL_LEN:
@@ -87,12 +87,12 @@ def _check_label(v: str, name: str) -> str:
 
 
 def _label(d: Mapping[str, Any], key: str, path: str, *, nonempty: bool = True) -> str:
-    return _check_label(_str(d, key, path, nonempty=nonempty), f"{path}{key}")
+    return check_label(_str(d, key, path, nonempty=nonempty), f"{path}{key}")
 
 
 def _opt_label(d: Mapping[str, Any], key: str, path: str) -> str | None:
     v = _opt_str(d, key, path)
-    return None if v is None else _check_label(v, f"{path}{key}")
+    return None if v is None else check_label(v, f"{path}{key}")
 
 
 def _int(d: Mapping[str, Any], key: str, path: str, *, minimum: int | None = 0) -> int:
@@ -458,7 +458,7 @@ class EventEnvelope:
         for k, v in attrs.items():
             _check_json_value(v, k)
             if isinstance(v, str):  # process, container, uuid ... become alert labels
-                _check_label(v, k)
+                check_label(v, k)
         return cls(
             host=_label(d, "host", ""),
             ts=_float(d, "ts", "", minimum=0.0),

@@ -76,20 +76,28 @@ class Service:
         return spans
 
 
-def spans_of(envelopes: Iterable[RequestsEnvelope]) -> list[ReadableSpan]:
-    """The SDK spans of every record of ``envelopes``, one Service per instance."""
-    services: dict[tuple[str, str], Service] = {}
-    out: list[ReadableSpan] = []
-    for env in envelopes:
-        svc = services.get((env.service, env.instance))
+class Fleet:
+    """One :class:`Service` per service instance, made when first seen."""
+
+    def __init__(self) -> None:
+        self.services: dict[tuple[str, str], Service] = {}
+
+    def spans(self, env: RequestsEnvelope) -> list[ReadableSpan]:
+        """The spans of ``env``'s requests, as its instance's exporter would send them."""
+        svc = self.services.get((env.service, env.instance))
         if svc is None:
-            svc = services[(env.service, env.instance)] = Service(
+            svc = self.services[(env.service, env.instance)] = Service(
                 env.service, env.instance, env.host
             )
         for rec in env.records:
             svc.request(rec)
-        out += svc.take()
-    return out
+        return svc.take()
+
+
+def spans_of(envelopes: Iterable[RequestsEnvelope]) -> list[ReadableSpan]:
+    """The SDK spans of every record of ``envelopes``, one Service per instance."""
+    fleet = Fleet()
+    return [span for env in envelopes for span in fleet.spans(env)]
 
 
 def otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:

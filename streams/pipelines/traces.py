@@ -214,13 +214,16 @@ class TraceAssembler:
         self._emitted[tid] = None
         while len(self._emitted) > self.remember:
             self._emitted.popitem(last=False)
-        out = [self._record(trace, root) for root in _local_roots(trace.spans)]
+        children = _children(trace.spans)
+        out = [self._record(trace, root, children) for root in _local_roots(trace.spans)]
         self.stats.traces += 1
         self.stats.records += len(out)
         return out
 
-    def _record(self, trace: _Trace, root: Span) -> RequestRecordAt:
-        below = _subtree(trace.spans, root)
+    def _record(
+        self, trace: _Trace, root: Span, children: Mapping[str, list[Span]]
+    ) -> RequestRecordAt:
+        below = _subtree(children, root)
         stage_of = {s.span_id: self.stages.stage(s) for s in below}
         stages: dict[str, float] = {}
         inputs = outputs = 0
@@ -275,12 +278,17 @@ def _local_roots(spans: Mapping[str, Span]) -> list[Span]:
     return sorted(roots, key=lambda s: (s.end, s.span_id))
 
 
-def _subtree(spans: Mapping[str, Span], root: Span) -> list[Span]:
-    """The spans below ``root`` in its own service (not ``root`` itself)."""
+def _children(spans: Mapping[str, Span]) -> dict[str, list[Span]]:
+    """Span id -> the spans whose parent it is."""
     children: dict[str, list[Span]] = {}
     for s in spans.values():
         if s.parent_id:
             children.setdefault(s.parent_id, []).append(s)
+    return children
+
+
+def _subtree(children: Mapping[str, list[Span]], root: Span) -> list[Span]:
+    """The spans below ``root`` in its own service (not ``root`` itself)."""
     out, todo = [], list(children.get(root.span_id, ()))
     while todo:
         s = todo.pop()

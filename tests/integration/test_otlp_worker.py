@@ -21,7 +21,7 @@ from ragwatch.receiver import WebhookReceiver
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.notifier.webhook import rfc3339
 from tests.integration.conftest import read_records
-from tests.otel_spans import Service, otlp_json, otlp_proto
+from tests.otel_spans import Fleet, otlp_json, otlp_proto
 
 
 def test_spans_through_kafka_page_as_their_replay_does(
@@ -38,18 +38,13 @@ def test_spans_through_kafka_page_as_their_replay_does(
     worker = start_ragwatch(["worker"], env)
     start_ragwatch(["notify"], env)
     cfg = RequestSimConfig(services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0)
-    services: dict[tuple[str, str], Service] = {}
+    fleet = Fleet()
     publisher = KafkaPublisher(settings.kafka_config())
     recording = tmp_path / "traces.otlp.jsonl"
     with recording.open("wb") as f:
         for n, (_, batch) in enumerate(itertools.islice(RequestSimulator(cfg).ticks(), 480)):
             for e in batch:  # 80 minutes of event time; the fault starts at minute 20
-                svc = services.setdefault(
-                    (e.service, e.instance), Service(e.service, e.instance, e.host)
-                )
-                for rec in e.records:
-                    svc.request(rec)
-                spans = svc.take()
+                spans = fleet.spans(e)
                 if not spans:
                     continue
                 f.write(otlp_json(spans) + b"\n")
@@ -86,5 +81,5 @@ def test_spans_through_kafka_page_as_their_replay_does(
     assert live == offline and {i for _, i, _ in live} == {"rag-api-1"}
     # the relay's records, on the requests topic keyed by service, as the SDK sends them
     relayed = read_records(settings, settings.topic("requests"), 100)
-    assert {r.key().decode() for r in relayed} <= {svc for svc, _ in services}
+    assert {r.key().decode() for r in relayed} <= {svc for svc, _ in fleet.services}
     assert worker.stop() == 0

@@ -20,7 +20,7 @@ from ragwatch.schema import RequestRecord, RequestsEnvelope, Span
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.pipelines.traces import StageMap, TraceAssembler
-from tests.otel_spans import Service, otlp_json, otlp_proto, spans_of
+from tests.otel_spans import Fleet, Service, otlp_json, otlp_proto, spans_of
 
 T0 = 1_767_225_600.0
 
@@ -95,16 +95,10 @@ def test_a_retrieval_slowdown_pages_from_spans_as_it_does_from_the_sdk() -> None
     envs = [e for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 720) for e in batch]
     sdk = Pipelines(load_rules())
     direct = [t for env in envs for t in sdk.process(env)]
-    asm, traced = TraceAssembler(grace_s=30.0), Pipelines(load_rules())
-    services: dict[tuple[str, str], Service] = {}
+    asm, traced, fleet = TraceAssembler(grace_s=30.0), Pipelines(load_rules()), Fleet()
     via_spans = []
     for env in envs:  # 2 h: each batch of requests as the instance's exporter would send it
-        svc = services.setdefault(
-            (env.service, env.instance), Service(env.service, env.instance, env.host)
-        )
-        for rec in env.records:
-            svc.request(rec)
-        spans = svc.take()
+        spans = fleet.spans(env)
         out = asm.add(decode_traces(otlp_proto(spans))) if spans else asm.advance(env.ts)
         for assembled in out:
             via_spans += traced.process(assembled)
@@ -222,16 +216,11 @@ def test_replay_of_an_otlp_json_file_pages_the_slow_instance_only(tmp_path: Path
     the Collector's file exporter writes them, from the SDK's own encoder."""
     cfg = RequestSimConfig(services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0)
     path = tmp_path / "traces.otlp.jsonl"
-    services: dict[tuple[str, str], Service] = {}
+    fleet = Fleet()
     with path.open("wb") as f:
         for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 720):  # 2 h
             for env in batch:
-                svc = services.setdefault(
-                    (env.service, env.instance), Service(env.service, env.instance, env.host)
-                )
-                for rec in env.records:
-                    svc.request(rec)
-                if spans := svc.take():
+                if spans := fleet.spans(env):
                     f.write(otlp_json(spans) + b"\n")
     out = io.StringIO()
     assert replay([path], load_rules(), out, as_json=True, err=io.StringIO()) == 0
