@@ -82,7 +82,8 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     "retriever_p99_ratio", "e2e_p95_baseline_ms", "e2e_p95_ratio", "outliers",
     "recent_outliers", "outlier_ratio", "new_outlier_cluster", "outlier_cluster_size",
     "outlier_cluster_active",
-    "window_s", "window_requests", "requests_total", "errors_baseline", "errors_z",
+    "window_s", "window_requests", "requests_total", "errors_total", "output_tokens_total",
+    "errors_baseline", "errors_z",
     "clustered_requests", *_baseline_signals("service"),
 )  # fmt: skip
 # a cumulative count of the evidence behind a series' signals, for keep_firing_requests
@@ -91,16 +92,25 @@ EVIDENCE_SIGNAL = {"service": "requests_total"}
 SERIES_SIGNALS["event"] = ("oom_kill", "xid", "xid_critical", "device_event", "process_exit")
 # one scraped serving engine (streams/pipelines/metrics.py): rates from counters, gauges, baseline
 SERIES_SIGNALS["engine"] = (
-    "requests_per_s", "errors_ratio", "generation_tokens_per_s", "prompt_tokens_per_s",
+    "requests_per_s", "errors_ratio", "generation_tokens_per_s", "generation_tokens_total",
+    "prompt_tokens_per_s",
     "tokens_per_request", "preemptions_per_s", "requests_waiting", "requests_running",
     "kv_cache_usage_ratio", "counter_resets", "e2e_mean_s", "ttft_mean_s", "queue_mean_s",
     "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_z", "tps_score",
     *_baseline_signals("engine"),
 )  # fmt: skip
+# the Kubernetes container a GPU or process belongs to, where the agent knows it (set only
+# then; docs/kubernetes.md)
+POD_LABELS = ("namespace", "pod", "container")
 SERIES_LABELS: dict[str, tuple[str, ...]] = {
-    "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container"),
-    "gpu": ("host", "gpu", "uuid", "mig", "gpu_name"),
+    "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container", "namespace", "pod"),
+    "gpu": ("host", "gpu", "uuid", "mig", "gpu_name", *POD_LABELS),
     "service": ("service", "instance"),
     "event": ("host", "gpu", "mig", "pid", "process", "container", "type", "xid", "event"),
     "engine": ("host", "target"),
 }
+
+# upper bounds (seconds, Prometheus' le) of the notifier's delivery latency histogram: from
+# a notification's entering the outbox to its delivery (streams/notifier/delivery_stats.py
+# counts, ragwatch/console/exporter.py exports)
+DELIVERY_LATENCY_BUCKETS_S = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

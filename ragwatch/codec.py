@@ -104,6 +104,19 @@ def _opt_number(v: Any, low: float) -> bool:
     return v is None or (type(v) is int and low <= v <= MAX_UINT)
 
 
+_POD_LABELS = ("namespace", "pod", "container")  # optional, on a GPU (docs/kubernetes.md)
+_PROC_POD_LABELS = ("namespace", "pod")  # and on a process (its container is checked apart)
+
+
+def _labels_ok(d: dict[str, Any], names: tuple[str, ...]) -> bool:
+    """Whether each of ``names`` is absent, None or a valid label value in ``d``."""
+    for name in names:
+        v = d.get(name)
+        if v is not None and not (type(v) is str and _label_ok(v)):
+            return False
+    return True
+
+
 def _gpu_wire_ok(d: dict[str, Any]) -> bool:
     """Cheap, conservative check of a ``gpu`` envelope dict: True only if
     :meth:`GpuEnvelope.from_dict` accepts it (a property test holds the two together);
@@ -153,6 +166,7 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
             and _opt_number(g.get("power_w"), 0.0)
             and _opt_number(g.get("temp_c"), -math.inf)
             and (procs is _NO_PROCS or type(procs) is list)
+            and _labels_ok(g, _POD_LABELS)
         ):
             return False
         for p in procs:
@@ -169,6 +183,7 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
                 and _opt_count(p.get("rss"))
                 and (container is None or (type(container) is str and _label_ok(container)))
                 and type(p.get("dead", False)) is bool
+                and _labels_ok(p, _PROC_POD_LABELS)
             ):
                 return False
     return True

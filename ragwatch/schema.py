@@ -224,6 +224,9 @@ class ProcessSample:
     """One compute process on one GPU: its framebuffer use (bytes) and host RSS.
 
     ``dead`` marks memory still held by a pid that no longer exists in ``/proc``.
+    ``container`` is the Kubernetes container name when the agent knows the process's pod
+    (``namespace`` and ``pod`` set, docs/kubernetes.md), else the runtime's short container
+    id (``None`` outside containers).
     """
 
     pid: int
@@ -232,6 +235,8 @@ class ProcessSample:
     rss: int | None = None
     container: str | None = None
     dead: bool = False
+    namespace: str | None = None
+    pod: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "") -> ProcessSample:
@@ -242,12 +247,18 @@ class ProcessSample:
             rss=_opt_int(d, "rss", path),
             container=_opt_label(d, "container", path),
             dead=_bool(d, "dead", path),
+            namespace=_opt_label(d, "namespace", path),
+            pod=_opt_label(d, "pod", path),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
-    """One GPU (or MIG instance) at one tick. Memory in bytes, utilisation in percent."""
+    """One GPU (or MIG instance) at one tick. Memory in bytes, utilisation in percent.
+
+    ``namespace``, ``pod`` and ``container`` name the Kubernetes container the device is
+    allocated to (the kubelet's PodResources API), when exactly one holds it.
+    """
 
     index: int
     uuid: str
@@ -261,6 +272,9 @@ class GpuSample:
     temp_c: float | None = None
     power_w: float | None = None
     procs: tuple[ProcessSample, ...] = ()
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "") -> GpuSample:
@@ -281,6 +295,9 @@ class GpuSample:
             mem_copy_util=_opt_float(d, "mem_copy_util", path, minimum=0.0),
             temp_c=_opt_float(d, "temp_c", path),
             power_w=_opt_float(d, "power_w", path, minimum=0.0),
+            namespace=_opt_label(d, "namespace", path),
+            pod=_opt_label(d, "pod", path),
+            container=_opt_label(d, "container", path),
             procs=tuple(
                 ProcessSample.from_dict(_obj(p, f"{path}procs[{i}]"), f"{path}procs[{i}].")
                 for i, p in enumerate(procs)

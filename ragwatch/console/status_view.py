@@ -36,7 +36,18 @@ MAX_GPU_ROWS = 32  # beyond this, only each host's top GPUs and those with alert
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _QUANTILE = re.compile(r"^(?P<stage>[a-z0-9_]+?)_p(?P<q>95|99)_ms$")
 _NOT_STAGES = ("e2e", "ttft", "queue")
-_LABEL_ORDER = ("host", "gpu", "mig", "pid", "process", "container", "service", "instance")
+_LABEL_ORDER = (
+    "host",
+    "gpu",
+    "mig",
+    "pid",
+    "process",
+    "namespace",
+    "pod",
+    "container",
+    "service",
+    "instance",
+)
 _HIDDEN_LABELS = ("alertname", "severity", "uuid")
 
 

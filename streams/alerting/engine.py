@@ -28,7 +28,7 @@ True
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import orjson
@@ -162,24 +162,33 @@ class AlertEngine:
 
     def clear(self, match: Mapping[str, str], ts: float) -> list[Transition]:
         """Resolve every active alert whose labels include ``match`` (its series is gone)."""
+        gone = [
+            fp
+            for fp, state in self._states.items()
+            if all(state.alert.labels.get(k) == v for k, v in match.items())
+        ]
+        return self.clear_fingerprints(gone, ts, "its series went silent: no data since this time")
+
+    def clear_fingerprints(self, fps: Iterable[str], ts: float, note: str) -> list[Transition]:
+        """Resolve the active alerts among ``fps`` as gone, with ``note`` as the reason (a
+        series that ended, or whose workload changed under it)."""
         out = []
-        for fp, state in list(self._states.items()):
-            labels = state.alert.labels
-            if all(labels.get(k) == v for k, v in match.items()):
-                del self._states[fp]
-                a = state.alert
-                end = max(ts, state.last_ts)
-                note = "its series went silent: no data since this time"
-                resolved = replace(
-                    a,
-                    status="resolved",
-                    ends_at=end,
-                    at=end,
-                    resolution="gone",
-                    annotations={**a.annotations, "resolution": note},
-                )
-                self._remember(fp, state.status, end)
-                out.append(Transition(resolved, state.status))
+        for fp in fps:
+            state = self._states.pop(fp, None)
+            if state is None:
+                continue
+            a = state.alert
+            end = max(ts, state.last_ts)
+            resolved = replace(
+                a,
+                status="resolved",
+                ends_at=end,
+                at=end,
+                resolution="gone",
+                annotations={**a.annotations, "resolution": note},
+            )
+            self._remember(fp, state.status, end)
+            out.append(Transition(resolved, state.status))
         return out
 
     def _while_firing(

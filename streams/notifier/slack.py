@@ -99,7 +99,18 @@ EMOJI = {
 RESOLVED_EMOJI = ":white_check_mark:"
 RELEARNED_EMOJI = ":arrows_counterclockwise:"  # resolved because the baseline gave up
 SEVERITY_ORDER = ("critical", "error", "warning", "info")
-FIRST_LABELS = ("host", "gpu", "mig", "pid", "process", "container", "service", "instance")
+FIRST_LABELS = (
+    "host",
+    "gpu",
+    "mig",
+    "pid",
+    "process",
+    "namespace",
+    "pod",
+    "container",
+    "service",
+    "instance",
+)
 HEADER_LABELS = frozenset({"alertname", "severity"})  # shown in the header already
 GRAVE = "\u02cb"  # a backtick's look-alike: a label's backtick cannot end a code span
 

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ragwatch.catalog import POD_LABELS
 from ragwatch.codec import gpu_wire
 from ragwatch.detectors import make
 from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
@@ -64,6 +65,16 @@ def _top(gpus: list[dict[str, Any]], field: str, k: int) -> list[dict[str, Any]]
 def _worth_logging(dropped: int) -> bool:
     """Log a repeated drop the 1st, 10th and 100th time, then every 10,000th."""
     return dropped in (1, 10, 100) or dropped % 10_000 == 0
+
+
+def _pod(d: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """The Kubernetes container a GPU (wire dict or series labels) is allocated to."""
+    return d.get("namespace"), d.get("pod"), d.get("container")
+
+
+def _pod_labels(d: Mapping[str, Any]) -> dict[str, str]:
+    """``namespace`` and ``pod`` (and a GPU's ``container``) of a wire dict, where set."""
+    return {k: d[k] for k in POD_LABELS if d.get(k)}
 
 
 def _leak() -> LeakDetector:
@@ -245,6 +256,9 @@ class GpuPipeline:
             fb_used, fb_total = gpu["fb_used"], gpu["fb_total"]
             procs = gpu.get("procs", ())
             g = series.get((host, index, mig, -1))
+            if g is not None and gpu.get("pod") and _pod(gpu) != _pod(g.labels):
+                out += self._reassigned(g, (host, index, mig, -1), ts)
+                g = None
             if g is None:
                 g = self._new((host, index, mig, -1), gpu, None)
             elif g.last_ts and ts <= g.last_ts:
@@ -377,17 +391,18 @@ class GpuPipeline:
                     uuid=s.labels.get("uuid"),
                     gpu_util=signals.get("gpu_util"),
                     ts=s.last_ts,
+                    **{k: s.labels[k] for k in POD_LABELS if k in s.labels},
                 )
             else:
-                g["procs"].append(
-                    {
-                        "pid": key[3],
-                        "name": s.labels["process"],
-                        "container": s.labels["container"],
-                        "gpu_mem_bytes": signals.get("gpu_mem_bytes"),
-                        "gb_per_hour": view["gb_per_hour"],
-                    }
-                )
+                proc: dict[str, Any] = {
+                    "pid": key[3],
+                    "name": s.labels["process"],
+                    "container": s.labels["container"],
+                    "gpu_mem_bytes": signals.get("gpu_mem_bytes"),
+                    "gb_per_hour": view["gb_per_hour"],
+                }
+                proc.update((k, s.labels[k]) for k in ("namespace", "pod") if k in s.labels)
+                g["procs"].append(proc)
         top = [g for g in gpus.values() if "ts" in g]
         return {
             "host": host,
@@ -434,16 +449,27 @@ class GpuPipeline:
         labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu["uuid"], "mig": key[2]}
         if proc is None:
             labels["gpu_name"] = gpu["name"]
+            labels.update(_pod_labels(gpu))
         else:
             labels.update(
                 pid=str(proc["pid"]),
                 process=proc["name"],
                 container=proc.get("container") or "none",
             )
+            labels.update(_pod_labels(proc))
         s = Series(labels=labels, detector=self._factory(), gpu=proc is None)
         self.series[key] = s
         self._by_host.setdefault(key[0], set()).add(key)
         return s
+
+    def _reassigned(self, g: Series, key: SeriesKey, ts: float) -> list[Transition]:
+        """A GPU now allocated to another pod: a new workload, so a new series (a fresh
+        baseline), and the old one's alerts resolved as gone."""
+        del self.series[key]
+        self._by_host[key[0]].discard(key)
+        self.stats.evicted_series += 1
+        note = f"the device was allocated to pod {g.labels.get('pod', '?')}, now to another"
+        return self.engine.clear_fingerprints((fp for _, fp in g.keys.values()), ts, note)
 
     def _evaluate(self, s: Series, kind: str, ts: float, out: list[Transition]) -> None:
         every, on_estimate = self._split[kind]

@@ -66,12 +66,14 @@ class _Leak:
     container: str
     gb_per_hour: float
     tte_h: float | None
+    pod: str = ""  # namespace/pod, where the agent knows it
 
     def describe(self, host: str) -> str:
         container = self.container if self.container == "none" else self.container[:12]
+        where = f"pod {self.pod}, container {container}" if self.pod else f"container {container}"
         return (
             f"GPU {self.gpu} memory {self.gb_per_hour:+.2f} GB/h in pid {self.pid} "
-            f"({self.process}, container {container}) on {host}"
+            f"({self.process}, {where}) on {host}"
         )
 
 
@@ -253,6 +255,7 @@ class Correlator:
                         lab["container"],
                         rate,
                         sig.get("tte_h"),
+                        f"{lab['namespace']}/{lab['pod']}" if "pod" in lab else "",
                     )
                 )
         return sorted(out, key=lambda lk: -lk.gb_per_hour)

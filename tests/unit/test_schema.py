@@ -390,8 +390,11 @@ def test_gpu_sample_wire_shape_has_nested_processes_and_nulls() -> None:
         "rss": 8 * 2**30,
         "container": "abc123",
         "dead": False,
+        "namespace": None,
+        "pod": None,
     }
     assert full["procs"][1]["rss"] is None
+    assert full["namespace"] is None and full["pod"] is None and full["container"] is None
     assert mig["mig"] == "1g.10gb"
     assert mig["gpu_util"] is None and mig["power_w"] is None and mig["temp_c"] is None
     assert mig["procs"] == []
@@ -403,6 +406,20 @@ def test_gpu_optional_fields_may_be_absent_and_take_their_defaults() -> None:
     sample = codec.decode_as(GpuEnvelope, dumps(d)).gpus[0]
     assert sample == GpuSample(index=2, uuid="GPU-2", name="L4", fb_used=1, fb_total=2)
     assert sample.mig is None and sample.gpu_util is None and sample.procs == ()
+
+
+def test_pod_labels_round_trip_on_gpus_and_processes() -> None:
+    d = gpu_dict()
+    d["gpus"][0].update(namespace="rag", pod="retriever-7d9f", container="worker")
+    d["gpus"][0]["procs"][0].update(namespace="rag", pod="retriever-7d9f")
+    env = codec.decode_as(GpuEnvelope, dumps(d))
+    gpu = env.gpus[0]
+    assert (gpu.namespace, gpu.pod, gpu.container) == ("rag", "retriever-7d9f", "worker")
+    assert (gpu.procs[0].namespace, gpu.procs[0].pod) == ("rag", "retriever-7d9f")
+    assert codec.decode_gpu_wire(dumps(d))["gpus"][0]["pod"] == "retriever-7d9f"
+    d["gpus"][0]["procs"][0]["pod"] = 7
+    with pytest.raises(SchemaError, match=r"gpus\[0\]\.procs\[0\]\.pod"):
+        codec.decode_gpu_wire(dumps(d))
 
 
 def test_process_optional_fields_may_be_absent() -> None:
