@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis chromium alertmanager demo test unit lint typecheck bench soak clean
+.PHONY: help setup redis chromium alertmanager prometheus demo test unit lint typecheck bench soak clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,6 +28,14 @@ alertmanager: ## install Debian's prometheus-alertmanager (the Alertmanager sink
 	  echo "installing prometheus-alertmanager (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null; }
 
+prometheus: $(STAMP) ## put Debian's prometheus and promtool (the /metrics and dashboard tests) beside the venv's python if missing (needs apt)
+	@test -x $(VENV)/bin/promtool -a -x $(VENV)/bin/prometheus || { \
+	  echo "installing prometheus and promtool (apt-get download prometheus)"; \
+	  d=$$(mktemp -d) && cd $$d && { apt-get download -qq prometheus 2>/dev/null \
+	    || { apt-get update -qq && apt-get download -qq prometheus 2>/dev/null; }; } \
+	  && dpkg-deb -x prometheus_*.deb x && cp x/usr/bin/promtool x/usr/bin/prometheus $(CURDIR)/$(VENV)/bin/ \
+	  && cd / && rm -rf $$d; }
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS)]'
@@ -38,10 +46,10 @@ setup: redis $(STAMP) ## create .venv and install ragwatch with all extras
 demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert delivered)
 	$(VENV)/bin/ragwatch demo
 
-test: setup chromium alertmanager lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
+test: setup chromium alertmanager prometheus lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
 	$(PY) -m pytest
 
-unit: setup ## only the fast tests (no broker, no Redis)
+unit: setup prometheus ## only the fast tests (no broker, no Redis)
 	$(PY) -m pytest -m "not integration"
 
 typecheck: setup

@@ -247,6 +247,12 @@ class Settings:
     topic_prefix: str = _setting("", str, "prefix for every topic name, e.g. 'prod.'")
     topic_partitions: int = _setting(4, _positive_int, "partitions of topics ragwatch creates")
     app_id: str = _setting("ragwatch", str, "Faust app id = Kafka consumer group of workers")
+    worker_id: str = _setting(
+        "",
+        str,
+        "a worker's name in status and /metrics (label worker); empty: the host name, a pod's "
+        "name under Kubernetes. Set it apart for each of several workers on one host",
+    )
     redis_url: str = _setting(
         "redis://localhost:6379/0", _redis_url, "Redis URL (redis:// or rediss://)", secret=True
     )

@@ -27,30 +27,39 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from ragwatch.catalog import DELIVERY_LATENCY_BUCKETS_S as LATENCY_BUCKETS_S
+from ragwatch.catalog import POD_LABELS
 from ragwatch.chart_ids import series_prefix
 
-# every family /metrics can export: name -> help (all are gauges)
+# every family /metrics can export: name -> help. Names follow Prometheus' conventions
+# (docs/console.md): base units, counters end in _total, everything under ragwatch_.
 METRICS: dict[str, str] = {
-    "ALERTS": "Active alerts (value 1), Prometheus' ALERTS with alertstate pending or firing",
+    "ragwatch_alerts": "Active alerts (value 1) with their labels, alertname, alertstate "
+    "(pending, firing) and severity: Prometheus' ALERTS, in ragwatch's own namespace",
     "ragwatch_redis_up": "1 if the last read of Redis succeeded, else 0",
     "ragwatch_gpu_memory_used_bytes": "GPU framebuffer memory in use",
     "ragwatch_gpu_memory_total_bytes": "GPU framebuffer memory in total",
-    "ragwatch_gpu_memory_growth_gb_per_hour": "Robust (Theil-Sen) slope of GPU memory, GB/h",
-    "ragwatch_gpu_time_to_exhaustion_hours": "Hours until GPU memory is full at that slope",
+    "ragwatch_gpu_memory_growth_bytes_per_second": "Robust (Theil-Sen) slope of GPU memory",
+    "ragwatch_gpu_time_to_exhaustion_seconds": "Seconds until GPU memory is full at that "
+    "slope (+Inf: not growing)",
     "ragwatch_gpu_utilization_ratio": "GPU utilisation, 0..1",
     "ragwatch_process_gpu_memory_bytes": "GPU memory of a process with an active alert",
-    "ragwatch_process_memory_growth_gb_per_hour": "GPU memory slope of an alerted process",
+    "ragwatch_process_memory_growth_bytes_per_second": "GPU memory slope of an alerted process",
     "ragwatch_process_leak_score": "Leak detector score (0..1) of an alerted process",
-    "ragwatch_engine_tokens_per_second": "Generated tokens/s of a scraped inference engine",
+    "ragwatch_engine_generation_tokens_total": "Tokens a scraped inference engine generated, "
+    "as ragwatch counted them from its counters (resets accounted for)",
     "ragwatch_engine_tokens_per_second_forecast": "Seasonal baseline of engine tokens/s",
     "ragwatch_engine_requests_waiting": "Requests waiting in the engine's queue",
     "ragwatch_engine_kv_cache_usage_ratio": "KV cache usage of the engine, 0..1",
     "ragwatch_engine_anomaly_score": "Anomaly score (0..1) of engine tokens/s",
-    "ragwatch_service_requests_per_second": "Requests/s of a service instance (last bucket)",
-    "ragwatch_service_errors_ratio": "Share of failed requests of a service instance",
+    "ragwatch_service_requests_total": "Requests of a service instance the worker counted",
+    "ragwatch_service_request_errors_total": "Failed requests of a service instance",
+    "ragwatch_service_output_tokens_total": "Output tokens of a service instance's requests",
+    "ragwatch_service_requests_per_second_forecast": "Seasonal baseline of requests/s",
+    "ragwatch_service_errors_ratio": "Share of failed requests of a service instance (over "
+    "the worker's adaptive window)",
     "ragwatch_service_tokens_per_request": "Output tokens per request of a service instance",
     "ragwatch_service_tokens_per_request_forecast": "Seasonal baseline of tokens/request",
-    "ragwatch_service_tokens_per_second": "Output tokens/s of a service instance",
     "ragwatch_service_tokens_per_second_forecast": "Seasonal baseline of output tokens/s",
     "ragwatch_service_anomaly_score": "Anomaly score (0..1) of a service signal",
     "ragwatch_service_stage_latency_seconds": "Latency quantile of one RAG stage",
@@ -60,8 +69,12 @@ METRICS: dict[str, str] = {
     "ragwatch_service_latency_baseline_seconds": "Seasonal baseline of a latency signal",
     "ragwatch_alert_flaps_total": "Times an alert fired again within 6 h of resolving",
     "ragwatch_notifier_outbox_pending": "Notifications waiting in the outbox",
-    "ragwatch_notifier_dead_letters": "Notifications that failed for good",
+    "ragwatch_notifier_dead_letters": "Notifications that failed for good, kept for review",
     "ragwatch_notifier_last_seen_timestamp_seconds": "Wall time the notifier last reported",
+    "ragwatch_notifier_notifications_total": "Notification attempts since the notifier "
+    "started, by receiver and outcome (delivered, retried, failed)",
+    "ragwatch_notifier_delivery_latency_seconds": "Seconds from a notification's entering "
+    "the outbox to its delivery",
     "ragwatch_silences": "Silences that are not expired, by state (active, pending)",
     "ragwatch_worker_last_seen_timestamp_seconds": "Wall time a worker last wrote its status",
     "ragwatch_worker_messages_total": "Messages a worker consumed since it started",
@@ -70,28 +83,40 @@ METRICS: dict[str, str] = {
     "ragwatch_worker_dropped_samples_total": "Samples a worker dropped at a series cap "
     "(RAGWATCH_MAX_SERIES, or per host) since it started",
 }
-# what scrapers see: counter families are named without _total, their samples with it
-METRIC_NAMES = frozenset(METRICS) | {n.removesuffix("_total") for n in METRICS}
+HISTOGRAMS = frozenset({"ragwatch_notifier_delivery_latency_seconds"})
+# what scrapers see: counter families are named without _total, their samples with it;
+# a histogram's samples end in _bucket, _sum and _count
+METRIC_NAMES = (
+    frozenset(METRICS)
+    | {n.removesuffix("_total") for n in METRICS}
+    | {h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
+)
+# labels Prometheus sets on every scraped sample: ours are renamed so that no scrape config
+# needs honor_labels (a service's instance is ``service_instance``)
+TARGET_LABELS = {"instance": "service_instance", "job": "exported_job"}
 
+GB_PER_HOUR = 1e9 / 3600.0  # in bytes per second (the status' GB is 10**9 bytes)
 GPU_GAUGES = (
     ("fb_used_bytes", "ragwatch_gpu_memory_used_bytes", 1.0),
     ("fb_total_bytes", "ragwatch_gpu_memory_total_bytes", 1.0),
-    ("gb_per_hour", "ragwatch_gpu_memory_growth_gb_per_hour", 1.0),
-    ("tte_h", "ragwatch_gpu_time_to_exhaustion_hours", 1.0),
+    ("gb_per_hour", "ragwatch_gpu_memory_growth_bytes_per_second", GB_PER_HOUR),
+    ("tte_h", "ragwatch_gpu_time_to_exhaustion_seconds", 3600.0),
     ("gpu_util", "ragwatch_gpu_utilization_ratio", 0.01),
 )
 ENGINE_GAUGES = (
-    ("generation_tokens_per_s", "ragwatch_engine_tokens_per_second"),
+    ("generation_tokens_total", "ragwatch_engine_generation_tokens_total"),
     ("tps_forecast", "ragwatch_engine_tokens_per_second_forecast"),
     ("requests_waiting", "ragwatch_engine_requests_waiting"),
     ("kv_cache_usage_ratio", "ragwatch_engine_kv_cache_usage_ratio"),
 )
 SERVICE_GAUGES = (
-    ("rps", "ragwatch_service_requests_per_second"),
+    ("requests_total", "ragwatch_service_requests_total"),
+    ("errors_total", "ragwatch_service_request_errors_total"),
+    ("output_tokens_total", "ragwatch_service_output_tokens_total"),
+    ("rps_forecast", "ragwatch_service_requests_per_second_forecast"),
     ("errors_ratio", "ragwatch_service_errors_ratio"),
     ("tokens_per_request", "ragwatch_service_tokens_per_request"),
     ("tpr_forecast", "ragwatch_service_tokens_per_request_forecast"),
-    ("output_tokens_per_s", "ragwatch_service_tokens_per_second"),
     ("tps_forecast", "ragwatch_service_tokens_per_second_forecast"),
 )
 SERVICE_SCORES = (("tpr_score", "tokens_per_request"), ("tps_score", "tokens_per_second"))
@@ -100,6 +125,7 @@ LATENCY_FAMILIES = {
     "queue": "ragwatch_service_queue_latency_seconds",
     "ttft": "ragwatch_service_ttft_seconds",
 }
+DELIVERY_OUTCOMES = ("delivered", "retried", "failed")
 _QUANTILE = re.compile(r"^(?P<name>[a-z0-9_]+?)_p(?P<q>50|90|95|99)_ms$")
 _BASELINE = re.compile(r"^(?P<name>[a-z0-9_]+)_baseline_ms$")
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
@@ -121,7 +147,7 @@ def alert_labels(alert: Mapping[str, Any]) -> dict[str, str]:
         name = _LABEL_NAME.sub("_", str(k))
         name = "_" + name if name[:1].isdigit() else name
         if name and not name.startswith("__"):
-            out[name] = str(v)
+            out[TARGET_LABELS.get(name, name)] = str(v)
     out["alertname"] = out.get("alertname") or str(alert.get("rule", ""))
     out["severity"] = out.get("severity") or str(alert.get("severity", ""))
     out["alertstate"] = str(alert.get("status", ""))
@@ -132,6 +158,21 @@ class _Families:
     def __init__(self) -> None:
         self.metrics: dict[str, Metric] = {}
 
+    def histogram(self, name: str, labels: dict[str, str], h: Mapping[str, Any]) -> None:
+        """A histogram from cumulative ``latency_buckets`` (one per ``LATENCY_BUCKETS_S``),
+        ``latency_sum`` and ``latency_count`` (streams/notifier/delivery_stats.py)."""
+        counts, total = h.get("latency_buckets"), h.get("latency_count")
+        if not isinstance(counts, list) or len(counts) != len(LATENCY_BUCKETS_S):
+            return
+        m = self.metrics.get(name)
+        if m is None:
+            m = self.metrics[name] = Metric(name, METRICS[name], "histogram")
+        for le, n in zip((*LATENCY_BUCKETS_S, math.inf), (*counts, total), strict=True):
+            bound = "+Inf" if le == math.inf else repr(le)
+            m.add_sample(name + "_bucket", {**labels, "le": bound}, float(n or 0))
+        m.add_sample(name + "_sum", labels, float(h.get("latency_sum") or 0.0))
+        m.add_sample(name + "_count", labels, float(total or 0))
+
     def add(self, name: str, labels: dict[str, str], value: Any, scale: float = 1.0) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return
@@ -139,6 +180,8 @@ class _Families:
         if m is None:
             if name.endswith("_total"):  # a counter: the family is named without _total
                 m = self.metrics[name] = Metric(name[: -len("_total")], METRICS[name], "counter")
+            elif "quantile" in labels:  # quantiles over the worker's window: a summary's
+                m = self.metrics[name] = Metric(name, METRICS[name], "summary")
             else:
                 m = self.metrics[name] = Metric(name, METRICS[name], "gauge")
         m.add_sample(name, labels, float(value) * scale)
@@ -153,7 +196,7 @@ def families(
     f.add("ragwatch_redis_up", {}, 1)
     alerts = [a for a in status.get("alerts") or [] if a.get("status") in ("pending", "firing")]
     for a in alerts:
-        f.add("ALERTS", alert_labels(a), 1)
+        f.add("ragwatch_alerts", alert_labels(a), 1)
     alerted = {
         (lab.get("host"), lab.get("gpu"), lab.get("mig") or "", lab.get("pid"))
         for lab in (a.get("labels") or {} for a in alerts)
@@ -186,11 +229,12 @@ def _host(
     name = str(host.get("host", ""))
     for g in host.get("gpus") or []:
         where = gpu_where(name, g.get("index"), g.get("mig"))
+        pod = {k: str(g[k]) for k in POD_LABELS if g.get(k)}
         for key, metric, scale in GPU_GAUGES:
             value = g.get(key)
             if key == "tte_h" and value is None and g.get("gb_per_hour") is not None:
                 value = math.inf  # not growing: never runs out (JSON has no infinity)
-            f.add(metric, where, value, scale)
+            f.add(metric, {**where, **pod}, value, scale)
         for p in g.get("procs") or []:
             if (where["host"], where["gpu"], where["mig"], str(p.get("pid"))) not in alerted:
                 continue
@@ -199,9 +243,11 @@ def _host(
                 "pid": str(p.get("pid")),
                 "process": str(p.get("name", "")),
                 "container": str(p.get("container", "")),
+                **{k: str(p[k]) for k in ("namespace", "pod") if p.get(k)},
             }
             f.add("ragwatch_process_gpu_memory_bytes", labels, p.get("gpu_mem_bytes"))
-            f.add("ragwatch_process_memory_growth_gb_per_hour", labels, p.get("gb_per_hour"))
+            growth = "ragwatch_process_memory_growth_bytes_per_second"
+            f.add(growth, labels, p.get("gb_per_hour"), GB_PER_HOUR)
             point = points.get(process_series_id(labels))
             if point and len(point) >= 4:
                 f.add("ragwatch_process_leak_score", labels, point[3])
@@ -214,7 +260,7 @@ def _host(
 
 
 def _instance(f: _Families, service: str, inst: Mapping[str, Any]) -> None:
-    labels = {"service": service, "instance": str(inst.get("instance", ""))}
+    labels = {"service": service, "service_instance": str(inst.get("instance", ""))}
     signals: Mapping[str, Any] = inst.get("signals") or {}
     for key, metric in SERVICE_GAUGES:
         f.add(metric, labels, signals.get(key))
@@ -237,6 +283,14 @@ def _notifier(f: _Families, notifier: Mapping[str, Any]) -> None:
     f.add("ragwatch_notifier_outbox_pending", {}, notifier.get("outbox_pending", 0))
     f.add("ragwatch_notifier_dead_letters", {}, notifier.get("dead_letters", 0))
     f.add("ragwatch_notifier_last_seen_timestamp_seconds", {}, notifier.get("seen"))
+    deliveries = (notifier.get("counters") or {}).get("deliveries") or {}
+    for receiver, d in sorted(deliveries.items()):
+        if not isinstance(d, Mapping):
+            continue
+        for outcome in DELIVERY_OUTCOMES:
+            labels = {"receiver": str(receiver), "outcome": outcome}
+            f.add("ragwatch_notifier_notifications_total", labels, d.get(outcome))
+        f.histogram("ragwatch_notifier_delivery_latency_seconds", {"receiver": str(receiver)}, d)
 
 
 class RedisCollector(Collector):

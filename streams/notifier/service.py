@@ -41,6 +41,7 @@ from ragwatch.schema import Alert
 from ragwatch.silences import Silence, decode_all
 from ragwatch.store import Keys, async_client
 from ragwatch.streams.notifier.alertmanager import AlertmanagerForwarder, decode_active
+from ragwatch.streams.notifier.delivery_stats import ReceiverStats
 from ragwatch.streams.notifier.grouping import Grouper
 from ragwatch.streams.notifier.notification import Delivered, Failed, Retry, Sender
 from ragwatch.streams.notifier.outbox import Entry, Outbox
@@ -141,6 +142,7 @@ class Notifier:
         self._wall = clock
         self.keys = Keys(settings.redis_prefix)
         self.counters = NotifierCounters()
+        self.deliveries: dict[str, ReceiverStats] = {}  # receiver -> outcomes, latency
         self.grouper = Grouper(config, external_url=settings.external_url)
         self.clock = EventClock()
         self.silences: list[Silence] = []
@@ -341,24 +343,29 @@ class Notifier:
                 self.counters.dead += 1
             return
         outcomes = await sender.send([e.notification for e in entries])
+        stats = self.deliveries.setdefault(name, ReceiverStats())
         for e, outcome in zip(entries, outcomes, strict=True):
             try:
                 if isinstance(outcome, Delivered):
                     await self.outbox.delivered(e)
                     self.counters.delivered += 1
+                    stats.delivered_after(self._wall() - e.first_at)
                     log.info("notify: delivered %s to %s", e.notification.status, name)
                 elif isinstance(outcome, Retry):
                     if await self.outbox.retry(e, outcome.reason, outcome.after_s):
                         self.counters.retried += 1
+                        stats.retried += 1
                         log.info("notify: %s will retry (%s)", name, outcome.reason)
                     else:
                         self.counters.dead += 1
+                        stats.failed += 1
                         log.error(
                             "notify: %s gave up on %s: %s", name, e.notification.key, outcome.reason
                         )
                 elif isinstance(outcome, Failed):
                     await self.outbox.dead(e, outcome.reason)
                     self.counters.dead += 1
+                    stats.failed += 1
                     log.error("notify: %s refused %s: %s", name, e.notification.key, outcome.reason)
             except RedisError as exc:
                 self._redis_failed("record a delivery", exc)
@@ -419,6 +426,7 @@ class Notifier:
             **{f"groups_{k}": v for k, v in asdict(self.grouper.stats).items()},
             "groups": len(self.grouper.groups),
             "receivers": {n: asdict(s.stats) for n, s in self._senders.items()},
+            "deliveries": {n: asdict(s) for n, s in self.deliveries.items()},
         }
         try:
             await self._redis.hset(

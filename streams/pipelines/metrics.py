@@ -324,10 +324,13 @@ class MetricsPipeline:
 
     def _signals(self, s: EngineSeries, ts: float) -> dict[str, float | None]:
         rates: dict[str, float] = {}
+        generated = 0.0  # the engine's tokens so far, resets accounted for (a counter)
         for (name, _), c in s.counters.items():
             r = c.rate()
             if r is not None:
                 rates[name] = rates.get(name, 0.0) + r
+            if name == "ragwatch_generation_tokens_total":
+                generated += c.total
         gauges: dict[str, float] = {}
         for (name, _), v in s.gauges.items():
             combine = max if name.endswith("_ratio") else float.__add__
@@ -345,6 +348,7 @@ class MetricsPipeline:
             "requests_per_s": requests,
             "errors_ratio": ratio(failed, requests) if requests is not None else None,
             "generation_tokens_per_s": tokens,
+            "generation_tokens_total": generated,
             "prompt_tokens_per_s": rates.get("ragwatch_prompt_tokens_total"),
             "tokens_per_request": ratio(tokens, requests),
             "preemptions_per_s": rates.get("ragwatch_preemptions_total"),

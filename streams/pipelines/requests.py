@@ -273,6 +273,8 @@ class ServiceSeries:
     # sends in order, several processes of one instance interleave
     last_envelope_ts: dict[int | None, float] = field(default_factory=dict)
     requests_total: int = 0
+    errors_total: int = 0  # failed requests (counters: /metrics exports them as _total)
+    output_tokens_total: float = 0.0
     error_base: float = ERROR_PRIOR  # the usual share of failed requests (slow average)
     novel_score: float = 0.0  # novel records, decaying by NOVEL_DECAY per bucket
     token_cv2: float = TOKEN_CV2
@@ -624,11 +626,17 @@ class RequestPipeline:
         end = (b + 1) * self.bucket_s
         counts = bucket.counts()
         s.requests_total += counts.n + counts.clustered
+        s.errors_total += counts.errors
+        s.output_tokens_total += counts.tokens
         f = s.rps.forecast(end - self.bucket_s / 2)  # before the bucket is learnt
         expected = math.exp(f.mean) * self.bucket_s if f is not None else None
         s.counts.push(end, counts, expected)
         s.tail.push(end, {name: r.values for name, r in bucket.latencies.items()})
-        sig: dict[str, float | None] = {"requests_total": float(s.requests_total)}
+        sig: dict[str, float | None] = {
+            "requests_total": float(s.requests_total),
+            "errors_total": float(s.errors_total),
+            "output_tokens_total": s.output_tokens_total,
+        }
         self._traffic(s, end, counts, expected, sig)
         tail_signals(s.tail, end, sig)
         self._latency(s, end, sig)

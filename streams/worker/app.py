@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -244,7 +243,8 @@ class Delivery(mode.Service):
 
 def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
     """A configured Faust app with the GPU processor registered."""
-    worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    # stable across restarts: a restarted worker carries on its own status and series
+    worker_id = worker_id or settings.worker_id or socket.gethostname()
     app = RagwatchApp(
         settings.app_id,
         fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import orjson
@@ -33,6 +33,7 @@ from ragwatch.schema import (
 from ragwatch.silences import Silence
 from ragwatch.store import Keys, RedisState
 from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.notifier.delivery_stats import ReceiverStats
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 
@@ -147,6 +148,15 @@ def pending_throughput_drop(leak: Alert) -> Alert:
     )
 
 
+def slack_deliveries() -> ReceiverStats:
+    """What the notifier counted for its Slack receiver: 3 delivered (one 2 minutes late,
+    after retries), 2 retried, 1 failed."""
+    stats = ReceiverStats(retried=2, failed=1)
+    for seconds in (0.4, 0.9, 120.0):
+        stats.delivered_after(seconds)
+    return stats
+
+
 def write_fleet(url: str, prefix: str, now: float | None = None) -> Fleet:
     run = simulate()
     leak = next(t.alert for t in run.transitions if t.alert.status == "firing")
@@ -177,7 +187,11 @@ def write_fleet(url: str, prefix: str, now: float | None = None) -> Fleet:
             keys.notifier,
             mapping={
                 "counters": orjson.dumps(
-                    {"groups": 2, "receivers": {"slack": {"sent": 3, "failed": 1}}}
+                    {
+                        "groups": 2,
+                        "receivers": {"slack": {"sent": 3, "failed": 1}},
+                        "deliveries": {"slack": asdict(slack_deliveries())},
+                    }
                 ),
                 "seen": orjson.dumps(now - 5),
             },

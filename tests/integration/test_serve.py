@@ -39,6 +39,7 @@ from ragwatch.streams.notifier.slack import alert_url
 from ragwatch.streams.notifier.webhook import alertmanager_payload
 from tests.integration.conftest import Proc, clean_environ, run_ragwatch, wait_until
 from tests.integration.fleet_data import HOSTILE, Fleet, write_fleet
+from tests.prometheus_tools import prometheus_binary, promtool
 
 TOKEN = "tok-" + uuid.uuid4().hex
 ENDPOINTS = (
@@ -291,7 +292,7 @@ def test_metrics_parse_and_agree_with_status(served: Served) -> None:
         return (labels["alertname"], labels["host"], labels["gpu"], labels["pid"])
 
     firing_metrics = {
-        key(s.labels) for s in metrics["ALERTS"] if s.labels["alertstate"] == "firing"
+        key(s.labels) for s in metrics["ragwatch_alerts"] if s.labels["alertstate"] == "firing"
     }
     api = get(served.url + "/api/v1/status").json()
     cli = json.loads(run_ragwatch("status", "--json", env=served.env).stdout)
@@ -299,28 +300,30 @@ def test_metrics_parse_and_agree_with_status(served: Served) -> None:
         firing = {key(a["labels"]) for a in status["alerts"] if a["status"] == "firing"}
         assert firing == firing_metrics
     assert ("GpuMemoryLeak", "gpu-node-01", "1", "4011") in firing_metrics
-    pending = [s.labels for s in metrics["ALERTS"] if s.labels["alertstate"] == "pending"]
-    assert [(p["alertname"], p["instance"]) for p in pending] == [("ThroughputDrop", "rag-api-1")]
+    pending = [s.labels for s in metrics["ragwatch_alerts"] if s.labels["alertstate"] == "pending"]
+    assert [(p["alertname"], p["service_instance"]) for p in pending] == [
+        ("ThroughputDrop", "rag-api-1")
+    ]
     # Label values round-trip exactly through the exposition's escaping.
-    processes = {s.labels["process"] for s in metrics["ALERTS"] if "process" in s.labels}
+    processes = {s.labels["process"] for s in metrics["ragwatch_alerts"] if "process" in s.labels}
     assert HOSTILE in processes
 
     gpus = {(s.labels["host"], s.labels["gpu"]): s.value
-            for s in metrics["ragwatch_gpu_memory_growth_gb_per_hour"]}  # fmt: skip
-    assert len(gpus) == 4 and gpus[("gpu-node-01", "1")] > 0.8
+            for s in metrics["ragwatch_gpu_memory_growth_bytes_per_second"]}  # fmt: skip
+    assert len(gpus) == 4 and gpus[("gpu-node-01", "1")] > 0.8e9 / 3600  # > 0.8 GB/h
     assert len(metrics["ragwatch_gpu_memory_used_bytes"]) == 4
     assert 0 < metrics["ragwatch_gpu_utilization_ratio"][0].value <= 1
     tte = {(s.labels["host"], s.labels["gpu"]): s.value
-           for s in metrics["ragwatch_gpu_time_to_exhaustion_hours"]}  # fmt: skip
-    assert 5 < tte[("gpu-node-01", "1")] < 20
+           for s in metrics["ragwatch_gpu_time_to_exhaustion_seconds"]}  # fmt: skip
+    assert 5 * 3600 < tte[("gpu-node-01", "1")] < 20 * 3600
 
     # Per-pid series only for the alerted process that the host snapshot knows.
     pids = {s.labels.get("pid") for samples in metrics.values() for s in samples} - {None}
-    assert pids == {"4011", "6666"}  # 6666: only in ALERTS (no such process reported)
+    assert pids == {"4011", "6666"}  # 6666: only in ragwatch_alerts (no such process reported)
     (score,) = metrics["ragwatch_process_leak_score"]
     assert score.labels["pid"] == "4011" and score.value > 0.3
 
-    stages = {(s.labels["instance"], s.labels["stage"], s.labels["quantile"])
+    stages = {(s.labels["service_instance"], s.labels["stage"], s.labels["quantile"])
               for s in metrics["ragwatch_service_stage_latency_seconds"]}  # fmt: skip
     assert ("rag-api-0", "retriever", "0.95") in stages and ("rag-api-1", "llm", "0.99") in stages
     assert {s.labels["signal"] for s in metrics["ragwatch_service_anomaly_score"]} == {
@@ -330,10 +333,16 @@ def test_metrics_parse_and_agree_with_status(served: Served) -> None:
     for name in (
         "ragwatch_service_tokens_per_request",
         "ragwatch_service_tokens_per_request_forecast",
-        "ragwatch_service_tokens_per_second",
-        "ragwatch_engine_tokens_per_second",
+        "ragwatch_service_tokens_per_second_forecast",
+        "ragwatch_service_requests",  # counters: the family is named without _total
+        "ragwatch_service_output_tokens",
+        "ragwatch_engine_generation_tokens",
     ):
         assert metrics[name] and all(s.value > 0 for s in metrics[name]), name
+    outcomes = {s.labels["outcome"]: s.value for s in metrics["ragwatch_notifier_notifications"]}
+    assert outcomes == {"delivered": 3, "retried": 2, "failed": 1}
+    latency = metrics["ragwatch_notifier_delivery_latency_seconds"]
+    assert [s.value for s in latency if s.labels.get("le") in ("1.0", "60.0", "300.0")] == [2, 2, 3]
     assert metrics["ragwatch_notifier_outbox_pending"][0].value == 2
     assert metrics["ragwatch_notifier_dead_letters"][0].value == 1
     # worker counters are Prometheus counters: family without _total, samples with it
@@ -596,3 +605,74 @@ def test_open_server_redis_down_port_taken_and_sigterm(
     for text in (health.body, status.body, metrics.encode(), proc.output().encode()):
         assert b"pw-s3cret" not in text
     assert proc.stop(signal.SIGINT, timeout=10) == 0
+
+
+def test_promtool_check_metrics_is_clean_on_a_scrape(served: Served) -> None:
+    """Prometheus' own linter on what ``/metrics`` serves: names, base units, counter
+    suffixes, help texts (docs/console.md)."""
+    body = get(served.url + "/metrics").body
+    out = subprocess.run([promtool(), "check", "metrics"], input=body, capture_output=True)
+    assert (out.returncode, out.stdout + out.stderr) == (0, b"")
+
+
+def test_a_real_prometheus_scraping_serve_answers_every_dashboard_query(
+    served: Served, tmp_path: Path
+) -> None:
+    """Prometheus (Debian's 2.42) scrapes ``/metrics`` with the bearer token as the scrape
+    config in docs/operations.md says; every query of deploy/grafana/ragwatch.json, its
+    variables at their defaults, is valid PromQL and returns series."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: ragwatch\n"
+        f"    authorization: {{credentials_file: {token}}}\n"
+        f"    static_configs: [{{targets: ['{served.url.removeprefix('http://')}']}}]\n"
+    )
+    prom = subprocess.Popen(
+        [
+            prometheus_binary("prometheus"),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    api = f"http://127.0.0.1:{port}/api/v1/query?query="
+
+    def query(expr: str) -> list[Any]:
+        with urllib.request.urlopen(api + quote(expr), timeout=10) as resp:
+            body = json.loads(resp.read())
+        assert body["status"] == "success", (expr, body)
+        return list(body["data"]["result"])
+
+    def scraped() -> bool:
+        assert prom.poll() is None, prom.stderr.read() if prom.stderr else ""
+        try:  # rate() needs two samples of each counter
+            return len(query('ragwatch_redis_up{job="ragwatch"}[1m]')[0]["values"]) >= 3
+        except (OSError, IndexError):
+            return False
+
+    try:
+        wait_until(scraped, 30, "Prometheus never scraped ragwatch serve")
+        dash = json.loads((Path(__file__).parents[2] / "deploy/grafana/ragwatch.json").read_text())
+        defaults = {"$job": "ragwatch", "$host": ".*", "$service": ".*"}
+        exprs = [t["expr"] for p in _panels(dash) for t in p.get("targets", [])]
+        assert len(exprs) >= 25
+        for expr in exprs:
+            for var, value in defaults.items():
+                expr = expr.replace(var, value)
+            assert query(expr), f"no series for {expr}"
+    finally:
+        prom.terminate()
+        prom.wait(timeout=10)
+
+
+def _panels(node: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in node.get("panels", []):
+        out += [p, *_panels(p)]
+    return out

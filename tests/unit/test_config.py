@@ -121,6 +121,7 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_TOPIC_PARTITIONS", "12", "topic_partitions", 12),
     ("RAGWATCH_TOPIC_PARTITIONS", " 3 ", "topic_partitions", 3),
     ("RAGWATCH_APP_ID", "ragwatch-eu", "app_id", "ragwatch-eu"),
+    ("RAGWATCH_WORKER_ID", "worker-eu-1", "worker_id", "worker-eu-1"),
     (
         "RAGWATCH_REDIS_URL",
         "rediss://cache.internal:6380/2",

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+import subprocess
+from dataclasses import asdict
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ragwatch.console.exporter import METRIC_NAMES, families
+from ragwatch.streams.notifier.delivery_stats import ReceiverStats
+from tests.prometheus_tools import promtool
 
 
 class Static(Collector):
@@ -42,14 +47,16 @@ STATUS: dict[str, Any] = {
                 {"index": 1, "mig": None, "fb_used_bytes": 5e9, "procs": [proc(12, "c")]},
             ],
             "engines": [{"target": "http://e:8000/metrics",
-                         "signals": {"generation_tokens_per_s": 900.0, "tps_score": 0.2}}],
+                         "signals": {"generation_tokens_per_s": 900.0, "tps_score": 0.2,
+                                     "generation_tokens_total": 7.2e6}}],
         }
     ],
     "services": [
         {"service": "rag", "instances": [{"instance": "i0", "signals": {
             "retriever_p95_ms": 100.0, "e2e_p99_ms": 900.0, "queue_p95_ms": 5.0,
             "ttft_p95_ms": 300.0, "retriever_p99_baseline_ms": 110.0, "tpr_score": 0.7,
-            "tokens_per_request": None}}]},
+            "tokens_per_request": None, "requests_total": 1200.0, "errors_total": 3.0,
+            "output_tokens_total": 2.4e5, "rps_forecast": 2.0}}]},
     ],
     "alerts": [
         {"rule": "GpuMemoryLeak", "severity": "critical", "status": "firing",
@@ -66,7 +73,7 @@ STATUS: dict[str, Any] = {
 def test_every_family_is_declared_and_alerts_follow_prometheus() -> None:
     m = scrape(STATUS, {"process:h1:0:1g.10gb:11:gpu_mem": [0.0, 1e9, None, 0.8]})
     assert set(m) <= METRIC_NAMES
-    (alert,) = m["ALERTS"]  # the resolved one is not active
+    (alert,) = m["ragwatch_alerts"]  # the resolved one is not active
     assert alert.value == 1
     assert alert.labels["alertstate"] == "firing" and alert.labels["severity"] == "critical"
     assert alert.labels["process"] == 'x"\\\n'  # escaped on the wire, intact after parsing
@@ -88,10 +95,12 @@ def test_gpu_engine_service_and_notifier_values() -> None:
     }
     assert used == {("0", "1g.10gb"): 5e9, ("1", ""): 5e9}
     # not growing: never runs out (+Inf); GPU 1 has no estimate yet: no sample
-    (tte,) = m["ragwatch_gpu_time_to_exhaustion_hours"]
+    (tte,) = m["ragwatch_gpu_time_to_exhaustion_seconds"]
     assert tte.labels["gpu"] == "0" and math.isinf(tte.value)
     assert m["ragwatch_gpu_utilization_ratio"][0].value == 0.4
-    assert m["ragwatch_engine_tokens_per_second"][0].labels["target"] == "http://e:8000/metrics"
+    (tokens,) = m["ragwatch_engine_generation_tokens"]  # a counter: the family has no _total
+    assert (tokens.name, tokens.value) == ("ragwatch_engine_generation_tokens_total", 7.2e6)
+    assert tokens.labels["target"] == "http://e:8000/metrics"
     assert m["ragwatch_engine_anomaly_score"][0].value == 0.2
     (stage,) = m["ragwatch_service_stage_latency_seconds"]
     assert (stage.labels["stage"], stage.labels["quantile"], stage.value) == (
@@ -128,3 +137,89 @@ def test_flapping_alerts_are_counters_per_alert() -> None:
     (sample,) = got["ragwatch_alert_flaps"]
     assert sample.name == "ragwatch_alert_flaps_total" and sample.value == 3.0
     assert sample.labels == {"alertname": "RetrievalSlowdown", "fingerprint": "abc"}
+
+
+def test_base_units_counters_and_no_target_label_collisions() -> None:
+    status = {
+        "hosts": [{"host": "h1", "gpus": [{"index": 0, "gb_per_hour": 1.8, "tte_h": 2.0}]}],
+        "services": STATUS["services"],
+        "alerts": [
+            {"rule": "RetrievalSlowdown", "severity": "warning", "status": "firing",
+             "labels": {"service": "rag", "instance": "i0", "job": "batch"}},
+        ],
+    }  # fmt: skip
+    m = scrape(status)
+    (growth,) = m["ragwatch_gpu_memory_growth_bytes_per_second"]
+    assert growth.value == pytest.approx(5e5)  # 1.8 GB/h = 500 kB/s
+    assert m["ragwatch_gpu_time_to_exhaustion_seconds"][0].value == 7200.0
+    requests = {s.name: s.value for fam in ("requests", "request_errors", "output_tokens")
+                for s in m[f"ragwatch_service_{fam}"]}  # fmt: skip
+    assert requests == {
+        "ragwatch_service_requests_total": 1200.0,
+        "ragwatch_service_request_errors_total": 3.0,
+        "ragwatch_service_output_tokens_total": 2.4e5,
+    }
+    assert m["ragwatch_service_requests_per_second_forecast"][0].value == 2.0
+    names = {k for samples in m.values() for s in samples for k in s.labels}
+    assert "instance" not in names and "job" not in names  # Prometheus' own target labels
+    (alert,) = m["ragwatch_alerts"]
+    assert (alert.labels["service_instance"], alert.labels["exported_job"]) == ("i0", "batch")
+    assert {s.labels["service_instance"] for s in m["ragwatch_service_requests"]} == {"i0"}
+
+
+def test_notifier_outcomes_and_delivery_latency_per_receiver() -> None:
+    stats = ReceiverStats(retried=4, failed=1)
+    for seconds in (0.2, 0.7, 40.0):
+        stats.delivered_after(seconds)
+    notifier = {"outbox_pending": 0, "dead_letters": 1, "seen": 1.0,
+                "counters": {"deliveries": {"oncall": asdict(stats)}}}  # fmt: skip
+    m = scrape({"notifier": notifier})
+    outcomes = {s.labels["outcome"]: s.value for s in m["ragwatch_notifier_notifications"]}
+    assert outcomes == {"delivered": 3, "retried": 4, "failed": 1}
+    latency = m["ragwatch_notifier_delivery_latency_seconds"]
+    buckets = {s.labels["le"]: s.value for s in latency if s.name.endswith("_bucket")}
+    assert (buckets["0.5"], buckets["1.0"], buckets["30.0"], buckets["60.0"]) == (1, 2, 2, 3)
+    assert buckets["+Inf"] == 3
+    (total,) = (s.value for s in latency if s.name.endswith("_sum"))
+    assert total == pytest.approx(40.9)
+    assert {s.labels["receiver"] for s in latency} == {"oncall"}
+
+
+def test_gpu_and_process_series_carry_their_pod() -> None:
+    pod = {"namespace": "rag-prod", "pod": "retriever-7d9f", "container": "worker"}
+    p = {**proc(11, "b"), "container": "worker", "namespace": "rag-prod", "pod": "retriever-7d9f"}
+    status = {
+        "hosts": [{"host": "h1", "gpus": [{"index": 0, "mig": None, "fb_used_bytes": 5e9,
+                                           **pod, "procs": [p]}]}],
+        "alerts": [{"rule": "GpuMemoryLeak", "severity": "critical", "status": "firing",
+                    "labels": {"host": "h1", "gpu": "0", "pid": "11", **pod}}],
+    }  # fmt: skip
+    m = scrape(status)
+    (used,) = m["ragwatch_gpu_memory_used_bytes"]
+    assert {k: used.labels[k] for k in pod} == pod
+    (mem,) = m["ragwatch_process_gpu_memory_bytes"]
+    assert {k: mem.labels[k] for k in pod} == pod
+    assert {k: m["ragwatch_alerts"][0].labels[k] for k in pod} == pod
+
+
+def test_promtool_finds_nothing_to_say_about_the_exposition() -> None:
+    """``promtool check metrics`` (Prometheus' own linter: names, units, counter suffixes,
+    help) on a scrape holding every family."""
+    stats = ReceiverStats()
+    stats.delivered_after(1.0)
+    notifier = {**STATUS["notifier"], "counters": {"deliveries": {"oncall": asdict(stats)}}}
+    status = {
+        **STATUS,
+        "notifier": notifier,
+        "flaps": [{"rule": "R", "fingerprint": "f", "count": 1}],
+    }
+    status["workers"] = {"w1": {"seen": 2.0, "messages": 5, "deadletter": 0}}
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Static(status, {"process:h1:0:1g.10gb:11:gpu_mem": [0.0, 1e9, None, 0.8]}))
+    text = generate_latest(registry)
+    exported = {f.name for f in text_string_to_metric_families(text.decode())}
+    assert len(exported) >= 30, exported
+    out = subprocess.run(
+        [promtool(), "check", "metrics"], input=text, capture_output=True, timeout=30
+    )
+    assert (out.returncode, out.stdout + out.stderr) == (0, b"")

@@ -16,7 +16,7 @@ KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "boo
             "or", "unless", "offset", "inf", "nan"}  # fmt: skip
 RUNBOOK_PANELS = (
     "GPU memory used",
-    "GPU memory growth (GB/h)",
+    "GPU memory growth",
     "Token throughput ratio (actual / forecast)",
     "Stage latency breakdown (P95)",
     "Alert timeline",
@@ -67,7 +67,7 @@ def test_every_query_uses_only_exported_metrics(title: str, expr: str) -> None:
 def test_variables_use_exported_metrics_and_panels_the_prometheus_datasource() -> None:
     for var in DASH["templating"]["list"]:
         if var["type"] == "query":
-            (metric,) = re.findall(r"label_values\((\w+),", var["definition"])
+            (metric,) = re.findall(r"label_values\((\w+)(?:\{[^}]*\})?,", var["definition"])
             assert metric in METRIC_NAMES
     for p in panels(DASH):
         if p["type"] != "row":
@@ -82,3 +82,38 @@ def test_the_runbook_panels_are_there_and_ids_are_unique() -> None:
     ids = [p["id"] for p in panels(DASH)]
     assert len(ids) == len(set(ids))
     assert DASH["uid"] == "ragwatch" and DASH["schemaVersion"] >= 36
+
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric, its label matchers) of each metric selector in a PromQL expression."""
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    return re.findall(r"\b(ragwatch_[a-z0-9_]+)(\{[^}]*\})?", expr)
+
+
+@pytest.mark.parametrize(("title", "expr"), TARGETS)
+def test_every_query_is_scoped_to_ragwatchs_job(title: str, expr: str) -> None:
+    """Prometheus' own ALERTS, or another job's series of the same name, stay out."""
+    found = selectors(expr)
+    assert found, f"{title}: no ragwatch metric in {expr!r}"
+    for metric, labels in found:
+        assert 'job=~"$job"' in labels, f"{title}: {metric} is not scoped to $job"
+    assert "ALERTS" not in metric_names(expr)
+
+
+def test_one_unit_per_axis() -> None:
+    """Each graph declares one unit and no series overrides it ("Requests/s and errors"
+    once drew a ratio on a requests/s axis)."""
+    for p in panels(DASH):
+        if p["type"] not in ("timeseries", "bargauge"):
+            continue
+        unit = p["fieldConfig"]["defaults"].get("unit")
+        assert unit, p["title"]
+        for o in p["fieldConfig"]["overrides"]:
+            props = {prop["id"] for prop in o["properties"]}
+            assert "unit" not in props, p["title"]
+            assert "custom.axisPlacement" not in props, p["title"]  # a second axis
+
+
+def test_the_job_variable_defaults_to_ragwatch() -> None:
+    (job,) = (v for v in DASH["templating"]["list"] if v["name"] == "job")
+    assert job["current"]["value"] == "ragwatch" and job["definition"].startswith("label_values(")

@@ -20,3 +20,16 @@ async def test_the_worker_consumer_waits_at_most_the_configured_fetch_wait(tmp_p
         finally:
             await consumer.stop()
             thread.thread_loop.close()  # the consumer thread's own loop, never started here
+
+
+def test_a_worker_is_named_by_its_host_or_ragwatch_worker_id_not_its_pid(tmp_path: Path) -> None:
+    """The ``worker`` label of /metrics stays the same across restarts."""
+    import socket
+
+    from ragwatch.streams.worker.app import Delivery
+
+    base = {"RAGWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1", "RAGWATCH_STATE_DIR": str(tmp_path)}
+    for env, name in ((base, socket.gethostname()), ({**base, "RAGWATCH_WORKER_ID": "w-2"}, "w-2")):
+        app = build_app(Settings.from_env(env))
+        (delivery,) = (s for s in app._extra_services if isinstance(s, Delivery))
+        assert delivery.worker_id == name
