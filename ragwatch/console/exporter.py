@@ -75,6 +75,10 @@ METRICS: dict[str, str] = {
     "started, by receiver and outcome (delivered, retried, failed)",
     "ragwatch_notifier_delivery_latency_seconds": "Seconds from a notification's entering "
     "the outbox to its delivery",
+    "ragwatch_notifier_alertmanager_posts_total": "Posts to Alertmanager's /api/v2/alerts "
+    "(RAGWATCH_ALERTMANAGER_URLS) since the notifier started, by outcome (ok, failed)",
+    "ragwatch_notifier_alertmanager_alerts_sent_total": "Alerts Alertmanager accepted from "
+    "the notifier (resends included)",
     "ragwatch_silences": "Silences that are not expired, by state (active, pending)",
     "ragwatch_worker_last_seen_timestamp_seconds": "Wall time a worker last wrote its status",
     "ragwatch_worker_messages_total": "Messages a worker consumed since it started",
@@ -283,7 +287,15 @@ def _notifier(f: _Families, notifier: Mapping[str, Any]) -> None:
     f.add("ragwatch_notifier_outbox_pending", {}, notifier.get("outbox_pending", 0))
     f.add("ragwatch_notifier_dead_letters", {}, notifier.get("dead_letters", 0))
     f.add("ragwatch_notifier_last_seen_timestamp_seconds", {}, notifier.get("seen"))
-    deliveries = (notifier.get("counters") or {}).get("deliveries") or {}
+    counters = notifier.get("counters") or {}
+    forward = counters.get("alertmanager")
+    if isinstance(forward, Mapping):
+        posts, failed = forward.get("posts") or 0, forward.get("failures") or 0
+        family = "ragwatch_notifier_alertmanager_posts_total"
+        f.add(family, {"outcome": "ok"}, posts - failed)
+        f.add(family, {"outcome": "failed"}, failed)
+        f.add("ragwatch_notifier_alertmanager_alerts_sent_total", {}, forward.get("alerts_sent"))
+    deliveries = counters.get("deliveries") or {}
     for receiver, d in sorted(deliveries.items()):
         if not isinstance(d, Mapping):
             continue

@@ -428,6 +428,8 @@ class Notifier:
             "receivers": {n: asdict(s.stats) for n, s in self._senders.items()},
             "deliveries": {n: asdict(s) for n, s in self.deliveries.items()},
         }
+        if self.forward is not None:
+            stats["alertmanager"] = asdict(self.forward.stats)
         try:
             await self._redis.hset(
                 self.keys.notifier,

@@ -180,6 +180,12 @@ def test_notifier_outcomes_and_delivery_latency_per_receiver() -> None:
     buckets = {s.labels["le"]: s.value for s in latency if s.name.endswith("_bucket")}
     assert (buckets["0.5"], buckets["1.0"], buckets["30.0"], buckets["60.0"]) == (1, 2, 2, 3)
     assert buckets["+Inf"] == 3
+    forward = {"posts": 10, "failures": 2, "alerts_sent": 30}
+    notifier["counters"]["alertmanager"] = forward  # type: ignore[index]
+    m = scrape({"notifier": notifier})
+    posts = {s.labels["outcome"]: s.value for s in m["ragwatch_notifier_alertmanager_posts"]}
+    assert posts == {"ok": 8, "failed": 2}
+    assert m["ragwatch_notifier_alertmanager_alerts_sent"][0].value == 30
     (total,) = (s.value for s in latency if s.name.endswith("_sum"))
     assert total == pytest.approx(40.9)
     assert {s.labels["receiver"] for s in latency} == {"oncall"}
@@ -207,7 +213,9 @@ def test_promtool_finds_nothing_to_say_about_the_exposition() -> None:
     help) on a scrape holding every family."""
     stats = ReceiverStats()
     stats.delivered_after(1.0)
-    notifier = {**STATUS["notifier"], "counters": {"deliveries": {"oncall": asdict(stats)}}}
+    forward = {"posts": 3, "failures": 1, "alerts_sent": 2}
+    counters = {"deliveries": {"oncall": asdict(stats)}, "alertmanager": forward}
+    notifier = {**STATUS["notifier"], "counters": counters}
     status = {
         **STATUS,
         "notifier": notifier,
