@@ -35,6 +35,11 @@ are listed only on instances, so none is counted twice.
 NVML reports host pids: run the agent in the host PID namespace (``--pid=host``,
 ``hostPID: true``) with the host's ``/proc`` visible, or every process looks ``dead``.
 
+Kubernetes: given ``pods`` (a kubelet PodResources client,
+:class:`~ragwatch.agents.podresources.PodResources`), GPU, MIG and process samples get
+``namespace``/``pod``/``container`` by the rules of :mod:`ragwatch.agents.podmap`; pod
+processes that cannot be told apart are counted in ``stats.pod_unresolved``.
+
 >>> cuda_version_string(12040)
 '12.4'
 """
@@ -49,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragwatch.agents import podmap
 from ragwatch.agents.procinfo import ProcessTable, ProcInfo
 from ragwatch.errors import ConfigError
 from ragwatch.schema import EventEnvelope, GpuEnvelope, GpuSample, ProcessSample
@@ -100,12 +106,14 @@ def _address(handle: Any) -> int | None:
 
 @dataclass
 class NvmlStats:
-    """Counters of one source: ticks sampled, NVML errors, events, unknown process memory."""
+    """Counters of one source: ticks sampled, NVML errors, events, unknown process memory,
+    pod processes left without pod labels."""
 
     ticks: int = 0
     errors: int = 0
     events: int = 0
     unknown_gpu_mem: int = 0
+    pod_unresolved: int = 0
 
 
 @dataclass
@@ -145,12 +153,14 @@ class NvmlSource:
         nvml: Any = None,
         proc: ProcInfo | None = None,
         clock: Callable[[], float] = time.time,
+        pods: podmap.HolderSource | None = None,
     ) -> None:
         if not host:
             raise ValueError("host must not be empty")
         self.host = host
         self._nvml = nvml
         self._table = ProcessTable(proc or ProcInfo(), self._process_name)
+        self._pods = pods
         self._clock = clock
         self.stats = NvmlStats()
         self.versions: dict[str, str | None] = {}
@@ -189,12 +199,16 @@ class NvmlSource:
         self._gpus = [_Gpu(i) for i in range(count)]
         for gpu in self._gpus:
             self._load(gpu)
+        if self._pods is not None:
+            self._pods.open()
 
     def close(self) -> None:
         """Free the event set and shut NVML down; safe to call twice."""
         if not self._open:
             return
         self._open = False
+        if self._pods is not None:
+            self._pods.close()
         if self._evset is not None:
             try:
                 self._nvml.nvmlEventSetFree(self._evset)
@@ -370,6 +384,10 @@ class NvmlSource:
         samples: list[GpuSample] = []
         for gpu in self._gpus:
             samples += self._sample_gpu(gpu, ts, events)
+        holders = {} if self._pods is None else self._pods.holders()
+        if holders:
+            samples, unresolved = podmap.attribute(samples, holders, self._table.pod_uid)
+            self.stats.pod_unresolved += unresolved
         self.stats.events += len(events)
         return GpuEnvelope(self.host, ts, tuple(samples)), events
 

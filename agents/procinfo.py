@@ -13,17 +13,27 @@ the 12 hex characters ``docker ps`` shows. Recognised layouts: docker
 and podman (``libpod-<id>.scope``; its ``libpod-conmon-`` monitor is not a container).
 A private cgroup namespace shows only ``0::/``; the id cannot be known then.
 
+The Kubernetes pod UID is read from the same file (:func:`pod_uid_from_cgroup`): the
+``pod<uid>`` segment of the cgroupfs driver (``/kubepods/burstable/pod<uid>/<id>``) or
+of the systemd driver (``kubepods-burstable-pod<uid_with_underscores>.slice``). A reader
+in a private cgroup namespace (a pod's, on cgroup v2) sees other pods' paths relative to
+its own (``/../../pod<uid>/<id>``); those count too. No ``pod`` segment, no pod: a host
+process, even in a container of its own.
+
 >>> import os
 >>> info = ProcInfo()
 >>> info.exists(os.getpid()), info.rss_bytes(os.getpid()) > 0
 (True, True)
 >>> container_id_from_cgroup("0::/system.slice/docker-" + "ab" * 32 + ".scope")
 'abababababab'
+>>> pod_uid_from_cgroup("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort"
+...                     "-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/cri-containerd-x.scope")
+'0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b'
 
 :class:`ProcessTable` turns NVML's ``(pid, used memory)`` pairs into
-:class:`~ragwatch.schema.ProcessSample` records: name and container are read once per
-pid and cached until the pid leaves its GPU; RSS is read every tick; a pid with no
-``/proc`` entry is ``dead``. It also remembers which pids each GPU listed, to report
+:class:`~ragwatch.schema.ProcessSample` records: name, container id and pod UID are read
+once per pid and cached until the pid leaves its GPU; RSS is read every tick; a pid with
+no ``/proc`` entry is ``dead``. It also remembers which pids each GPU listed, to report
 the ones that left.
 
 >>> table = ProcessTable(info)
@@ -38,6 +48,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ragwatch.schema import ProcessSample
@@ -46,6 +57,14 @@ from ragwatch.schema import ProcessSample
 # a systemd ".scope" suffix.
 _CONTAINER_SEGMENT = re.compile(
     r"^(?:docker-|cri-containerd-|crio-|libpod-|containerd-)?([0-9a-f]{64})(?:\.scope)?$"
+)
+# A pod's cgroup: ``pod<uid>`` (cgroupfs driver) or ``<...kubepods...>-pod<uid>.slice``
+# (systemd driver, dashes in the UID as underscores). A UID is a UUID, or 32 hex digits
+# for a static pod (a hash of its manifest).
+_POD_SEGMENT = re.compile(
+    r"^(?:(?P<slice>\S*kubepods\S*)-)?pod"
+    r"(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+    r"|[0-9a-f]{32})(?:\.slice)?$"
 )
 _READ_LIMIT = 64 * 1024
 
@@ -62,6 +81,21 @@ def container_id_from_cgroup(text: str) -> str | None:
             m = _CONTAINER_SEGMENT.match(segment)
             if m:
                 return m.group(1)[:12]
+    return None
+
+
+def pod_uid_from_cgroup(text: str) -> str | None:
+    """The Kubernetes pod UID in the text of a ``/proc/<pid>/cgroup`` file, or ``None``.
+
+    A bare ``pod<uid>`` segment counts only below a ``kubepods`` segment, or below ``..``
+    (a path relative to the reader's own cgroup namespace).
+    """
+    for line in text.splitlines():
+        segments = line.split(":", 2)[-1].split("/")
+        for i, segment in enumerate(segments):
+            m = _POD_SEGMENT.match(segment)
+            if m and (m["slice"] or any("kubepods" in s or s == ".." for s in segments[:i])):
+                return m["uid"].replace("_", "-")
     return None
 
 
@@ -122,8 +156,23 @@ class ProcInfo:
 
     def container_id(self, pid: int) -> str | None:
         """The short container id of ``pid``; ``None`` outside containers or if unknown."""
+        return self.cgroup_ids(pid)[0]
+
+    def cgroup_ids(self, pid: int) -> tuple[str | None, str | None]:
+        """(short container id, Kubernetes pod UID) of ``pid``, from one read of its cgroup."""
         text = self._read(pid, "cgroup")
-        return None if text is None else container_id_from_cgroup(text)
+        if text is None:
+            return None, None
+        return container_id_from_cgroup(text), pod_uid_from_cgroup(text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ident:
+    """What is read once per pid: its name, container id and pod UID."""
+
+    name: str
+    container: str | None = None
+    pod_uid: str | None = None
 
 
 class ProcessTable:
@@ -138,7 +187,7 @@ class ProcessTable:
     ) -> None:
         self.proc = proc
         self._fallback = fallback_name or (lambda pid: None)
-        self._idents: dict[int, tuple[str, str | None]] = {}
+        self._idents: dict[int, _Ident] = {}
         self._present: dict[Hashable, dict[int, str]] = {}
 
     def sample(self, pid: int, gpu_mem: int) -> ProcessSample:
@@ -146,14 +195,23 @@ class ProcessTable:
         rss = self.proc.rss_bytes(pid)
         if rss is None and not self.proc.exists(pid):
             if pid not in self._idents:
-                self._idents[pid] = (self._fallback(pid) or "", None)
-            return ProcessSample(pid=pid, name=self._idents[pid][0], gpu_mem=gpu_mem, dead=True)
-        name, container = self._idents.get(pid) or self._identify(pid)
-        return ProcessSample(pid=pid, name=name, gpu_mem=gpu_mem, rss=rss, container=container)
+                self._idents[pid] = _Ident(self._fallback(pid) or "")
+            return ProcessSample(pid=pid, name=self._idents[pid].name, gpu_mem=gpu_mem, dead=True)
+        ident = self._idents.get(pid) or self._identify(pid)
+        return ProcessSample(
+            pid=pid, name=ident.name, gpu_mem=gpu_mem, rss=rss, container=ident.container
+        )
 
-    def _identify(self, pid: int) -> tuple[str, str | None]:
+    def pod_uid(self, pid: int) -> str | None:
+        """The pod UID of ``pid`` (cached as its name is); ``None`` outside pods or if gone."""
+        ident = self._idents.get(pid)
+        if ident is None and self.proc.exists(pid):
+            ident = self._identify(pid)
+        return None if ident is None else ident.pod_uid
+
+    def _identify(self, pid: int) -> _Ident:
         name = self.proc.process_name(pid) or self._fallback(pid) or ""
-        ident = self._idents[pid] = (name, self.proc.container_id(pid))
+        ident = self._idents[pid] = _Ident(name, *self.proc.cgroup_ids(pid))
         return ident
 
     def exits(self, key: Hashable, current: Mapping[int, str]) -> list[tuple[int, str]]:

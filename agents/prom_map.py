@@ -34,7 +34,7 @@ from typing import Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragwatch.schema import MAX_UINT, GpuSample, MetricSample
+from ragwatch.schema import MAX_LABEL_LEN, MAX_UINT, GpuSample, MetricSample
 
 ONE: Final = Fraction(1)
 PERCENT: Final = Fraction(1, 100)
@@ -147,6 +147,12 @@ GPU_FIELDS: Final[Mapping[str, tuple[str, Fraction]]] = {
 }
 NONNEGATIVE_GPU_FIELDS: Final = frozenset(f for f, _ in GPU_FIELDS.values()) - {"temp_c"}
 HOST_LABELS: Final = ("Hostname", "hostname")  # older and newer dcgm-exporter
+# dcgm-exporter's Kubernetes mapping: (namespace, pod, container) labels, and the names
+# its --kubernetes-use-old-namespace option gives them instead.
+POD_LABELS: Final = (
+    ("namespace", "pod", "container"),
+    ("pod_namespace", "pod_name", "container_name"),
+)
 # host, gpu, UUID, modelName, GPU_I_PROFILE, GPU_I_ID
 GpuKey = tuple[str, str, str, str, str, str]
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
@@ -315,7 +321,33 @@ def _gpu_key(labels: Mapping[str, str], default_host: str) -> GpuKey:
     )
 
 
-def _gpu_sample(key: GpuKey, fields: Mapping[str, float]) -> GpuSample | None:
+PodLabels = tuple[str | None, str | None, str | None]
+_NO_POD: Final[PodLabels] = (None, None, None)
+
+
+def _pod_of(labels: Mapping[str, str]) -> PodLabels | None:
+    """(namespace, pod, container) of a dcgm-exporter sample, None if it names no pod."""
+    for names in POD_LABELS:
+        ns, pod, container = (labels.get(n) or None for n in names)
+        if pod is not None and all(v is None or _label_ok(v) for v in (ns, pod, container)):
+            return ns, pod, container
+    return None
+
+
+def _label_ok(v: str) -> bool:
+    return len(v) <= MAX_LABEL_LEN and v.isprintable()
+
+
+def pod_labels(samples: Iterable[MetricSample]) -> PodLabels:
+    """The one pod a GPU's samples name; none when they name none, or several (a GPU
+    shared by several containers, which dcgm-exporter repeats once per container)."""
+    pods = {p for s in samples if (p := _pod_of(s.labels)) is not None}
+    return pods.pop() if len(pods) == 1 else _NO_POD
+
+
+def _gpu_sample(
+    key: GpuKey, fields: Mapping[str, float], pod: PodLabels = _NO_POD
+) -> GpuSample | None:
     """A GpuSample, or None where dcgm-exporter left out what the schema needs."""
     _, index, uuid, model, profile, instance = key
     if not (index.isdigit() and uuid and "fb_used" in fields and "fb_free" in fields):
@@ -340,6 +372,9 @@ def _gpu_sample(key: GpuKey, fields: Mapping[str, float]) -> GpuSample | None:
         mem_copy_util=fields.get("mem_copy_util"),
         temp_c=fields.get("temp_c"),
         power_w=fields.get("power_w"),
+        namespace=pod[0],
+        pod=pod[1],
+        container=pod[2],
     )
 
 
@@ -390,6 +425,8 @@ def split_gpus(
     GPUs that could not be folded (their fields are part of the rest).
 
     The host is the exporter's ``Hostname``/``hostname`` label, else ``default_host``.
+    A GPU's ``namespace``/``pod``/``container`` are the exporter's Kubernetes labels
+    (:func:`pod_labels`).
     """
     groups: dict[GpuKey, list[MetricSample]] = {}
     rest: list[MetricSample] = []
@@ -402,7 +439,7 @@ def split_gpus(
     incomplete = 0
     for key, members in groups.items():
         fields = {GPU_FIELDS[m.name][0]: scale(m.value, GPU_FIELDS[m.name][1]) for m in members}
-        gpu = _gpu_sample(key, fields)
+        gpu = _gpu_sample(key, fields, pod_labels(members))
         if gpu is None:
             rest.extend(members)
             incomplete += 1

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragwatch.commands.argtypes import (
     nonnegative_float,
@@ -30,6 +30,9 @@ from ragwatch.commands.argtypes import (
 from ragwatch.config import Settings
 from ragwatch.errors import ConfigError
 from ragwatch.schema import Envelope
+
+if TYPE_CHECKING:
+    from ragwatch.agents.podresources import PodResources
 
 log = logging.getLogger("ragwatch.agent")
 DEFAULT_INTERVAL = {"sim": 10.0, "nvml": 1.0, "prom": 15.0}
@@ -130,6 +133,20 @@ def _add_source_arguments(a: Any) -> None:
         default=Path("/proc"),
         help="the host's /proc (e.g. /host/proc in a container)",
     )
+    nvml.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the kubelet's PodResources socket, to label GPUs and processes with their "
+        "Kubernetes namespace, pod and container (default: "
+        "/var/lib/kubelet/pod-resources/kubelet.sock, used when it exists)",
+    )
+    nvml.add_argument(
+        "--no-pod-resources",
+        action="store_true",
+        help="do not ask the kubelet which pods hold the GPUs",
+    )
     prom = a.add_argument_group("prom")
     prom.add_argument(
         "--target",
@@ -198,7 +215,7 @@ def _open_source(
         from ragwatch.agents.nvml import NvmlSource
         from ragwatch.agents.procinfo import ProcInfo
 
-        src = NvmlSource(host, proc=ProcInfo(args.proc_root))
+        src = NvmlSource(host, proc=ProcInfo(args.proc_root), pods=_pod_resources(args))
         src.open()  # NvmlUnavailable (a ConfigError) names NVML and the way out
         started = [src.start_event()]
         if not args.json:
@@ -228,6 +245,20 @@ def _open_source(
         )
 
     return prom.sample, lambda: None, unscraped
+
+
+def _pod_resources(args: argparse.Namespace) -> PodResources | None:
+    """The kubelet client of ``--source nvml``, or None with ``--no-pod-resources``."""
+    if args.no_pod_resources:
+        if args.pod_resources_socket is not None:
+            raise ConfigError("--pod-resources-socket and --no-pod-resources exclude each other")
+        return None
+    from ragwatch.agents.podresources import DEFAULT_SOCKET, PodResources
+
+    socket_path = args.pod_resources_socket or DEFAULT_SOCKET
+    if args.pod_resources_socket is not None and not socket_path.exists():
+        raise ConfigError(f"--pod-resources-socket {socket_path}: no such socket")
+    return PodResources(socket_path)
 
 
 def _run_sim(

@@ -603,6 +603,27 @@ def test_daemonset_runs_in_the_host_pid_namespace_with_host_proc() -> None:
     assert volume["hostPath"]["path"] == "/proc"
 
 
+def test_daemonset_reads_the_kubelets_pod_resources_socket_read_only() -> None:
+    from ragwatch.agents.podresources import DEFAULT_SOCKET
+
+    args = agent_args()
+    assert not args.no_pod_resources
+    socket = args.pod_resources_socket or DEFAULT_SOCKET
+    mount, volume = volume_of(daemonset(), socket)
+    assert mount.get("readOnly") is True
+    assert Path(mount["mountPath"]) == socket.parent
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    assert pod_spec(daemonset()).get("automountServiceAccountToken") is False, "no RBAC needed"
+
+
+def test_the_spool_belongs_to_the_user_the_agent_runs_as() -> None:
+    (init,) = pod_spec(daemonset())["initContainers"]
+    uid = main_container(daemonset())["securityContext"]["runAsUser"]
+    gid = main_container(daemonset())["securityContext"]["runAsGroup"]
+    assert init["command"][0] == "chown" and f"{uid}:{gid}" in init["command"]
+    assert init["command"][-1] == str(agent_args().spool_dir)
+
+
 def test_daemonset_spools_on_the_host() -> None:
     spool = agent_args().spool_dir
     mount, volume = volume_of(daemonset(), spool)
@@ -655,7 +676,14 @@ def test_daemonset_is_small_and_not_privileged() -> None:
         assert sc.get("privileged") is not True, c["name"]
         assert sc.get("allowPrivilegeEscalation") is False, c["name"]
     agent = main_container(daemonset())
-    assert agent["securityContext"].get("runAsNonRoot") is True
+    sc = agent["securityContext"]
+    # uid 0 only for the kubelet's root-only socket, and then without any capability
+    assert sc.get("runAsNonRoot") is True or (
+        sc.get("runAsUser") == 0 and not agent_args().no_pod_resources
+    )
+    assert sc.get("capabilities", {}).get("drop") == ["ALL"]
+    assert not sc.get("capabilities", {}).get("add")
+    assert sc.get("readOnlyRootFilesystem") is True
     res = agent["resources"]
     for r in ("cpu", "memory"):
         assert quantity(res["requests"][r]) <= quantity(res["limits"][r]), r

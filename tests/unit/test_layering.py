@@ -105,6 +105,7 @@ def test_agents_import_without_faust_or_river() -> None:
         "import sys\n"
         "for name in ('faust', 'river', 'mode', 'redis', 'aiokafka'): sys.modules[name] = None\n"
         "import ragwatch.agents.sim, ragwatch.agents.publisher, ragwatch.agents.runner\n"
+        "import ragwatch.agents.nvml, ragwatch.agents.podresources\n"
         "import ragwatch.codec, ragwatch.config\n"
         "print('ok')\n"
     )
@@ -123,6 +124,7 @@ DISTRIBUTIONS = {
     "confluent_kafka": "confluent-kafka",
     "prometheus_client": "prometheus-client",
     "google": "protobuf",  # google.protobuf
+    "grpc": "grpcio",
     "opentelemetry": "opentelemetry-proto",  # opentelemetry.proto
 }
 

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ragwatch.agents.procinfo import ProcessTable, ProcInfo, container_id_from_cgroup
+from ragwatch.agents.procinfo import (
+    ProcessTable,
+    ProcInfo,
+    container_id_from_cgroup,
+    pod_uid_from_cgroup,
+)
 
 ID = "3f2a9c" + "ab" * 29
 PAGE = 4096
@@ -98,6 +103,64 @@ def test_container_id_from_cgroup_takes_the_deepest_match() -> None:
     assert container_id_from_cgroup(f"0::/docker/{outer}/docker/{inner}\n") == "b" * 12
 
 
+# ---------------------------------------------------------------- Kubernetes pod UIDs
+
+UID = "1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"
+SYSTEMD_UID = UID.replace("-", "_")
+STATIC_UID = "6e2ba2c1c1f0e1f4a5e6b4e3c2d1a0f9"  # a static pod's: a hash of its manifest
+POD_CGROUPS = {
+    "cgroupfs v1, burstable": (f"11:memory:/kubepods/burstable/pod{UID}/{ID}\n", UID),
+    "cgroupfs v1, guaranteed": (f"4:pids:/kubepods/pod{UID}/{ID}\n1:name=systemd:/\n", UID),
+    "cgroupfs v2, besteffort": (f"0::/kubepods/besteffort/pod{UID}/{ID}\n", UID),
+    "systemd v2, burstable": (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{SYSTEMD_UID}"
+        f".slice/cri-containerd-{ID}.scope\n",
+        UID,
+    ),
+    "systemd v2, guaranteed": (
+        f"0::/kubepods.slice/kubepods-pod{SYSTEMD_UID}.slice/cri-containerd-{ID}.scope\n",
+        UID,
+    ),
+    "systemd v1, cri-o": (
+        f"7:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
+        f"{SYSTEMD_UID}.slice/crio-{ID}.scope\n",
+        UID,
+    ),
+    "kind, nested under kubelet.slice": (
+        "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+        f"kubelet-kubepods-besteffort-pod{SYSTEMD_UID}.slice/cri-containerd-{ID}.scope\n",
+        UID,
+    ),
+    "seen from a private cgroup namespace (cgroupfs)": (f"0::/../../pod{UID}/{ID}\n", UID),
+    "seen from a private cgroup namespace (systemd)": (
+        f"0::/../../kubepods-besteffort-pod{SYSTEMD_UID}.slice/cri-containerd-{ID}.scope\n",
+        UID,
+    ),
+    "static pod": (
+        f"0::/kubepods.slice/kubepods-pod{STATIC_UID}.slice/crio-{ID}.scope\n",
+        STATIC_UID,
+    ),
+    "host process": ("0::/user.slice/user-1000.slice/session-2.scope\n", None),
+    "docker container": (f"0::/system.slice/docker-{ID}.scope\n", None),
+    "not a pod uid": ("0::/kubepods.slice/kubepods-pod1.slice\n", None),
+    "pod-like name outside kubepods": (f"0::/system.slice/pod{UID}/x\n", None),
+    "private cgroup namespace, own cgroup": ("0::/\n", None),
+}
+
+
+@pytest.mark.parametrize(("text", "uid"), POD_CGROUPS.values(), ids=POD_CGROUPS.keys())
+def test_pod_uid_from_cgroup(text: str, uid: str | None) -> None:
+    assert pod_uid_from_cgroup(text) == uid
+
+
+def test_cgroup_ids_read_the_container_and_the_pod_at_once(info: ProcInfo, tmp_path: Path) -> None:
+    write(tmp_path, 40, cgroup=POD_CGROUPS["systemd v2, burstable"][0])
+    write(tmp_path, 41, cgroup=f"0::/docker/{ID}\n")
+    assert info.cgroup_ids(40) == (ID[:12], UID)
+    assert info.cgroup_ids(41) == (ID[:12], None)
+    assert info.cgroup_ids(42) == (None, None)
+
+
 # ---------------------------------------------------------------- ProcessTable
 
 
@@ -130,3 +193,19 @@ def test_process_table_reports_exits_per_key_once(tmp_path: Path) -> None:
     assert table.exits((0, None), {2: "b"}) == [(1, "a")]
     assert table.exits((0, None), {2: "b"}) == []
     assert table.exits((1, None), {}) == [(3, "c")]
+
+
+def test_process_table_knows_the_pod_of_a_pid(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        50,
+        comm="vllm\n",
+        statm="9 100 0\n",
+        cgroup=POD_CGROUPS["cgroupfs v1, burstable"][0],
+    )
+    write(tmp_path, 51, comm="python3\n", statm="9 100 0\n", cgroup="0::/user.slice\n")
+    table = ProcessTable(ProcInfo(tmp_path, page_size=PAGE))
+    table.sample(50, 1)
+    assert table.pod_uid(50) == UID
+    assert table.pod_uid(51) is None  # read on demand: a host process
+    assert table.pod_uid(52) is None  # no such pid

@@ -7,6 +7,7 @@ thread. Names, values and labels are asserted exactly, per engine.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import socket
@@ -479,6 +480,53 @@ def test_dcgm_host_comes_from_the_hostname_label_else_the_agent(
     assert gpu_env.host == host
     assert gpu_env.gpus == EXPECTED_GPUS
     assert metrics_of(envs).host == "agent-host"
+
+
+def _with_pods(text: str) -> str:
+    """dcgm-exporter's Kubernetes mapping on the fixture: GPU 0 held by one container,
+    GPU 1 labelled the old way (--kubernetes-use-old-namespace), MIG instance GI1 shared
+    by two containers (the exporter repeats each of its series once per container)."""
+    gpu0 = 'gpu="0",'
+    gpu1 = 'gpu="1",'
+    out = []
+    for line in text.splitlines():
+        if gpu0 in line:
+            line = line.replace(
+                gpu0, gpu0 + 'namespace="rag",pod="retriever-0",container="server",'
+            )
+        elif gpu1 in line:
+            line = line.replace(
+                gpu1, gpu1 + 'pod_namespace="ml",pod_name="train-7",container_name="torch",'
+            )
+        elif 'GPU_I_ID="1"' in line:
+            for pod in ("notebook-a", "notebook-b"):
+                out.append(
+                    line.replace(
+                        'GPU_I_ID="1"',
+                        f'GPU_I_ID="1",namespace="lab",pod="{pod}",container="jupyter"',
+                    )
+                )
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_dcgm_kubernetes_labels_name_the_gpus_container(exporter: Exporter) -> None:
+    envs = scrape_one(exporter, _with_pods(fixture("dcgm")))
+    (gpu_env,) = [e for e in envs if isinstance(e, GpuEnvelope)]
+    by_index = {(g.index, g.mig): g for g in gpu_env.gpus}
+    pods = {k: (g.namespace, g.pod, g.container) for k, g in by_index.items()}
+    assert pods == {
+        (0, None): ("rag", "retriever-0", "server"),
+        (1, None): ("ml", "train-7", "torch"),
+        (2, "GI1"): (None, None, None),  # shared: no one container holds it
+    }
+    # everything else about the GPUs is as without the mapping
+    bare = tuple(
+        dataclasses.replace(g, namespace=None, pod=None, container=None) for g in gpu_env.gpus
+    )
+    assert bare == EXPECTED_GPUS
+    assert codec.decode(codec.encode(gpu_env)) == gpu_env
 
 
 # ---------------------------------------------------------------- caps and bad values
