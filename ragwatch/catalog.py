@@ -99,6 +99,9 @@ SERIES_SIGNALS["engine"] = (
     "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_z", "tps_score",
     *_baseline_signals("engine"),
 )  # fmt: skip
+# the labels people read first, in this order (the status view, Slack): where, then what
+LABEL_ORDER = ("host", "gpu", "mig", "pid", "process", "namespace", "pod", "container",
+               "service", "instance")  # fmt: skip
 # the Kubernetes container a GPU or process belongs to, where the agent knows it (set only
 # then; docs/kubernetes.md)
 POD_LABELS = ("namespace", "pod", "container")

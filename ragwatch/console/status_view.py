@@ -31,23 +31,13 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from ragwatch.catalog import LABEL_ORDER
+
 GB = 1e9
 MAX_GPU_ROWS = 32  # beyond this, only each host's top GPUs and those with alerts get a row
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _QUANTILE = re.compile(r"^(?P<stage>[a-z0-9_]+?)_p(?P<q>95|99)_ms$")
 _NOT_STAGES = ("e2e", "ttft", "queue")
-_LABEL_ORDER = (
-    "host",
-    "gpu",
-    "mig",
-    "pid",
-    "process",
-    "namespace",
-    "pod",
-    "container",
-    "service",
-    "instance",
-)
 _HIDDEN_LABELS = ("alertname", "severity", "uuid")
 
 
@@ -310,8 +300,8 @@ def services_table(status: Mapping[str, Any]) -> Table:
 
 
 def _where(labels: Mapping[str, Any]) -> str:
-    keys = [k for k in _LABEL_ORDER if k in labels] + sorted(
-        k for k in labels if k not in _LABEL_ORDER and k not in _HIDDEN_LABELS
+    keys = [k for k in LABEL_ORDER if k in labels] + sorted(
+        k for k in labels if k not in LABEL_ORDER and k not in _HIDDEN_LABELS
     )
     return " ".join(f"{k}={labels[k]}" for k in keys if labels[k] not in ("", None))
 

@@ -56,6 +56,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from ragwatch.catalog import LABEL_ORDER
 from ragwatch.config import Secret, mask_webhook
 from ragwatch.schema import Alert
 from ragwatch.streams.notifier.delivery import (
@@ -99,18 +100,7 @@ EMOJI = {
 RESOLVED_EMOJI = ":white_check_mark:"
 RELEARNED_EMOJI = ":arrows_counterclockwise:"  # resolved because the baseline gave up
 SEVERITY_ORDER = ("critical", "error", "warning", "info")
-FIRST_LABELS = (
-    "host",
-    "gpu",
-    "mig",
-    "pid",
-    "process",
-    "namespace",
-    "pod",
-    "container",
-    "service",
-    "instance",
-)
+FIRST_LABELS = LABEL_ORDER
 HEADER_LABELS = frozenset({"alertname", "severity"})  # shown in the header already
 GRAVE = "\u02cb"  # a backtick's look-alike: a label's backtick cannot end a code span
 
