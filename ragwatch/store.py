@@ -159,10 +159,15 @@ class RedisState:
                 self.keys.services, mapping={s: orjson.dumps(v) for s, v in snapshots.items()}
             )
 
-    async def write_worker(self, worker_id: str, counters: dict[str, Any]) -> None:
-        await self.client.hset(
-            self.keys.workers, worker_id, orjson.dumps({**counters, "seen": time.time()})
-        )
+    async def write_worker(self, worker_id: str, counters: dict[str, Any]) -> dict[str, Any]:
+        """Write a worker's counters under its id; returns the record it replaced ({} if
+        none), so that a worker can tell another process writing under its id."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hget(self.keys.workers, worker_id)
+            pipe.hset(self.keys.workers, worker_id, orjson.dumps({**counters, "seen": time.time()}))
+            previous, _ = await pipe.execute()
+        old = _json(previous) if previous is not None else None
+        return old if isinstance(old, dict) else {}
 
     async def write_series(self, points: dict[str, tuple[dict[str, Any], list[Any]]]) -> None:
         """Append one point per series (newest first, capped) and index the series."""

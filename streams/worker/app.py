@@ -16,6 +16,7 @@ import asyncio
 import logging
 import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -84,6 +85,7 @@ class WorkerCounters:
     otlp_duplicate_spans: int = 0
     otlp_late_spans: int = 0
     otlp_evicted_traces: int = 0
+    worker_id_clashes: int = 0  # status writes that found another process under our id
 
 
 class Delivery(mode.Service):
@@ -94,6 +96,8 @@ class Delivery(mode.Service):
         super().__init__(**kwargs)
         self.settings = settings
         self.worker_id = worker_id
+        self.process = uuid.uuid4().hex  # this process, apart from others under its id
+        self._status_written = False
         self.counters = WorkerCounters()
         self.redis = async_client(settings.redis_url)
         self.redis_down_since: float | None = None
@@ -201,9 +205,10 @@ class Delivery(mode.Service):
         try:
             await self.store.write_hosts({h: pipes.status("host", h) for h in hosts})
             await self.store.write_services({s: pipes.status("service", s) for s in services})
-            await self.store.write_worker(
+            replaced = await self.store.write_worker(
                 self.worker_id,
                 {
+                    "process": self.process,
                     **asdict(self.counters),
                     **asdict(gpus.stats),
                     **{f"requests_{k}": v for k, v in asdict(requests.stats).items()},
@@ -214,10 +219,25 @@ class Delivery(mode.Service):
                     "watermark": pipes.watermark,
                 },
             )
+            self._check_identity(replaced)
             if self.redis_down_since is not None:
                 await self._recovered(pipes)
         except RedisError as exc:
             self._redis_failed("write status", exc)
+
+    def _check_identity(self, replaced: dict[str, Any]) -> None:
+        """Another live process wrote under this worker's id since its last write (two
+        workers on one host without RAGWATCH_WORKER_ID): their status would mix."""
+        other = replaced.get("process")
+        if self._status_written and other is not None and other != self.process:
+            self.counters.worker_id_clashes += 1
+            if self.counters.worker_id_clashes == 1:
+                log.warning(
+                    "another worker writes its status as %r too: give each worker on this "
+                    "host its own RAGWATCH_WORKER_ID",
+                    self.worker_id,
+                )
+        self._status_written = True
 
     def _redis_failed(self, what: str, exc: Exception) -> None:
         self.counters.redis_errors += 1

@@ -5,7 +5,6 @@ and the partitions rebalance again. The leak pages exactly once throughout."""
 from __future__ import annotations
 
 import signal
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +17,6 @@ from ragwatch.receiver import WebhookReceiver
 from ragwatch.store import Keys
 from tests.integration.conftest import hosts_reached, wait_until
 from tests.integration.test_restart import MIN, START, leak_bodies, publish, telemetry
-
-
-def worker_id(proc: Any) -> str:
-    return f"{socket.gethostname()}-{proc.popen.pid}"
 
 
 def test_a_killed_worker_s_partitions_move_to_the_other_and_back_without_a_second_page(
@@ -37,25 +32,28 @@ def test_a_killed_worker_s_partitions_move_to_the_other_and_back_without_a_secon
     # 6 hosts over 2 partitions: both workers get some; the leak is on gpu-node-01
     ticks = telemetry(SimConfig(hosts=6, gpus=1, scenario="leak", start_ts=START), 90)
 
-    def per_worker() -> dict[str, int]:
-        return {
-            wid.decode(): int(orjson.loads(raw)["envelopes"])
+    def per_worker() -> dict[str, tuple[str, int]]:
+        """worker id -> (the process writing under it, envelopes it processed)"""
+        records = {
+            wid.decode(): orjson.loads(raw)
             for wid, raw in redis_client.hgetall(keys.workers).items()
         }
+        return {wid: (r["process"], int(r["envelopes"])) for wid, r in records.items()}
 
     def hosts_at(minute: float) -> bool:
         return hosts_reached(redis_client, keys, 6, START + minute * MIN)
 
     notifier = start_ragwatch(["notify"], env)
-    a = start_ragwatch(["worker"], env)
-    b = start_ragwatch(["worker"], env)
+    # two workers on one host: each its own RAGWATCH_WORKER_ID
+    a = start_ragwatch(["worker"], {**env, "RAGWATCH_WORKER_ID": "worker-a"})
+    b = start_ragwatch(["worker"], {**env, "RAGWATCH_WORKER_ID": "worker-b"})
     try:
         publish(settings, ticks, 0, 30)
         wait_until(
             lambda: hosts_at(29.8), 90, lambda: "both workers to catch up:\n" + a.output()[-2000:]
         )
         wait_until(
-            lambda: len([n for n in per_worker().values() if n > 0]) == 2,
+            lambda: len([n for _, n in per_worker().values() if n > 0]) == 2,
             30,
             "both workers to own partitions",
         )
@@ -71,11 +69,12 @@ def test_a_killed_worker_s_partitions_move_to_the_other_and_back_without_a_secon
         )
         wait_until(lambda: leak_bodies(receiver, "firing"), 60, lambda: b.output()[-3000:])
         # the survivor processed every new envelope, its own partition's and the killed one's
-        gained = per_worker()[worker_id(b)] - before[worker_id(b)]
+        gained = per_worker()["worker-b"][1] - before["worker-b"][1]
         assert gained >= 6 * 180  # 30 minutes of 6 hosts at 10 s
 
-        # the killed worker comes back: partitions rebalance, nobody pages again
-        c = start_ragwatch(["worker"], env)
+        # the killed worker comes back, under its name: partitions rebalance, nobody pages
+        # again, and its status carries on under worker-a
+        c = start_ragwatch(["worker"], {**env, "RAGWATCH_WORKER_ID": "worker-a"})
         try:
             gpu_topic = settings.topic("gpu")
             wait_until(
@@ -92,11 +91,14 @@ def test_a_killed_worker_s_partitions_move_to_the_other_and_back_without_a_secon
             wait_until(
                 lambda: hosts_at(89.8), 120, lambda: "after the rebalance:\n" + c.output()[-3000:]
             )
+            killed = before["worker-a"][0]
             wait_until(
-                lambda: per_worker().get(worker_id(c), 0) > 0,
+                lambda: per_worker()["worker-a"][0] != killed and per_worker()["worker-a"][1] > 0,
                 30,
                 "the restarted worker to take partitions",
             )
+            assert set(per_worker()) == {"worker-a", "worker-b"}
+            assert "RAGWATCH_WORKER_ID" not in c.output() + b.output()  # no clash warned
         finally:
             c.stop()
         (firing,) = leak_bodies(receiver, "firing")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ragwatch.config import Settings
 from ragwatch.streams.worker.app import build_app
 
@@ -33,3 +35,22 @@ def test_a_worker_is_named_by_its_host_or_ragwatch_worker_id_not_its_pid(tmp_pat
         app = build_app(Settings.from_env(env))
         (delivery,) = (s for s in app._extra_services if isinstance(s, Delivery))
         assert delivery.worker_id == name
+
+
+def test_two_processes_writing_under_one_worker_id_are_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restarted worker replaces its predecessor's record quietly; a record another live
+    process wrote since this one's last write is a clash: warned once, counted each time."""
+    from ragwatch.streams.worker.app import Delivery
+
+    env = {"RAGWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1", "RAGWATCH_STATE_DIR": str(tmp_path)}
+    delivery = Delivery(Settings.from_env(env), "gpu-box")
+    delivery._check_identity({"process": "the-one-before-a-restart"})  # its first write
+    delivery._check_identity({"process": delivery.process})  # its own, since
+    assert delivery.counters.worker_id_clashes == 0 and not caplog.records
+    for _ in range(3):
+        delivery._check_identity({"process": "another-worker"})
+    assert delivery.counters.worker_id_clashes == 3
+    (warning,) = caplog.records
+    assert "RAGWATCH_WORKER_ID" in warning.getMessage()
