@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= agent,stream,embedded,dev
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
@@ -46,11 +47,14 @@ setup: redis $(STAMP) ## create .venv and install ragwatch with all extras
 demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert delivered)
 	$(VENV)/bin/ragwatch demo
 
+# two pytest-xdist workers (a file each at a time; each starts its own broker and Redis),
+# then the tests that measure a worker's speed, alone
 test: setup chromium alertmanager prometheus lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(PY) -m pytest -m serial
 
 unit: setup prometheus ## only the fast tests (no broker, no Redis)
-	$(PY) -m pytest -m "not integration"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not integration"
 
 typecheck: setup
 	@rm -rf build/typecheck && mkdir -p build/typecheck/ragwatch

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import redis
 from confluent_kafka import Producer
 
@@ -36,6 +37,7 @@ def rss_mib(pid: int) -> float:
     return rss / 2**20
 
 
+@pytest.mark.serial  # throughput: not beside another test
 def test_a_10x_burst_makes_lag_grow_then_drain_with_bounded_memory(
     rw_env: dict[str, str],
     redis_client: redis.Redis,

@@ -17,12 +17,19 @@ OURS = re.compile(rb"tansu|redis-server|-m\x00ragwatch\x00(worker|agent)")
 
 
 def our_processes() -> set[int]:
-    """PIDs of every Tansu, redis-server and ragwatch worker/agent on this machine."""
+    """PIDs of every Tansu, redis-server and ragwatch worker/agent on this machine (under
+    pytest-xdist: those this test worker started, by the PYTEST_XDIST_WORKER they inherit;
+    an orphan keeps it too)."""
+    mine = os.environ.get("PYTEST_XDIST_WORKER")
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes()
+                if mine is not None and OURS.search(cmdline):
+                    environ = (entry / "environ").read_bytes().split(b"\0")
+                    if f"PYTEST_XDIST_WORKER={mine}".encode() not in environ:
+                        continue
             except OSError:
                 continue
             if OURS.search(cmdline) and pid_alive(int(entry.name)):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
@@ -129,6 +130,7 @@ def test_hostile_messages_are_dead_lettered_with_a_reason_and_nothing_stalls(
     assert sum(max(tp.offset, 0) for tp in committed) >= len(bad["events"])
 
 
+@pytest.mark.serial  # throughput: not beside another test
 def test_a_4_mb_envelope_reaching_back_a_month_pauses_the_worker_briefly(
     rw_env: dict[str, str],
     redis_client: redis.Redis,
