@@ -1,23 +1,33 @@
 """End-to-end consume throughput on the embedded broker: the worker next to its baselines.
 
 Starts its own embedded stack (Tansu + redis-server, ``ragwatch/embedded.py``) in a temp
-dir, pre-produces one ``ragwatch.gpu`` topic of simulated host envelopes (confluent-kafka,
-acks=all, delivered records counted from the delivery reports; Tansu's high watermark can
-lag one batch, so it is never read), then consumes that same topic three times, each in
-its own subprocess and consumer group:
+dir and, for each envelope shape (``--procs``: processes per GPU, one shape each; by default
+64 hosts x 8 GPUs x 10 processes = 88 series per envelope, and x 4 processes = 40 series,
+the shape measured in issue 17), pre-produces one ``ragwatch.gpu`` topic of simulated host
+envelopes (confluent-kafka, acks=all, delivered records counted from the delivery reports;
+Tansu's high watermark can lag one batch, so it is never read), then consumes that same
+topic three times, each in its own subprocess and consumer group:
 
 a. a bare confluent-kafka loop + ``orjson.loads``;
 b. a bare Faust agent that only counts (broker settings as ``streams/worker/app.py:build_app``);
 c. the full worker, ``python -m ragwatch worker``, whose ``messages`` counter is read from
-   the Redis hash ``<prefix>:workers`` (written once a second with its ``seen`` time).
+   the Redis hash ``<prefix>:workers`` (written once a second with its ``seen`` time, keyed
+   by ``RAGWATCH_WORKER_ID``: the bench names each worker it starts, as two on one host
+   would otherwise share the host name's record);
+
+and (c2) two workers of a new consumer group sharing the topic's partitions. The request
+topic (``ragwatch.requests``) is consumed the same way, once.
 
 Rates run from the first message to the last, so the consumer-group join (half the session
 timeout on Tansu) is excluded. For (c) the window is bounded by the worker's own
 once-a-second counter writes: rate = counted messages / time between the first write with
-messages > 0 and the first write with all of them. Prints the table and the ratios, then a
-cProfile of the in-process hot path (decode + ``Pipelines.gpu``, no Kafka) over the same
-envelopes, and writes ``bench/results/throughput.json``.
-Run: ``make bench`` or ``python bench/throughput.py``.
+messages > 0 and the first write with all of them. Prints a table and the ratios per shape
+(each round's 1-minute load average beside it: the rounds run one after another, so a
+neighbour's load shows there), then per shape a cProfile of the in-process hot path (decode
++ ``Pipelines.gpu_wire``, no Kafka) over the same envelopes, and writes
+``bench/results/throughput.json`` (``shapes.<N>_series``: each shape's rounds, ratios,
+target, in-process rate and profile; ``requests``; ``in_process``: request path, memory).
+Run: ``make bench`` or ``python bench/throughput.py`` (``--ticks 60`` for a shorter run).
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ from typing import Any
 import orjson
 
 RESULTS = Path(__file__).parent / "results"
+# issue 17: (c)/(b) per series per envelope, decode and validation included
+TARGET_C_VS_B = {88: 0.5, 40: 0.7}
 SESSION_TIMEOUT = 6.0  # as the tests' workers: a Tansu group join waits half of it
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -217,7 +229,8 @@ def role_memory(args: argparse.Namespace) -> None:
     from ragwatch.streams.alerting.rules import load_rules
     from ragwatch.streams.pipelines.fleet import Pipelines
 
-    hosts = -(-args.memory_series // (args.gpus * (args.procs + 1)))
+    procs = args.procs[0]
+    hosts = -(-args.memory_series // (args.gpus * (procs + 1)))
     base = rss_bytes()
     pipes = Pipelines(load_rules(), max_series=1_000_000)
     # 2 min samples for 2 h 4 min: every leak window (2 h of 2 min buckets) is full
@@ -225,7 +238,7 @@ def role_memory(args: argparse.Namespace) -> None:
     for _, (_, envs, _) in zip(range(62), sim.ticks(), strict=False):
         for env in envs:
             pipes.gpu_wire(
-                gpu_wire(dataclasses.replace(env, gpus=tuple(pad(g, args.procs) for g in env.gpus)))
+                gpu_wire(dataclasses.replace(env, gpus=tuple(pad(g, procs) for g in env.gpus)))
             )
     gpu_series = len(pipes.gpus.series)
     after_gpu = rss_bytes()
@@ -248,17 +261,14 @@ def role_memory(args: argparse.Namespace) -> None:
     )
 
 
-def in_process(args: argparse.Namespace) -> dict[str, Any]:
-    """The pipelines without Kafka: the GPU path once every leak window is full (the Kafka
-    rounds above cover 25 min, so their windows are partly empty), the request path, and
-    memory per series (in a subprocess)."""
-    from ragwatch.codec import decode_as, decode_gpu_wire
-    from ragwatch.schema import RequestsEnvelope
+def in_process_gpu(gpus: int, procs: int) -> dict[str, Any]:
+    """The GPU path without Kafka once every leak window is full (the Kafka rounds cover
+    25 min, so their windows are partly empty)."""
+    from ragwatch.codec import decode_gpu_wire
     from ragwatch.streams.alerting.rules import load_rules
     from ragwatch.streams.pipelines.fleet import Pipelines
 
-    out: dict[str, Any] = {}
-    data = [v for _, v in telemetry(4, args.gpus, args.procs, 1500)]  # 4 h 10 min
+    data = [v for _, v in telemetry(4, gpus, procs, 1500)]  # 4 h 10 min
     pipes = Pipelines(load_rules())
     warm = len(data) * 2 // 3
     for v in data[:warm]:
@@ -267,12 +277,23 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
     for v in data[warm:]:
         pipes.gpu_wire(decode_gpu_wire(v))
     us = 1e6 * (time.perf_counter() - t0) / (len(data) - warm)
-    out["gpu_full_window"] = {
+    return {
         "us_per_envelope": round(us, 1),
         "envelopes_per_s": round(1e6 / us),
-        "gpu_samples_per_s": round(args.gpus * 1e6 / us),
-        "series_updates_per_s": round(args.gpus * (args.procs + 1) * 1e6 / us),
+        "gpu_samples_per_s": round(gpus * 1e6 / us),
+        "series_updates_per_s": round(gpus * (procs + 1) * 1e6 / us),
     }
+
+
+def in_process(args: argparse.Namespace) -> dict[str, Any]:
+    """The request path without Kafka, and memory per series (in a subprocess, on the
+    first shape)."""
+    from ragwatch.codec import decode_as
+    from ragwatch.schema import RequestsEnvelope
+    from ragwatch.streams.alerting.rules import load_rules
+    from ragwatch.streams.pipelines.fleet import Pipelines
+
+    out: dict[str, Any] = {}
     req = [v for _, v in request_telemetry(args.services, args.instances, 600)]
     pipes = Pipelines(load_rules())
     warm = len(req) // 3
@@ -285,21 +306,17 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
     out["requests"] = {"records_per_s": round(n / (time.perf_counter() - t0))}
     mem = subprocess.run(
         [sys.executable, __file__, "--role", "memory", "--memory-series", str(args.memory_series),
-         "--gpus", str(args.gpus), "--procs", str(args.procs)],
+         "--gpus", str(args.gpus), "--procs", str(args.procs[0])],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
-    out["memory"] = json.loads(mem.stdout)
-    g, m = out["gpu_full_window"], out["memory"]
+    out["memory"] = {**json.loads(mem.stdout), "procs_per_gpu": args.procs[0]}
+    m = out["memory"]
     print(
-        f"\nin process, no Kafka: GPU path with full leak windows {g['us_per_envelope']:,.0f} us "
-        f"per envelope = {g['gpu_samples_per_s']:,} GPU samples/s "
-        f"({g['series_updates_per_s']:,} series updates/s); requests "
-        f"{out['requests']['records_per_s']:,} records/s"
-    )
-    print(
+        f"\nin process, no Kafka: requests {out['requests']['records_per_s']:,} records/s; "
         f"memory: {m['gpu_bytes_per_series'] / 1024:.1f} KiB per GPU/process series "
-        f"({m['gpu_series']:,} series), {m['service_bytes_per_series'] / 1024:.1f} KiB per "
-        f"service instance ({m['service_series']} instances), target < 64 KiB"
+        f"({m['gpu_series']:,} series, {args.procs[0]} processes per GPU), "
+        f"{m['service_bytes_per_series'] / 1024:.1f} KiB per service instance "
+        f"({m['service_series']} instances), target < 64 KiB"
     )
     return out
 
@@ -353,20 +370,26 @@ def run_child(role: str, args: argparse.Namespace, topic: str, n: int, tmp: Path
 
 
 def run_worker(env: dict[str, str], n: int, timeout: float, workers: int = 1) -> dict[str, Any]:
-    """``workers`` worker processes in one consumer group; rate from their summed counters."""
+    """``workers`` worker processes in one consumer group; rate from their summed counters.
+
+    Each is named (``RAGWATCH_WORKER_ID``, else all default to the host name and share one
+    record of ``<prefix>:workers``); only those records are read, and each must stay
+    written by one process (its ``process`` field) for the whole round."""
     import redis
 
     prefix = env["RAGWATCH_REDIS_PREFIX"]
+    ids = [f"bench-worker-{i}" for i in range(workers)]
     r = redis.Redis.from_url(env["RAGWATCH_REDIS_URL"])
     t_start = time.perf_counter()
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "ragwatch", "worker"],
-            env={**os.environ, **env, "RAGWATCH_LOG_LEVEL": "WARNING"},
+            env={**os.environ, **env, "RAGWATCH_LOG_LEVEL": "WARNING", "RAGWATCH_WORKER_ID": wid},
             stdout=subprocess.DEVNULL,
         )
-        for _ in range(workers)
+        for wid in ids
     ]
+    writer: dict[str, str] = {}  # worker id -> the process that writes its record
     samples: list[tuple[float, int, float]] = []  # (newest counter write, messages, cpu)
     try:
         while True:
@@ -375,9 +398,16 @@ def run_worker(env: dict[str, str], n: int, timeout: float, workers: int = 1) ->
                     raise RuntimeError(f"worker exited with {p.returncode}")
             if time.perf_counter() - t_start > timeout:
                 raise RuntimeError(f"worker: not done after {timeout} s ({samples[-1:]})")
-            rows = [orjson.loads(raw) for raw in r.hgetall(f"{prefix}:workers").values()]
-            total = sum(w["messages"] for w in rows)
-            seen = max((w["seen"] for w in rows), default=0.0)
+            rows = {
+                wid: orjson.loads(raw)
+                for wid, raw in zip(ids, r.hmget(f"{prefix}:workers", ids), strict=True)
+                if raw is not None
+            }
+            for wid, w in rows.items():
+                if writer.setdefault(wid, w["process"]) != w["process"]:
+                    raise RuntimeError(f"worker {wid}: its record written by a second process")
+            total = sum(w["messages"] for w in rows.values())
+            seen = max((w["seen"] for w in rows.values()), default=0.0)
             if total and (not samples or total > samples[-1][1]):
                 samples.append((seen, total, sum(proc_cpu(p.pid) for p in procs)))
             if samples and samples[-1][1] >= n:
@@ -392,9 +422,13 @@ def run_worker(env: dict[str, str], n: int, timeout: float, workers: int = 1) ->
     (ta, ma, ca), (tb, mb, cb) = samples[0], samples[-1]
     if len(samples) < 3 or mb == ma:
         raise RuntimeError(f"worker finished within {len(samples)} counter writes: add --ticks")
+    clashes = sum(w.get("worker_id_clashes", 0) for w in rows.values())
+    if clashes:
+        raise RuntimeError(f"workers {ids}: {clashes} status writes under another's id")
     return {
         "messages": mb,
         "workers": workers,
+        "worker_ids": sorted(rows),
         # first write with messages > 0 -> first write with all of them: (mb - ma) messages
         "seconds": (tb - ta) * mb / (mb - ma),
         "cpu_s": (cb - ca) * mb / (mb - ma),
@@ -443,15 +477,15 @@ def profile(data: list[tuple[bytes, bytes]], top: int) -> dict[str, Any]:
 
 
 def short(path: str) -> str:
-    for marker in ("site-packages/", "/work/main/"):
+    for marker in ("site-packages/", f"{Path(__file__).resolve().parents[1]}/"):
         if marker in path:
             return path.split(marker, 1)[1]
     return path
 
 
-def print_profile(prof: dict[str, Any], key: str) -> None:
+def print_profile(prof: dict[str, Any], key: str, label: str) -> None:
     print(
-        f"\ntop {len(prof[f'top_{key}'])} by {key} time "
+        f"\n{label}: top {len(prof[f'top_{key}'])} by {key} time "
         f"({prof['envelopes']:,} envelopes, {prof['profiled_wall_s']} s under cProfile)"
     )
     print(f"{'ncalls':>10} {'tottime':>8} {'cumtime':>8} {'us/env':>7}  function")
@@ -462,11 +496,51 @@ def print_profile(prof: dict[str, Any], key: str) -> None:
         )
 
 
+def shape_key(gpus: int, procs: int) -> str:
+    return f"{gpus * (procs + 1)}_series"
+
+
+def finish(rows: dict[str, dict[str, Any]], per: float, unit: str) -> dict[str, float]:
+    """Rates and rounding of one topic's rows (in place); returns its ratios."""
+    for r in rows.values():
+        r["messages_per_s"] = round(r["messages"] / r["seconds"])
+        r[unit] = round(r["messages"] * per / r["seconds"])
+        r["cpu_us_per_message"] = round(1e6 * r["cpu_s"] / r["messages"], 1)
+        for k in ("seconds", "cpu_s", "peak_rss_mib", "process_cpu_s", "join_and_consume_s"):
+            r[k] = round(r[k], 2)
+    a, b, c = (rows[k]["messages_per_s"] for k in list(rows)[:3])
+    ratios = {"c_vs_b": round(c / b, 3), "c_vs_a": round(c / a, 3), "b_vs_a": round(b / a, 3)}
+    if "c2: 2 ragwatch workers" in rows:
+        ratios["two_workers_vs_one"] = round(
+            rows["c2: 2 ragwatch workers"]["messages_per_s"] / c, 3
+        )
+    return ratios
+
+
+def print_rows(title: str, rows: dict[str, dict[str, Any]], unit: str, label: str) -> None:
+    print(
+        f"\n{title:<36} {'msgs/s':>8} {label:>14} {'window s':>9} {'CPU s':>7} "
+        f"{'CPU us/msg':>11} {'peak RSS MiB':>13} {'load 1m':>8}"
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:<36} {r['messages_per_s']:>8,} {r[unit]:>14,} "
+            f"{r['seconds']:>9.2f} {r['cpu_s']:>7.2f} {r['cpu_us_per_message']:>11,.1f} "
+            f"{r['peak_rss_mib']:>13.0f} {r['load_1m']:>8.2f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=64)
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--procs", type=int, default=10, help="processes per GPU")
+    ap.add_argument(
+        "--procs",
+        type=int,
+        nargs="+",
+        default=[10, 4],
+        help="processes per GPU, one envelope shape each (GPUs x (procs + 1) series)",
+    )
     ap.add_argument("--ticks", type=int, default=150, help="10 s ticks of the whole fleet")
     ap.add_argument("--services", type=int, default=4)
     ap.add_argument("--instances", type=int, default=4, help="per service")
@@ -491,9 +565,20 @@ def main() -> None:
     from ragwatch.kafka_admin import ensure_topics
 
     t_bench = time.perf_counter()
-    data = telemetry(args.hosts, args.gpus, args.procs, args.ticks)
+    shapes: dict[str, dict[str, Any]] = {}
+    gpu_data: dict[str, list[tuple[bytes, bytes]]] = {}
+    for procs in dict.fromkeys(args.procs):
+        key = shape_key(args.gpus, procs)
+        data = gpu_data[key] = telemetry(args.hosts, args.gpus, procs, args.ticks)
+        shapes[key] = {
+            "hosts": args.hosts,
+            "gpus": args.gpus,
+            "procs_per_gpu": procs,
+            "series_per_envelope": args.gpus * (procs + 1),
+            "envelopes": len(data),
+            "bytes_per_envelope": sum(len(v) for _, v in data) / len(data),
+        }
     req_data = request_telemetry(args.services, args.instances, args.request_ticks)
-    size = sum(len(v) for _, v in data) / len(data)
     records = sum(len(orjson.loads(v)["records"]) for _, v in req_data)
     req_size = sum(len(v) for _, v in req_data) / len(req_data)
     rounds: dict[str, dict[str, Any]] = {}
@@ -514,7 +599,11 @@ def main() -> None:
                     "RAGWATCH_STATE_DIR": str(tmp / f"state-{run_id}"),
                 }
 
-            for kind, payload in (("gpu", data), ("requests", req_data)):
+            def timed(r: dict[str, Any]) -> dict[str, Any]:
+                return {**r, "load_1m": round(os.getloadavg()[0], 2)}
+
+            topics = [("gpu", key, data) for key, data in gpu_data.items()]
+            for kind, key, payload in [*topics, ("requests", "requests", req_data)]:
                 env = fresh_env()
                 settings = Settings.from_env(env)
                 ensure_topics(settings)
@@ -523,103 +612,105 @@ def main() -> None:
                 t0 = time.perf_counter()
                 n = produce(args.bootstrap, topic, payload)
                 took = time.perf_counter() - t0
-                print(f"produced {n:,} {kind} envelopes to {topic} in {took:.1f} s")
+                print(f"produced {n:,} {kind} envelopes ({key}) to {topic} in {took:.1f} s")
                 rows = {
-                    "a: confluent-kafka + orjson.loads": run_child("kafka", args, topic, n, tmp),
-                    "b: bare Faust agent (count)": run_child("faust", args, topic, n, tmp),
-                    "c: ragwatch worker": run_worker(env, n, args.timeout),
+                    "a: confluent-kafka + orjson.loads": timed(
+                        run_child("kafka", args, topic, n, tmp)
+                    ),
+                    "b: bare Faust agent (count)": timed(run_child("faust", args, topic, n, tmp)),
+                    "c: ragwatch worker": timed(run_worker(env, n, args.timeout)),
                 }
                 if kind == "gpu":
                     # the same topic again, by two workers of a new group sharing its partitions
                     env2 = {**fresh_env(), "RAGWATCH_TOPIC_PREFIX": env["RAGWATCH_TOPIC_PREFIX"]}
-                    rows["c2: 2 ragwatch workers"] = run_worker(env2, n, args.timeout, workers=2)
-                rounds[kind] = rows
+                    rows["c2: 2 ragwatch workers"] = timed(
+                        run_worker(env2, n, args.timeout, workers=2)
+                    )
+                rounds[key] = rows
         finally:
             stack.down()
-    per_msg = {
-        "gpu": (args.gpus, "gpu_samples_per_s"),
-        "requests": (records / len(req_data), "request_records_per_s"),
+
+    req_out = {
+        "request_batches": len(req_data),
+        "records_per_batch": records / len(req_data),
+        "bytes_per_batch": req_size,
+        "results": rounds["requests"],
+        "ratios": finish(rounds["requests"], records / len(req_data), "request_records_per_s"),
     }
-    ratios: dict[str, float] = {}
-    for kind, rows in rounds.items():
-        per, unit = per_msg[kind]
-        for r in rows.values():
-            r["messages_per_s"] = round(r["messages"] / r["seconds"])
-            r[unit] = round(r["messages"] * per / r["seconds"])
-            r["cpu_us_per_message"] = round(1e6 * r["cpu_s"] / r["messages"], 1)
-            for k in ("seconds", "cpu_s", "peak_rss_mib", "process_cpu_s", "join_and_consume_s"):
-                r[k] = round(r[k], 2)
-        a, b, c = (rows[k]["messages_per_s"] for k in list(rows)[:3])
-        pre = "" if kind == "gpu" else "requests_"
-        ratios |= {
-            f"{pre}c_vs_b": round(c / b, 3),
-            f"{pre}c_vs_a": round(c / a, 3),
-            f"{pre}b_vs_a": round(b / a, 3),
-        }
-        if "c2: 2 ragwatch workers" in rows:
-            ratios["two_workers_vs_one"] = round(
-                rows["c2: 2 ragwatch workers"]["messages_per_s"] / c, 3
-            )
+    for key, shape in shapes.items():
+        shape["results"] = rounds[key]
+        shape["ratios"] = finish(rounds[key], args.gpus, "gpu_samples_per_s")
+        shape["target_c_vs_b"] = TARGET_C_VS_B.get(shape["series_per_envelope"])
 
     print(
-        f"\n{len(data):,} host envelopes ({args.hosts} hosts x {args.gpus} GPUs x {args.procs} "
-        f"procs, {size / 1024:.1f} KiB each) and {len(req_data):,} request batches "
-        f"({records / len(req_data):.0f} records, {req_size / 1024:.1f} KiB each), "
-        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
+        f"\n{args.hosts} hosts x {args.gpus} GPUs, {args.ticks} ticks, "
+        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; "
+        "rounds run one after another (load 1m: the machine's load as each one ended)"
     )
-    for kind, rows in rounds.items():
-        unit = per_msg[kind][1]
-        label = "GPU samples/s" if kind == "gpu" else "records/s"
-        print(
-            f"\n{'topic ragwatch.' + kind:<36} {'msgs/s':>8} {label:>14} {'window s':>9} "
-            f"{'CPU s':>7} {'CPU us/msg':>11} {'peak RSS MiB':>13}"
+    for shape in shapes.values():
+        print_rows(
+            f"ragwatch.gpu, {shape['series_per_envelope']} series",
+            shape["results"],
+            "gpu_samples_per_s",
+            "GPU samples/s",
         )
-        for name, r in rows.items():
-            print(
-                f"{name:<36} {r['messages_per_s']:>8,} {r[unit]:>14,} "
-                f"{r['seconds']:>9.2f} {r['cpu_s']:>7.2f} {r['cpu_us_per_message']:>11,.1f} "
-                f"{r['peak_rss_mib']:>13.0f}"
-            )
+        print(
+            f"  {shape['envelopes']:,} envelopes of {args.gpus} GPUs x {shape['procs_per_gpu']} "
+            f"processes ({shape['series_per_envelope']} series, "
+            f"{shape['bytes_per_envelope'] / 1024:.1f} KiB each)"
+        )
+    print_rows("ragwatch.requests", req_out["results"], "request_records_per_s", "records/s")
     print(
-        f"\ngpu: c/b = {ratios['c_vs_b']:.2f}x (target >= 0.8x), c/a = {ratios['c_vs_a']:.2f}x, "
-        f"b/a = {ratios['b_vs_a']:.2f}x; 2 workers / 1 = {ratios['two_workers_vs_one']:.2f}x"
+        f"  {len(req_data):,} request batches ({records / len(req_data):.0f} records, "
+        f"{req_size / 1024:.1f} KiB each)"
     )
-    req_rate = rounds["requests"]["c: ragwatch worker"]["request_records_per_s"]
+    print()
+    for shape in shapes.values():
+        ra, target = shape["ratios"], shape["target_c_vs_b"]
+        goal = f" (target >= {target}x)" if target is not None else ""
+        print(
+            f"gpu {shape['series_per_envelope']:>3} series: c/b = {ra['c_vs_b']:.2f}x{goal}, "
+            f"c/a = {ra['c_vs_a']:.2f}x, b/a = {ra['b_vs_a']:.2f}x; "
+            f"2 workers / 1 = {ra['two_workers_vs_one']:.2f}x"
+        )
+    req_rate = req_out["results"]["c: ragwatch worker"]["request_records_per_s"]
     print(
-        f"requests: c/b = {ratios['requests_c_vs_b']:.2f}x; worker {req_rate:,} records/s "
+        f"requests: c/b = {req_out['ratios']['c_vs_b']:.2f}x; worker {req_rate:,} records/s "
         "(target >= 50,000)"
     )
+
+    print()
+    for shape in shapes.values():
+        g = shape["in_process"] = in_process_gpu(args.gpus, shape["procs_per_gpu"])
+        print(
+            f"in process, no Kafka, {shape['series_per_envelope']} series: GPU path with full "
+            f"leak windows {g['us_per_envelope']:,.0f} us per envelope = "
+            f"{g['envelopes_per_s']:,} envelopes/s = {g['gpu_samples_per_s']:,} GPU samples/s "
+            f"({g['series_updates_per_s']:,} series updates/s)"
+        )
     inproc = in_process(args)
-    prof = None
-    if ratios["c_vs_b"] < 0.8:
-        prof = profile(data, args.top)
-        print_profile(prof, "cumulative")
-        print_profile(prof, "tottime")
+    for key, shape in shapes.items():
+        prof = shape["profile"] = profile(gpu_data[key], args.top)
+        label = f"{shape['series_per_envelope']} series"
+        print_profile(prof, "cumulative", label)
+        print_profile(prof, "tottime", label)
     bench_s = time.perf_counter() - t_bench
     print(f"\nbench took {bench_s:.0f} s")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "throughput.json").write_text(
         json.dumps(
             {
-                "envelopes": len(data),
                 "hosts": args.hosts,
                 "gpus": args.gpus,
-                "procs_per_gpu": args.procs,
-                "bytes_per_envelope": size,
-                "request_batches": len(req_data),
-                "records_per_batch": records / len(req_data),
-                "bytes_per_batch": req_size,
+                "ticks": args.ticks,
                 "python": platform.python_version(),
                 "machine": platform.machine(),
                 "cpus": os.cpu_count(),
                 "broker": "embedded Tansu (memory storage), 4 partitions",
                 "session_timeout_s": SESSION_TIMEOUT,
-                "results": rounds["gpu"],
-                "requests": rounds["requests"],
-                "ratios": ratios,
-                "target_c_vs_b": 0.8,
+                "shapes": shapes,
+                "requests": req_out,
                 "in_process": inproc,
-                "profile": prof,
                 "bench_s": round(bench_s),
             },
             indent=2,
