@@ -166,7 +166,9 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
             and _opt_number(g.get("power_w"), 0.0)
             and _opt_number(g.get("temp_c"), -math.inf)
             and (procs is _NO_PROCS or type(procs) is list)
-            and _labels_ok(g, _POD_LABELS)
+            and (g.get("pod") is None or _labels_ok(g, _POD_LABELS))
+            and (g.get("namespace") is None or _labels_ok(g, _POD_LABELS))
+            and (g.get("container") is None or _labels_ok(g, _POD_LABELS))
         ):
             return False
         for p in procs:
@@ -183,7 +185,8 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
                 and _opt_count(p.get("rss"))
                 and (container is None or (type(container) is str and _label_ok(container)))
                 and type(p.get("dead", False)) is bool
-                and _labels_ok(p, _PROC_POD_LABELS)
+                and (p.get("pod") is None or _labels_ok(p, _PROC_POD_LABELS))
+                and (p.get("namespace") is None or _labels_ok(p, _PROC_POD_LABELS))
             ):
                 return False
     return True
