@@ -133,6 +133,33 @@ def _theil_sen(t: npt.NDArray[np.float64], v: npt.NDArray[np.float64]) -> float:
         return (float(part[mid - 1]) + float(part[mid])) / 2
 
 
+def checked_params(
+    window_s: float,
+    bucket_s: float | None,
+    min_span_s: float,
+    min_points: int,
+    scale_bytes: float,
+    recent_s: float,
+) -> tuple[float, float, float, int, float, float]:
+    """The leak detector's parameters checked (ValueError names a bad one) and resolved
+    (``bucket_s`` None: ``window_s / 60``), in this order; :class:`LeakDetector` and the
+    bank (``leak_bank.py``) take the same ones."""
+    for name, v in (
+        ("window_s", window_s),
+        ("scale_bytes", scale_bytes),
+        ("recent_s", recent_s),
+    ):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+    if not (math.isfinite(min_span_s) and min_span_s >= 0) or min_points < 2:
+        raise ValueError("min_span_s must be finite and >= 0, min_points >= 2")
+    window = float(window_s)
+    bucket = window / 60 if bucket_s is None else float(bucket_s)
+    if not (math.isfinite(bucket) and 0 < bucket <= window):
+        raise ValueError(f"bucket_s must be in (0, window_s], got {bucket_s!r}")
+    return window, bucket, float(min_span_s), int(min_points), float(scale_bytes), float(recent_s)
+
+
 @register("leak")
 class LeakDetector:
     """Robust memory-growth detector over an event-time window (see module docstring)."""
@@ -146,23 +173,14 @@ class LeakDetector:
         scale_bytes: float = GB,
         recent_s: float = 1800.0,
     ) -> None:
-        for name, v in (
-            ("window_s", window_s),
-            ("scale_bytes", scale_bytes),
-            ("recent_s", recent_s),
-        ):
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
-        if not (math.isfinite(min_span_s) and min_span_s >= 0) or min_points < 2:
-            raise ValueError("min_span_s must be finite and >= 0, min_points >= 2")
-        self.window_s = float(window_s)
-        self.bucket_s = self.window_s / 60 if bucket_s is None else float(bucket_s)
-        if not (math.isfinite(self.bucket_s) and 0 < self.bucket_s <= self.window_s):
-            raise ValueError(f"bucket_s must be in (0, window_s], got {bucket_s!r}")
-        self.min_span_s = float(min_span_s)
-        self.min_points = int(min_points)
-        self.scale_bytes = float(scale_bytes)
-        self.recent_s = float(recent_s)
+        (
+            self.window_s,
+            self.bucket_s,
+            self.min_span_s,
+            self.min_points,
+            self.scale_bytes,
+            self.recent_s,
+        ) = checked_params(window_s, bucket_s, min_span_s, min_points, scale_bytes, recent_s)
         self._points: deque[tuple[float, float]] = deque()
         self._bucket: int | None = None
         self._mean = 0.0

@@ -24,25 +24,18 @@ the recent fit NaN where the object has None).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.detectors.leak import GB, LeakEstimate
+from ragwatch.detectors.leak import GB, LeakEstimate, checked_params
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 NO_BUCKET = np.iinfo(np.int64).min  # a row with no open bucket (new, or reset)
 FIT_CHUNK = 2048  # rows refitted per matrix: 2,048 x 1,830 slopes x 8 bytes = 30 MB
-
-
-@functools.cache
-def _pairs(p: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    i, j = np.triu_indices(p, 1)
-    return i, j
 
 
 def _row_median(x: F64, m: I64) -> F64:
@@ -126,14 +119,14 @@ class LeakBank:
         scale_bytes: float = GB,
         recent_s: float = 1800.0,
     ) -> None:
-        self.window_s = float(window_s)
-        self.bucket_s = self.window_s / 60 if bucket_s is None else float(bucket_s)
-        if not (math.isfinite(self.bucket_s) and 0 < self.bucket_s <= self.window_s):
-            raise ValueError(f"bucket_s must be in (0, window_s], got {bucket_s!r}")
-        if min_points < 2 or not min_span_s >= 0:
-            raise ValueError("min_points must be >= 2 and min_span_s >= 0")
-        self.min_span_s, self.min_points = float(min_span_s), int(min_points)
-        self.scale_bytes, self.recent_s = float(scale_bytes), float(recent_s)
+        (
+            self.window_s,
+            self.bucket_s,
+            self.min_span_s,
+            self.min_points,
+            self.scale_bytes,
+            self.recent_s,
+        ) = checked_params(window_s, bucket_s, min_span_s, min_points, scale_bytes, recent_s)
         # bucket means are one per bucket, in time order, and bucket k - m's is more than
         # (m - 1) buckets older than bucket k's: a window holds at most ceil(window /
         # bucket) + 1 of them, and one more joins before the oldest leave

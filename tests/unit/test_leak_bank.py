@@ -133,3 +133,14 @@ def test_a_reset_row_starts_afresh_and_others_keep_theirs() -> None:
         fresh.learn(t, v)
     assert same(bank.estimate(0), fresh.estimate) and same(bank.estimate(1), kept)
     assert bank.late[0] == fresh.late
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"window_s": math.inf}, {"recent_s": 0.0}, {"scale_bytes": -1.0}, {"min_points": 1},
+     {"min_span_s": math.nan}, {"bucket_s": 1e9}],
+)  # fmt: skip
+def test_the_bank_refuses_the_parameters_the_detector_refuses(bad: dict[str, float]) -> None:
+    for make in (LeakDetector, LeakBank):
+        with pytest.raises(ValueError):
+            make(**bad)
