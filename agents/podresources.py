@@ -41,7 +41,7 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from ragwatch.agents.podmap import ContainerRef, Holders
-from ragwatch.schema import MAX_LABEL_LEN
+from ragwatch.schema import is_label
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def is_gpu_resource(name: str) -> bool:
 
 
 def _label(v: str) -> bool:
-    return 0 < len(v) <= MAX_LABEL_LEN and v.isprintable()
+    return bool(v) and is_label(v)  # the kubelet's names are never empty
 
 
 def holders_from_response(resp: Any) -> dict[str, tuple[ContainerRef, ...]]:

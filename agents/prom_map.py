@@ -34,7 +34,7 @@ from typing import Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragwatch.schema import MAX_LABEL_LEN, MAX_UINT, GpuSample, MetricSample
+from ragwatch.schema import MAX_UINT, GpuSample, MetricSample, is_label
 
 ONE: Final = Fraction(1)
 PERCENT: Final = Fraction(1, 100)
@@ -329,13 +329,9 @@ def _pod_of(labels: Mapping[str, str]) -> PodLabels | None:
     """(namespace, pod, container) of a dcgm-exporter sample, None if it names no pod."""
     for names in POD_LABELS:
         ns, pod, container = (labels.get(n) or None for n in names)
-        if pod is not None and all(v is None or _label_ok(v) for v in (ns, pod, container)):
+        if pod is not None and all(v is None or is_label(v) for v in (ns, pod, container)):
             return ns, pod, container
     return None
-
-
-def _label_ok(v: str) -> bool:
-    return len(v) <= MAX_LABEL_LEN and v.isprintable()
 
 
 def pod_labels(samples: Iterable[MetricSample]) -> PodLabels:

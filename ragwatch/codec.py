@@ -24,7 +24,6 @@ import orjson
 from ragwatch.errors import SchemaError
 from ragwatch.schema import (
     KINDS,
-    MAX_LABEL_LEN,
     MAX_UINT,
     SCHEMA_VERSION,
     Alert,
@@ -33,6 +32,7 @@ from ragwatch.schema import (
     GpuEnvelope,
     MetricsEnvelope,
     RequestsEnvelope,
+    is_label,
 )
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -88,8 +88,7 @@ def decode(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Envelope
 _NO_PROCS: list[Any] = []  # a GPU without "procs" (never mutated)
 
 
-def _label_ok(v: str) -> bool:
-    return len(v) <= MAX_LABEL_LEN and v.isprintable()
+_label_ok = is_label  # the fast path's name for it
 
 
 def _opt_count(v: Any) -> bool:
@@ -166,9 +165,10 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
             and _opt_number(g.get("power_w"), 0.0)
             and _opt_number(g.get("temp_c"), -math.inf)
             and (procs is _NO_PROCS or type(procs) is list)
-            and (g.get("pod") is None or _labels_ok(g, _POD_LABELS))
-            and (g.get("namespace") is None or _labels_ok(g, _POD_LABELS))
-            and (g.get("container") is None or _labels_ok(g, _POD_LABELS))
+            and (
+                (g.get("pod") is None and g.get("namespace") is None and g.get("container") is None)
+                or _labels_ok(g, _POD_LABELS)
+            )
         ):
             return False
         for p in procs:
@@ -185,8 +185,10 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
                 and _opt_count(p.get("rss"))
                 and (container is None or (type(container) is str and _label_ok(container)))
                 and type(p.get("dead", False)) is bool
-                and (p.get("pod") is None or _labels_ok(p, _PROC_POD_LABELS))
-                and (p.get("namespace") is None or _labels_ok(p, _PROC_POD_LABELS))
+                and (
+                    (p.get("pod") is None and p.get("namespace") is None)
+                    or _labels_ok(p, _PROC_POD_LABELS)
+                )
             ):
                 return False
     return True

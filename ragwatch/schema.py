@@ -75,6 +75,12 @@ MAX_LABEL_LEN = 256
 MAX_JSON_DEPTH = 32  # free-form values (event attributes): lists and objects nested this deep
 
 
+def is_label(v: str) -> bool:
+    """Whether ``v`` may be a label value (:func:`check_label`'s rule, as a predicate for
+    fast paths and sources that skip what fails it)."""
+    return len(v) <= MAX_LABEL_LEN and v.isprintable()
+
+
 def check_label(v: str, name: str) -> str:
     """Names that become labels (hosts, services, processes ...) end up in Slack text,
     HTML, Redis keys and /metrics: printable, at most MAX_LABEL_LEN characters."""
