@@ -105,8 +105,11 @@ LABEL_ORDER = ("host", "gpu", "mig", "pid", "process", "namespace", "pod", "cont
 # the Kubernetes container a GPU or process belongs to, where the agent knows it (set only
 # then; docs/kubernetes.md)
 POD_LABELS = ("namespace", "pod", "container")
+# a process's own: its ``container`` label is always set (the Kubernetes name, else the
+# runtime's id, else "none")
+PROCESS_POD_LABELS = ("namespace", "pod")
 SERIES_LABELS: dict[str, tuple[str, ...]] = {
-    "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container", "namespace", "pod"),
+    "process": ("host", "gpu", "uuid", "mig", "pid", "process", "container", *PROCESS_POD_LABELS),
     "gpu": ("host", "gpu", "uuid", "mig", "gpu_name", *POD_LABELS),
     "service": ("service", "instance"),
     "event": ("host", "gpu", "mig", "pid", "process", "container", "type", "xid", "event"),

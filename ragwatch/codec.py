@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.errors import SchemaError
 from ragwatch.schema import (
     KINDS,
@@ -103,10 +104,6 @@ def _opt_number(v: Any, low: float) -> bool:
     return v is None or (type(v) is int and low <= v <= MAX_UINT)
 
 
-_POD_LABELS = ("namespace", "pod", "container")  # optional, on a GPU (docs/kubernetes.md)
-_PROC_POD_LABELS = ("namespace", "pod")  # and on a process (its container is checked apart)
-
-
 def _labels_ok(d: dict[str, Any], names: tuple[str, ...]) -> bool:
     """Whether each of ``names`` is absent, None or a valid label value in ``d``."""
     for name in names:
@@ -167,7 +164,7 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
             and (procs is _NO_PROCS or type(procs) is list)
             and (
                 (g.get("pod") is None and g.get("namespace") is None and g.get("container") is None)
-                or _labels_ok(g, _POD_LABELS)
+                or _labels_ok(g, POD_LABELS)
             )
         ):
             return False
@@ -187,7 +184,7 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
                 and type(p.get("dead", False)) is bool
                 and (
                     (p.get("pod") is None and p.get("namespace") is None)
-                    or _labels_ok(p, _PROC_POD_LABELS)
+                    or _labels_ok(p, PROCESS_POD_LABELS)
                 )
             ):
                 return False

@@ -28,7 +28,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from ragwatch.catalog import DELIVERY_LATENCY_BUCKETS_S as LATENCY_BUCKETS_S
-from ragwatch.catalog import POD_LABELS
+from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.chart_ids import series_prefix
 
 # every family /metrics can export: name -> help. Names follow Prometheus' conventions
@@ -247,7 +247,7 @@ def _host(
                 "pid": str(p.get("pid")),
                 "process": str(p.get("name", "")),
                 "container": str(p.get("container", "")),
-                **{k: str(p[k]) for k in ("namespace", "pod") if p.get(k)},
+                **{k: str(p[k]) for k in PROCESS_POD_LABELS if p.get(k)},
             }
             f.add("ragwatch_process_gpu_memory_bytes", labels, p.get("gpu_mem_bytes"))
             growth = "ragwatch_process_memory_growth_bytes_per_second"

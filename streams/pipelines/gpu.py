@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ragwatch.catalog import POD_LABELS
+from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.codec import gpu_wire
 from ragwatch.detectors import make
 from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
@@ -401,7 +401,7 @@ class GpuPipeline:
                     "gpu_mem_bytes": signals.get("gpu_mem_bytes"),
                     "gb_per_hour": view["gb_per_hour"],
                 }
-                proc.update((k, s.labels[k]) for k in ("namespace", "pod") if k in s.labels)
+                proc.update((k, s.labels[k]) for k in PROCESS_POD_LABELS if k in s.labels)
                 g["procs"].append(proc)
         top = [g for g in gpus.values() if "ts" in g]
         return {
@@ -462,12 +462,17 @@ class GpuPipeline:
         self._by_host.setdefault(key[0], set()).add(key)
         return s
 
+    def _drop(self, key: SeriesKey) -> Series:
+        """Stop tracking one series (its host's set may be left empty: the caller tidies)."""
+        s = self.series.pop(key)
+        self._by_host[key[0]].discard(key)
+        self.stats.evicted_series += 1
+        return s
+
     def _reassigned(self, g: Series, key: SeriesKey, ts: float) -> list[Transition]:
         """A GPU now allocated to another pod: a new workload, so a new series (a fresh
         baseline), and the old one's alerts resolved as gone."""
-        del self.series[key]
-        self._by_host[key[0]].discard(key)
-        self.stats.evicted_series += 1
+        self._drop(key)
         note = f"the device was allocated to pod {g.labels.get('pod', '?')}, now to another"
         return self.engine.clear_fingerprints((fp for _, fp in g.keys.values()), ts, note)
 
@@ -515,9 +520,7 @@ class GpuPipeline:
         out: list[Transition] = []
         keys = self._by_host.get(host, set())
         for key in [k for k in keys if now - self.series[k].last_ts > stale_s]:
-            s = self.series.pop(key)
-            keys.discard(key)
-            self.stats.evicted_series += 1
+            s = self._drop(key)
             match: dict[str, str] = {
                 k: s.labels[k] for k in ("host", "gpu", "mig", "pid") if k in s.labels
             }
