@@ -72,9 +72,9 @@ def _pod(d: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return d.get("namespace"), d.get("pod"), d.get("container")
 
 
-def _pod_labels(d: Mapping[str, Any]) -> dict[str, str]:
-    """``namespace`` and ``pod`` (and a GPU's ``container``) of a wire dict, where set."""
-    return {k: d[k] for k in POD_LABELS if d.get(k)}
+def _pod_labels(d: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, str]:
+    """The Kubernetes labels ``names`` of a wire dict, where set."""
+    return {k: d[k] for k in names if d.get(k)}
 
 
 def _leak() -> LeakDetector:
@@ -449,14 +449,14 @@ class GpuPipeline:
         labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu["uuid"], "mig": key[2]}
         if proc is None:
             labels["gpu_name"] = gpu["name"]
-            labels.update(_pod_labels(gpu))
+            labels.update(_pod_labels(gpu, POD_LABELS))
         else:
             labels.update(
                 pid=str(proc["pid"]),
                 process=proc["name"],
                 container=proc.get("container") or "none",
             )
-            labels.update(_pod_labels(proc))
+            labels.update(_pod_labels(proc, PROCESS_POD_LABELS))
         s = Series(labels=labels, detector=self._factory(), gpu=proc is None)
         self.series[key] = s
         self._by_host.setdefault(key[0], set()).add(key)
