@@ -120,6 +120,15 @@ class Pipelines:
         out = self.gpus.process_wire(env) + self.events.advance(env["host"], float(env["ts"]))
         return self.correlator.annotate(out)
 
+    def gpu_batch(self, envs: list[dict[str, Any]]) -> list[Transition]:
+        """:meth:`gpu_wire` for a batch of validated wire dicts, in order: the GPU pipeline
+        updates their series together (:meth:`GpuPipeline.process_batch`), with the same
+        transitions as one envelope at a time."""
+        out = self.gpus.process_batch(envs)
+        for env in envs:
+            out += self.events.advance(env["host"], float(env["ts"]))
+        return self.correlator.annotate(out)
+
     def request(self, env: RequestsEnvelope) -> list[Transition]:
         return self.correlator.annotate(self.requests.process(env))
 

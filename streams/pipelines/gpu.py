@@ -306,6 +306,13 @@ class GpuPipeline:
                 out += self._evict(h, now, SILENT_HOST_FACTOR * self.stale_s)
         return out
 
+    def process_batch(self, envs: list[dict[str, Any]]) -> list[Transition]:
+        """:meth:`process_wire` for validated wire dicts, in order; the same transitions."""
+        out: list[Transition] = []
+        for env in envs:
+            out += self.process_wire(env)
+        return out
+
     def _attributed(self, host: str, index: int, mig: str, procs: Iterable[Any]) -> float | None:
         """What the GPU's processes explain of its growth: the sum of their own recent
         rates, as of their last estimates (0 when no process is seen). Unknown (None)
