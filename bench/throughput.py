@@ -240,7 +240,7 @@ def role_memory(args: argparse.Namespace) -> None:
             pipes.gpu_wire(
                 gpu_wire(dataclasses.replace(env, gpus=tuple(pad(g, procs) for g in env.gpus)))
             )
-    gpu_series = len(pipes.gpus.series)
+    gpu_series = len(pipes.gpus)
     after_gpu = rss_bytes()
     rsim = RequestSimulator(RequestSimConfig(services=5, instances=4))
     for _, (_, envs) in zip(range(6 * 60 * 2), rsim.ticks(), strict=False):  # 2 h of 10 s batches

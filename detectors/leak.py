@@ -101,7 +101,7 @@ class LeakEstimate:
 
 
 @functools.cache
-def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+def pair_indices(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """Indices (i, j), i < j, of every pair of ``n`` points (cached: n <= window points)."""
     i, j = np.triu_indices(n, 1)
     return i, j
@@ -118,7 +118,7 @@ def _theil_sen(t: npt.NDArray[np.float64], v: npt.NDArray[np.float64]) -> float:
     n = len(t)
     if n < 2:
         return 0.0
-    i, j = _pairs(n)
+    i, j = pair_indices(n)
     dt = t[j] - t[i]
     with np.errstate(all="ignore"):  # overflowing values give inf / NaN slopes
         keep = dt != 0

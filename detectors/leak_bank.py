@@ -30,12 +30,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.detectors.leak import GB, LeakEstimate, checked_params
+from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate, pair_indices, checked_params
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 NO_BUCKET = np.iinfo(np.int64).min  # a row with no open bucket (new, or reset)
-FIT_CHUNK = 2048  # rows refitted per matrix: 2,048 x 1,830 slopes x 8 bytes = 30 MB
+# below this many rows, a window's pairs are one gather (cheaper than ~60 slice operations)
+GATHER_ROWS = 16
+FIT_CHUNK = 512  # rows refitted per matrix: 512 x 1,830 slopes x 8 bytes = 7.5 MB
 
 
 def _row_median(x: F64, m: I64) -> F64:
@@ -59,16 +61,23 @@ def _dense_theil_sen(t: F64, v: F64) -> F64:
     n = t.shape[1]
     if n < 2:
         return np.zeros(len(t))
-    # the pairs diagonal by diagonal (points d apart): contiguous slices, not a gather;
     # the order of the slopes does not matter to their median
     m = n * (n - 1) // 2
-    slopes = np.empty((len(t), m))
-    at = 0
     with np.errstate(all="ignore"):
-        for d in range(1, n):
-            w = n - d
-            np.divide(v[:, d:] - v[:, :w], t[:, d:] - t[:, :w], out=slopes[:, at : at + w])
-            at += w
+        if len(t) < GATHER_ROWS:  # few rows: every pair in one gather
+            i, j = pair_indices(n)
+            slopes = (v[:, j] - v[:, i]) / (t[:, j] - t[:, i])
+        else:  # diagonal by diagonal (points d apart): contiguous slices, not a gather
+            slopes = np.empty((len(t), m))
+            dt = np.empty((len(t), n - 1))
+            at = 0
+            for d in range(1, n):
+                w = n - d
+                out, gap = slopes[:, at : at + w], dt[:, :w]
+                np.subtract(v[:, d:], v[:, :w], out=out)
+                np.subtract(t[:, d:], t[:, :w], out=gap)
+                np.divide(out, gap, out=out)
+                at += w
     tied = (np.diff(t, axis=1) == 0).any(axis=1)
     if tied.any():
         keep = np.empty((len(t), m), dtype=np.bool_)
@@ -79,11 +88,16 @@ def _dense_theil_sen(t: F64, v: F64) -> F64:
             at += w
         return _row_median(np.where(keep, slopes, np.nan), np.count_nonzero(keep, axis=1))
     mid = m // 2
+    slopes.partition(mid, axis=1)  # in place: no copy of the matrix
     if m % 2:
-        slopes.partition(mid, axis=1)  # in place: no copy of the matrix
         return slopes[:, mid].copy()
-    slopes.partition((mid - 1, mid), axis=1)
-    return (slopes[:, mid - 1] + slopes[:, mid]) / 2
+    if np.isnan(slopes).any():  # overflowing values: NaN sorts last, as in the object's
+        slopes.partition(mid - 1, axis=1)
+        return (slopes[:, mid - 1] + slopes[:, mid]) / 2
+    # the other middle value is the largest left of it: one selection, not two (numpy's
+    # partition with two kth costs ~6x one)
+    median: F64 = (slopes[:, :mid].max(axis=1) + slopes[:, mid]) / 2
+    return median
 
 
 class LeakBank:
@@ -107,6 +121,12 @@ class LeakBank:
     steadiness: F64
     recent_slope: F64
     recent_steadiness: F64
+
+    # the per-row arrays, by name: what a snapshot of rows holds (``dump`` / ``load``)
+    ROW_STATE = (
+        "bucket", "n", "tsum", "mean", "late", "count", "pts_t", "pts_v", "has", "slope",
+        "span", "level", "steadiness", "recent_slope", "recent_steadiness",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -176,6 +196,64 @@ class LeakBank:
         self.tsum[r] = self.mean[r] = 0.0
         self.pts_t[r] = self.pts_v[r] = np.nan
         self.has[r] = False
+
+    def dump(self, rows: npt.ArrayLike) -> dict[str, bytes]:
+        """The state of ``rows``, as raw little-endian arrays by name (a snapshot: typed
+        data, nothing to unpickle); :meth:`load` puts it back, onto any rows."""
+        r = np.asarray(rows, dtype=np.intp)
+        out = {
+            name: getattr(self, name)[r]
+            .astype(getattr(self, name).dtype.newbyteorder("<"))
+            .tobytes()
+            for name in self.ROW_STATE
+        }
+        out["points_max"] = np.int64(self.points_max).tobytes()
+        return out
+
+    def load(self, rows: npt.ArrayLike, state: dict[str, bytes]) -> None:
+        """Rows ``rows`` from a :meth:`dump` of as many rows by a bank with the same
+        parameters (ValueError, with nothing changed, if it does not fit)."""
+        r = np.asarray(rows, dtype=np.intp)
+        if np.frombuffer(state.get("points_max", b""), dtype="<i8").tolist() != [self.points_max]:
+            raise ValueError("leak bank state of another window or bucket size")
+        parts = {}
+        for name in self.ROW_STATE:
+            a = getattr(self, name)
+            try:
+                v = np.frombuffer(state[name], dtype=a.dtype.newbyteorder("<"))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"leak bank state: {name}: {exc!r}") from exc
+            if v.size != len(r) * (a.shape[1] if a.ndim == 2 else 1):
+                raise ValueError(f"leak bank state: {name} holds {v.size} values")
+            parts[name] = v.reshape((len(r), *a.shape[1:]))
+        self.reserve(int(r.max()) + 1 if len(r) else 0)
+        for name, v in parts.items():
+            getattr(self, name)[r] = v
+
+    def adopt(self, row: int, det: LeakDetector) -> None:
+        """Row ``row`` from an object detector with the same parameters (a snapshot of
+        the pipeline's previous format, which held one :class:`LeakDetector` a series)."""
+        params = (det.window_s, det.bucket_s, det.min_span_s, det.min_points, det.recent_s)
+        mine = (self.window_s, self.bucket_s, self.min_span_s, self.min_points, self.recent_s)
+        points = list(det._points)
+        if params != mine or len(points) > self.points_max:
+            raise ValueError("leak detector of other parameters")
+        self.reserve(row + 1)
+        self.reset([row])
+        self.bucket[row] = NO_BUCKET if det._bucket is None else det._bucket
+        self.n[row], self.tsum[row], self.mean[row] = det._n, det._tsum, det._mean
+        self.late[row], self.count[row] = det.late, len(points)
+        for c, (t, v) in enumerate(points):
+            self.pts_t[row, c], self.pts_v[row, c] = t, v
+        est = det.estimate
+        self.has[row] = est is not None
+        if est is not None:
+            self.slope[row], self.span[row] = est.slope_bytes_per_s, est.span_s
+            self.level[row], self.steadiness[row] = est.level_bytes, est.steadiness
+            recent = est.recent_slope_bytes_per_s
+            self.recent_slope[row] = math.nan if recent is None else recent
+            steady = est.recent_steadiness
+            self.recent_steadiness[row] = math.nan if steady is None else steady
 
     # ------------------------------------------------------------------ learning
 

@@ -116,18 +116,22 @@ class Pipelines:
     def gpu_wire(self, env: dict[str, Any]) -> list[Transition]:
         """:meth:`gpu` for a validated wire dict (``codec.decode_gpu_wire``): the worker's
         hot path, without building records."""
-        # GPU telemetry moves the host's event time forward: event alerts age with it.
-        out = self.gpus.process_wire(env) + self.events.advance(env["host"], float(env["ts"]))
-        return self.correlator.annotate(out)
+        return self.gpu_batch([env])
 
     def gpu_batch(self, envs: list[dict[str, Any]]) -> list[Transition]:
         """:meth:`gpu_wire` for a batch of validated wire dicts, in order: the GPU pipeline
         updates their series together (:meth:`GpuPipeline.process_batch`), with the same
         transitions as one envelope at a time."""
-        out = self.gpus.process_batch(envs)
-        for env in envs:
-            out += self.events.advance(env["host"], float(env["ts"]))
-        return self.correlator.annotate(out)
+        return self.gpus.process_batch(envs, self._gpu_wave_done)
+
+    def _gpu_wave_done(
+        self, envs: list[tuple[str, float]], transitions: list[Transition]
+    ) -> list[Transition]:
+        """A wave of GPU envelopes is done: their hosts' event time moves on (event alerts
+        age with it), and the transitions get their hints while the GPU state is theirs."""
+        for host, ts in envs:
+            transitions += self.events.advance(host, ts)
+        return self.correlator.annotate(transitions)
 
     def request(self, env: RequestsEnvelope) -> list[Transition]:
         return self.correlator.annotate(self.requests.process(env))
@@ -159,7 +163,19 @@ class Pipelines:
             p.forget(key)
         self.engine.forget(lambda lab: owns(domain, key, lab))
 
-    def run(self, envelopes: Iterable[Envelope]) -> Iterator[Transition]:
-        """Every transition of a stream of envelopes, in order."""
+    def run(self, envelopes: Iterable[Envelope], *, batch: int = 256) -> Iterator[Transition]:
+        """Every transition of a stream of envelopes, in order: runs of up to ``batch``
+        consecutive GPU envelopes go through :meth:`gpu_batch` together."""
+        run: list[dict[str, Any]] = []
         for env in envelopes:
-            yield from self.process(env)
+            if isinstance(env, GpuEnvelope):
+                run.append(gpu_wire(env))
+                if len(run) < batch:
+                    continue
+            if run:
+                yield from self.gpu_batch(run)
+                run = []
+            if not isinstance(env, GpuEnvelope):
+                yield from self.process(env)
+        if run:
+            yield from self.gpu_batch(run)

@@ -1,13 +1,23 @@
 """From ``ragwatch.gpu`` envelopes to per-GPU and per-process signals and alert transitions.
 
-Plain Python (no Faust): the Faust agent in :mod:`ragwatch.streams.worker.app` feeds decoded
-envelopes into :meth:`GpuPipeline.process`, and so can a test or a replay.
+Plain Python and numpy (no Faust): the worker (:mod:`ragwatch.streams.worker.loop`) feeds
+batches of decoded envelopes into :meth:`GpuPipeline.process_batch`, and so can a test or
+a replay; :meth:`GpuPipeline.process` takes one.
 
 Series:
 
 - ``gpu``: one per (host, GPU index, MIG instance), a leak detector on ``fb_used``;
 - ``process``: one per (host, GPU, MIG, pid), a leak detector on its GPU memory. A new
   pid is a new series, so a restart resets the detector.
+
+The state is columnar (issue 17): a series is a row of arrays, its key's row kept by a
+:class:`~ragwatch.streams.pipelines.rows.RowIndex`, its leak detector a row of a
+:class:`~ragwatch.detectors.leak_bank.LeakBank`, its raw values (memory, utilisation,
+temperature ...) columns. A batch is split into *waves*, runs of envelopes of distinct
+hosts: a wave's samples are learned with one set of array operations, its rules are
+evaluated as masks over its rows, and only the rows where a rule holds or an alert is
+active reach the alert engine. The transitions are those of one envelope at a time
+(``tests/unit/test_gpu_columnar.py`` holds them to it).
 
 A series not seen for ``stale_s`` of event time (the process exited, the GPU vanished)
 is forgotten and its active alerts resolve. A host that goes silent altogether is swept
@@ -18,12 +28,14 @@ series of every kind count), or ``max_series_per_host`` (one host whose processe
 through pids), are dropped and counted.
 
 >>> from ragwatch.agents.sim import FleetSimulator, SimConfig
+>>> from ragwatch.codec import gpu_wire
 >>> from ragwatch.streams.alerting.rules import load_rules
 >>> pipe = GpuPipeline(load_rules())
 >>> sim = FleetSimulator(SimConfig(hosts=1, gpus=1, interval_s=30, leak_start_s=0))
 >>> fired = []
 >>> for _, (ts, envs, _) in zip(range(2 * 120), sim.ticks()):  # two hours
-...     fired += [t.alert for env in envs for t in pipe.process(env) if t.notify]
+...     batch = [gpu_wire(env) for env in envs]
+...     fired += [t.alert for t in pipe.process_batch(batch) if t.notify]
 >>> fired[0].labels["process"], fired[0].labels["pid"], fired[0].status
 ('rag-worker', '4001', 'firing')
 """
@@ -32,28 +44,94 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
+
 from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.codec import gpu_wire
-from ragwatch.detectors import make
 from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
+from ragwatch.detectors.leak_bank import LeakBank
 from ragwatch.schema import GpuEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
-from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.alerting.rules import OPS, Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
+from ragwatch.streams.pipelines.rows import RowIndex
 
 log = logging.getLogger(__name__)
 
 SeriesKey = tuple[str, int, str, int]  # host, gpu index, mig ("" if none), pid (-1 = gpu)
+# called as a wave is done: its envelopes' (host, ts) and transitions -> those to keep
+WaveDone = Callable[[list[tuple[str, float]], list[Transition]], list[Transition]]
+F64 = npt.NDArray[np.float64]
+Rows = npt.NDArray[np.intp]
 # A host is swept by the pipeline's watermark only after 12 x stale_s (an hour by default):
 # hosts live on different partitions, consumed at different paces, and a fast replay turns
 # a second of lag into many minutes of event time.
 SILENT_HOST_FACTOR = 12
 TOP_K = 3  # GPUs per host listed by utilisation, memory and memory growth in the snapshot
+SNAPSHOT_FORMAT = "gpu-rows/1"  # a host's rows in a snapshot: typed arrays, no objects
+
+# The signals of each kind of series, in the order their dicts list them.
+LEAK_SIGNALS = (
+    "fb_used_bytes",
+    "fb_total_bytes",
+    "mem_increase_bytes",
+    "mem_increase_gb",
+    "mem_slope_bytes_per_s",
+    "gb_per_hour",
+    "window_h",
+    "leak_score",
+    "mem_steadiness",
+    "recent_gb_per_hour",
+    "recent_steadiness",
+    "tte_s",
+    "tte_h",
+)
+GPU_SIGNALS = (
+    *LEAK_SIGNALS,
+    "attributed_gb_per_hour",
+    "unattributed_gb_per_hour",
+    "fb_used_ratio",
+    "gpu_util",
+    "mem_copy_util",
+    "temp_c",
+    "power_w",
+)
+PROCESS_SIGNALS = (*LEAK_SIGNALS, "gpu_mem_bytes", "rss_bytes")
+# Signals that change with every sample; the others come from the leak detector's
+# estimate and change only when it closes a bucket (every 2 min by default).
+SAMPLE_SIGNALS = frozenset(
+    {
+        "fb_used_bytes",
+        "fb_total_bytes",
+        "tte_s",
+        "tte_h",
+        "gpu_mem_bytes",
+        "rss_bytes",
+        "fb_used_ratio",
+        "gpu_util",
+        "mem_copy_util",
+        "temp_c",
+        "power_w",
+    }
+)
+# the raw columns of a row (NaN where a value is not known), as a snapshot holds them
+COLUMNS = (
+    "value",
+    "fb_used",
+    "fb_total",
+    "gpu_util",
+    "mem_copy_util",
+    "temp_c",
+    "power_w",
+    "rss",
+    "attributed",
+)
 
 
 def _top(gpus: list[dict[str, Any]], field: str, k: int) -> list[dict[str, Any]]:
@@ -77,96 +155,173 @@ def _pod_labels(d: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, str]:
     return {k: d[k] for k in names if d.get(k)}
 
 
-def _leak() -> LeakDetector:
-    det = make("leak")
-    assert isinstance(det, LeakDetector)
-    return det
-
-
-# Signals that change with every sample; the others come from the leak detector's
-# estimate and change only when it closes a bucket (every 2 min by default).
-SAMPLE_SIGNALS = frozenset(
-    {
-        "fb_used_bytes",
-        "fb_total_bytes",
-        "tte_s",
-        "tte_h",
-        "gpu_mem_bytes",
-        "rss_bytes",
-        "fb_used_ratio",
-        "gpu_util",
-        "mem_copy_util",
-        "temp_c",
-        "power_w",
-    }
-)
+def _holds(rule: Rule, signals: Mapping[str, F64], n: int) -> npt.NDArray[np.bool_]:
+    """:meth:`Rule.holds` of ``n`` rows at once (NaN: not known, never holds)."""
+    out = np.ones(n, dtype=np.bool_)
+    for c in rule.conditions:
+        v = signals.get(c.signal)
+        if v is None:  # a signal this kind of series does not have
+            return np.zeros(n, dtype=np.bool_)
+        op: Any = OPS[c.op]  # the scalar operator, on arrays
+        with np.errstate(invalid="ignore"):
+            out &= ~np.isnan(v) & op(v, c.threshold)
+    return out
 
 
 @dataclass(slots=True)
 class Series:
-    """One tracked series: its labels, detector and latest raw values.
-
-    ``signals`` is computed when read (rules, status, hints), not on every sample.
-    """
+    """A series as snapshots of the previous format (version 5, one object per series)
+    hold it: read only, to adopt such a snapshot into rows (``GpuPipeline.adopt``)."""
 
     labels: dict[str, str]
     detector: LeakDetector
     last_ts: float = 0.0
-    gpu: bool = True  # a GPU's series; False for one process on it
-    value: float = 0.0  # the memory fed to the detector: fb_used, or the process's gpu_mem
-    fb_used: int = 0  # of the GPU (a process's series too: time to exhaustion)
+    gpu: bool = True
+    value: float = 0.0
+    fb_used: int = 0
     fb_total: int = 0
     gpu_util: float | None = None
     mem_copy_util: float | None = None
     temp_c: float | None = None
     power_w: float | None = None
     rss: int | None = None
-    estimate: LeakEstimate | None = None  # the detector's, as of the last evaluation
-    attributed: float | None = 0.0  # a GPU's: its processes' recent GB/h (None: not known)
-    watch: bool = True  # an alert of a rule that reads only the estimate may be active
-    keys: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)  # rule -> alert
+    estimate: LeakEstimate | None = None
+    attributed: float | None = 0.0
+    watch: bool = True
+    keys: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
+
+
+class SeriesView:
+    """One series as readers outside the pipeline see it (hints, charts, status): its
+    labels, last event time and signals. The signals of the rows read together are
+    computed together, once, when first asked for."""
+
+    __slots__ = ("_at", "_rows", "labels", "last_ts")
+
+    def __init__(self, labels: dict[str, str], last_ts: float, rows: _RowSignals, at: int):
+        self.labels, self.last_ts, self._rows, self._at = labels, last_ts, rows, at
 
     @property
     def signals(self) -> dict[str, float | None]:
         """Every signal the rules of this series can read."""
-        est = self.detector.estimate
-        fb_used, total = self.fb_used, self.fb_total
-        free = total - fb_used
-        tte = est.time_to_exhaustion(free) if est else None
-        if est and free <= 0:
-            tte = 0.0  # full: nothing left, whatever the recent slope says
-        elif est and tte is None:
-            tte = math.inf  # not growing: never
-        out: dict[str, float | None] = {
-            "fb_used_bytes": float(fb_used),
-            "fb_total_bytes": float(total),
-            "mem_increase_bytes": est.increase_bytes if est else None,
-            "mem_increase_gb": est.increase_bytes / GB if est else None,
-            "mem_slope_bytes_per_s": est.slope_bytes_per_s if est else None,
-            "gb_per_hour": est.gb_per_hour if est else None,
-            "window_h": est.span_s / 3600 if est else None,
-            "leak_score": self.detector.score_one({"value": self.value, "t": self.last_ts}),
-            "mem_steadiness": est.steadiness if est else None,
-            "recent_gb_per_hour": est.recent_gb_per_hour if est else None,
-            "recent_steadiness": est.recent_steadiness if est else None,
-            "tte_s": tte,
-            "tte_h": None if tte is None else tte / 3600,
-        }
-        if self.gpu:
-            recent, attributed = (est.recent_gb_per_hour if est else None), self.attributed
-            out["attributed_gb_per_hour"] = attributed
-            out["unattributed_gb_per_hour"] = (
-                None if recent is None or attributed is None else recent - attributed
-            )
-            out["fb_used_ratio"] = fb_used / total if total else None
-            out["gpu_util"] = self.gpu_util
-            out["mem_copy_util"] = self.mem_copy_util
-            out["temp_c"] = self.temp_c
-            out["power_w"] = self.power_w
-        else:
-            out["gpu_mem_bytes"] = self.value
-            out["rss_bytes"] = None if self.rss is None else float(self.rss)
-        return out
+        return self._rows.get(self._at)
+
+
+class _RowSignals:
+    """The signal dicts of some rows, computed for all of them on first use."""
+
+    def __init__(self, pipe: GpuPipeline, rows: Rows) -> None:
+        self._pipe, self._rows = pipe, rows
+        self._dicts: list[dict[str, float | None]] | None = None
+
+    def get(self, at: int) -> dict[str, float | None]:
+        if self._dicts is None:
+            self._dicts = self._pipe.signal_dicts(self._rows)
+        return self._dicts[at]
+
+
+class _Signals(Mapping[str, F64]):
+    """The signals of some rows of one kind, each computed when first read (a rule's
+    mask reads two or three of them; a status or an alert all)."""
+
+    def __init__(self, pipe: GpuPipeline, rows: Rows, gpu: bool) -> None:
+        self._p, self._r = pipe, rows
+        self._names = GPU_SIGNALS if gpu else PROCESS_SIGNALS
+        self._done: dict[str, F64] = {}
+        self.has = pipe.bank.has[rows]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getitem__(self, name: str) -> F64:
+        v = self._done.get(name)
+        if v is None:
+            if name not in self._names:
+                raise KeyError(name)
+            with np.errstate(all="ignore"):
+                v = self._done[name] = getattr(self, "_" + name)()
+        return v
+
+    def _est(self, a: F64) -> F64:
+        return np.where(self.has, a[self._r], np.nan)
+
+    def _fb_used_bytes(self) -> F64:
+        return self._p.fb_used[self._r]
+
+    def _fb_total_bytes(self) -> F64:
+        return self._p.fb_total[self._r]
+
+    def _mem_slope_bytes_per_s(self) -> F64:
+        return self._est(self._p.bank.slope)
+
+    def _mem_increase_bytes(self) -> F64:
+        return self["mem_slope_bytes_per_s"] * self._est(self._p.bank.span)
+
+    def _mem_increase_gb(self) -> F64:
+        return self["mem_increase_bytes"] / GB
+
+    def _gb_per_hour(self) -> F64:
+        return self["mem_slope_bytes_per_s"] * 3600 / GB
+
+    def _window_h(self) -> F64:
+        return self._est(self._p.bank.span) / 3600
+
+    def _leak_score(self) -> F64:
+        return self._p.bank.scores(self._r)
+
+    def _mem_steadiness(self) -> F64:
+        return self._est(self._p.bank.steadiness)
+
+    def _recent(self) -> F64:
+        return self._est(self._p.bank.recent_slope)
+
+    def _recent_gb_per_hour(self) -> F64:
+        return self._recent() * 3600 / GB
+
+    def _recent_steadiness(self) -> F64:
+        return self._est(self._p.bank.recent_steadiness)
+
+    def _tte_s(self) -> F64:
+        free = self["fb_total_bytes"] - self["fb_used_bytes"]
+        recent = self._recent()
+        rate = np.where(np.isnan(recent), self["mem_slope_bytes_per_s"], recent)
+        tte = np.where(rate <= 0, np.inf, np.maximum(0.0, free) / rate)
+        tte = np.where(free <= 0, 0.0, tte)  # full: nothing left, whatever the slope says
+        return np.where(self.has, tte, np.nan)
+
+    def _tte_h(self) -> F64:
+        return self["tte_s"] / 3600
+
+    def _attributed_gb_per_hour(self) -> F64:
+        return self._p.attributed[self._r]
+
+    def _unattributed_gb_per_hour(self) -> F64:
+        return self["recent_gb_per_hour"] - self["attributed_gb_per_hour"]
+
+    def _fb_used_ratio(self) -> F64:
+        total = self["fb_total_bytes"]
+        return np.where(total != 0, self["fb_used_bytes"] / total, np.nan)
+
+    def _gpu_util(self) -> F64:
+        return self._p.gpu_util[self._r]
+
+    def _mem_copy_util(self) -> F64:
+        return self._p.mem_copy_util[self._r]
+
+    def _temp_c(self) -> F64:
+        return self._p.temp_c[self._r]
+
+    def _power_w(self) -> F64:
+        return self._p.power_w[self._r]
+
+    def _gpu_mem_bytes(self) -> F64:
+        return self._p.value[self._r]
+
+    def _rss_bytes(self) -> F64:
+        return self._p.rss[self._r]
 
 
 @dataclass
@@ -179,15 +334,139 @@ class PipelineStats:
     duplicates: int = 0  # samples not newer than their series' last one (a replay, a retry)
 
 
+class _Wave:
+    """The samples of one wave, gathered as Python lists and applied to the arrays at
+    once (:meth:`GpuPipeline._flush`): GPU samples, and process samples pointing at
+    their GPU's (for its memory in use and total)."""
+
+    __slots__ = (
+        "after", "attr_of", "attr_rows", "g_copy", "g_pos", "g_power", "g_rows", "g_temp",
+        "g_total", "g_ts", "g_used", "g_util", "hosts", "out", "p_gpu", "p_mem", "p_pos",
+        "p_rows", "p_rss", "p_ts", "seq",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.hosts: set[str] = set()
+        self.seq = 0  # the next sample's position in the wave (the order of evaluation)
+        # per GPU sample (row -1: a GPU whose series did not fit; its processes' memory
+        # in use and total are still its)
+        self.g_rows: list[int] = []
+        self.g_ts: list[float] = []
+        self.g_used: list[int] = []
+        self.g_total: list[int] = []
+        self.g_util: list[float | None] = []
+        self.g_copy: list[float | None] = []
+        self.g_temp: list[float | None] = []
+        self.g_power: list[float | None] = []
+        self.g_pos: list[int] = []
+        # per process sample: its row, memory, RSS, and its GPU sample (index in g_*)
+        self.p_rows: list[int] = []
+        self.p_ts: list[float] = []
+        self.p_mem: list[int] = []
+        self.p_rss: list[int | None] = []
+        self.p_gpu: list[int] = []
+        self.p_pos: list[int] = []
+        # per process listed under a GPU sample: its row before the wave (-1: new or
+        # dropped), and which GPU sample it explains
+        self.attr_rows: list[int] = []
+        self.attr_of: list[int] = []
+        self.after: list[tuple[str, float]] = []  # (host, ts) of each envelope: its sweep
+        self.out: list[Transition] = []
+
+    def clear(self) -> None:
+        for name in self.__slots__:
+            if name != "seq":
+                getattr(self, name).clear()
+        self.seq = 0
+
+    def gpu(self, row: int, ts: float, gpu: dict[str, Any]) -> int:
+        """One GPU sample; its index among the wave's GPU samples."""
+        self.g_rows.append(row)
+        self.g_ts.append(ts)
+        self.g_used.append(gpu["fb_used"])
+        self.g_total.append(gpu["fb_total"])
+        self.g_util.append(gpu.get("gpu_util"))
+        self.g_copy.append(gpu.get("mem_copy_util"))
+        self.g_temp.append(gpu.get("temp_c"))
+        self.g_power.append(gpu.get("power_w"))
+        self.g_pos.append(self.seq)
+        self.seq += 1
+        return len(self.g_rows) - 1
+
+    def process(self, row: int, ts: float, proc: dict[str, Any], gpu_at: int) -> None:
+        self.p_rows.append(row)
+        self.p_ts.append(ts)
+        self.p_mem.append(proc["gpu_mem"])
+        self.p_rss.append(proc.get("rss"))
+        self.p_gpu.append(gpu_at)
+        self.p_pos.append(self.seq)
+        self.seq += 1
+
+    def layout(self, lay: _Layout, ts: float, gpus: list[dict[str, Any]]) -> None:
+        """A whole envelope of a known layout: its rows from the layout, its values by
+        column."""
+        base, gbase = self.seq, len(self.g_rows)
+        n_g, n_p = len(lay.g_rows), len(lay.p_rows)
+        self.g_rows += lay.g_rows
+        self.g_ts += [ts] * n_g
+        self.g_used += [g["fb_used"] for g in gpus]
+        self.g_total += [g["fb_total"] for g in gpus]
+        self.g_util += [g.get("gpu_util") for g in gpus]
+        self.g_copy += [g.get("mem_copy_util") for g in gpus]
+        self.g_temp += [g.get("temp_c") for g in gpus]
+        self.g_power += [g.get("power_w") for g in gpus]
+        self.g_pos += [base + o for o in lay.g_pos]
+        self.p_rows += lay.p_rows
+        self.p_ts += [ts] * n_p
+        procs = [p for g in gpus for p in g.get("procs", ())]
+        self.p_mem += [p["gpu_mem"] for p in procs]
+        self.p_rss += [p.get("rss") for p in procs]
+        gpu_at = [gbase + j for j in lay.p_gpu]
+        self.p_gpu += gpu_at
+        self.p_pos += [base + o for o in lay.p_pos]
+        self.attr_rows += lay.p_rows
+        self.attr_of += gpu_at
+        self.seq += n_g + n_p
+
+
+@dataclass(slots=True)
+class _Layout:
+    """What a host's envelopes look like while its GPUs, processes and pods stay put:
+    its rows in envelope order, so an envelope of the same shape skips the key lookups.
+    A series of the host added or dropped drops it (``GpuPipeline._add``, ``_drop``)."""
+
+    shape: tuple[Any, ...]  # per GPU: index, MIG, pod labels and the pids listed
+    ts: float  # of the last envelope applied (every GPU row was last seen then)
+    g_rows: list[int]
+    p_rows: list[int]
+    p_gpu: list[int]  # each process's GPU, as an index among the envelope's GPUs
+    g_pos: list[int]  # each sample's position in the envelope
+    p_pos: list[int]
+
+
+def _shape(gpus: list[dict[str, Any]]) -> tuple[Any, ...]:
+    return tuple(
+        (
+            g["index"],
+            g.get("mig"),
+            g.get("namespace"),
+            g.get("pod"),
+            g.get("container"),
+            tuple([p["pid"] for p in g.get("procs", ())]),
+        )
+        for g in gpus
+    )
+
+
 class GpuPipeline:
     """Tracks every GPU and process series and evaluates the rules on them.
 
-    Cost per sample is a dict lookup, a detector update and a few attribute stores. Rules
-    that read only the leak detector's output (``GpuMemoryLeak``) are evaluated when the
-    detector closes a bucket, or while their alert is active; rules that read a per-sample
-    signal (``fb_used_ratio``, ``gpu_util`` ...) on every sample. Both give the transitions
-    of evaluating every rule on every sample: an inactive rule whose inputs did not change
-    cannot start. A host's series are scanned for staleness only when its oldest one may be.
+    Per sample, the Python work is a dict lookup and a few list appends; the detectors,
+    the signals and the rule conditions are array operations per wave. A rule reaches
+    the alert engine for a row only where its condition holds or its alert is active (an
+    inactive rule whose condition does not hold cannot start): the transitions of
+    evaluating every rule on every sample, which ``every_sample=True`` does (the
+    reference the tests hold the masks to).
     """
 
     def __init__(
@@ -195,175 +474,559 @@ class GpuPipeline:
         rules: list[Rule],
         engine: AlertEngine | None = None,
         *,
-        detector_factory: Callable[[], LeakDetector] = _leak,
+        leak: Mapping[str, Any] | None = None,
         max_series: int = 100_000,
         max_series_per_host: int = 4096,
         budget: SeriesBudget | None = None,
         stale_s: float = 300.0,
         every_sample: bool = False,
     ) -> None:
+        """``leak``: the leak detector's parameters (:class:`~ragwatch.detectors.leak.
+        LeakDetector`'s; its defaults if None)."""
         self.rules = {s: [r for r in rules if r.series == s] for s in ("gpu", "process")}
-        # per series kind: (rules evaluated on every sample, rules that read only the
-        # estimate); every_sample=True evaluates them all on every sample (the reference
-        # the tests hold the fast path to)
-        self._split = {
-            kind: (
-                [r for r in rs if every_sample or r.reads & SAMPLE_SIGNALS],
-                [r for r in rs if not every_sample and not r.reads & SAMPLE_SIGNALS],
-            )
-            for kind, rs in self.rules.items()
-        }
+        self.every_sample = every_sample
         self.engine = engine or AlertEngine()
-        self._factory = detector_factory
         self.max_series = max_series
         self.max_series_per_host = max_series_per_host
         self.budget = budget or SeriesBudget(max_series)
-        self.budget.watch(lambda: len(self.series))
+        self.budget.watch(self.__len__)
         self.swept: set[str] = set()  # hosts whose last series went silent (see Pipelines.gone)
         self.stale_s = stale_s
-        self.series: dict[SeriesKey, Series] = {}
-        self._by_host: dict[str, set[SeriesKey]] = {}
+        self.index: RowIndex[SeriesKey] = RowIndex()
+        self.bank = LeakBank(**(leak or {}))
+        self._capacity = 0
+        self._labels: list[dict[str, str] | None] = []
+        self._keys: list[dict[str, tuple[dict[str, str], str]] | None] = []
+        self._grow(1024)
         self._oldest: dict[str, float] = {}  # per host, <= the oldest last_ts of its series
+        self._layouts: dict[str, _Layout] = {}  # per host, the shape of its last envelope
         # Silent hosts are swept against min(watermark, sweep_mark): a worker sets it to the
         # slowest of its partitions, which a catch-up reads at different paces.
         self.sweep_mark = math.inf
         self._watermark = 0.0
         self._last_sweep = 0.0
+        self._wave = _Wave()
+        self._then: WaveDone | None = None
+        self._done: list[Transition] = []  # the transitions of this batch's waves so far
         self.stats = PipelineStats()
+
+    def __len__(self) -> int:
+        """The series tracked."""
+        return len(self.index)
 
     @property
     def watermark(self) -> float:
         """The newest event time seen (0 before any)."""
         return self._watermark
 
+    @property
+    def last_seen(self) -> F64:
+        return self.index.last_seen
+
+    # ------------------------------------------------------------------ columns
+
+    def _grow(self, capacity: int) -> None:
+        old = self._capacity
+        for name in COLUMNS:
+            a = np.full(capacity, np.nan)
+            if old:
+                a[:old] = getattr(self, name)
+            setattr(self, name, a)
+        for name in ("is_gpu", "watch"):
+            b = np.zeros(capacity, dtype=np.bool_)
+            if old:
+                b[:old] = getattr(self, name)
+            setattr(self, name, b)
+        self._labels.extend([None] * (capacity - old))
+        self._keys.extend([None] * (capacity - old))
+        self._capacity = capacity
+        self.bank.reserve(capacity)
+
+    value: F64
+    fb_used: F64
+    fb_total: F64
+    gpu_util: F64
+    mem_copy_util: F64
+    temp_c: F64
+    power_w: F64
+    rss: F64
+    attributed: F64  # a GPU's: its processes' recent GB/h (NaN: not known)
+    is_gpu: npt.NDArray[np.bool_]
+    watch: npt.NDArray[np.bool_]  # an alert of the row may be active: evaluate its rules
+
+    # ------------------------------------------------------------------ processing
+
     def process(self, env: GpuEnvelope) -> list[Transition]:
         """Update every series of one host envelope; return the alert transitions."""
-        return self.process_wire(gpu_wire(env))
+        return self.process_batch([gpu_wire(env)])
 
     def process_wire(self, env: dict[str, Any]) -> list[Transition]:
         """:meth:`process` for a validated wire dict (``codec.decode_gpu_wire``)."""
-        stats = self.stats
+        return self.process_batch([env])
+
+    def process_batch(
+        self, envs: Iterable[dict[str, Any]], then: WaveDone | None = None
+    ) -> list[Transition]:
+        """Every envelope of a batch of validated wire dicts, in order: the transitions of
+        processing them one at a time, computed a wave of distinct hosts at once.
+
+        ``then`` is called as each wave is done, with the (host, ts) of its envelopes and
+        its transitions, and returns the transitions to keep: what reads a host's GPU
+        state for a transition (the worker's hints) reads it as of the host's envelope.
+        """
+        wave, done = self._wave, self._done
+        self._then = then
+        try:
+            for env in envs:
+                host: str = env["host"]
+                if host in wave.hosts:
+                    self._flush()
+                ts = float(env["ts"])
+                self._gather(host, ts, env["gpus"])
+                wave.after.append((host, ts))
+                if ts > self._watermark:
+                    self._watermark = ts
+                if self._watermark - self._last_sweep >= self.stale_s:
+                    self._flush()
+                    self._last_sweep = self._watermark
+                    now = min(self._watermark, self.sweep_mark)
+                    swept: list[Transition] = []
+                    for h in list(self.index.owners()):
+                        swept += self._evict(str(h), now, SILENT_HOST_FACTOR * self.stale_s)
+                    self._emit([], swept)
+            self._flush()
+            return list(done)
+        finally:
+            self._then = None
+            done.clear()
+
+    def _emit(self, envs: list[tuple[str, float]], transitions: list[Transition]) -> None:
+        if self._then is not None:
+            transitions = self._then(envs, transitions)
+        self._done += transitions
+
+    def _gather(self, host: str, ts: float, gpus: list[dict[str, Any]]) -> None:
+        """One envelope's samples into the wave: by its host's layout when it has the
+        same shape as the last one, else sample by sample."""
+        stats, wave = self.stats, self._wave
         stats.envelopes += 1
-        out: list[Transition] = []
-        host: str = env["host"]
-        ts = float(env["ts"])
-        series = self.series
-        every_process = bool(self._split["process"][0])
-        for gpu in env["gpus"]:
-            stats.samples += 1
+        stats.samples += len(gpus)
+        wave.hosts.add(host)
+        shape = _shape(gpus)
+        lay = self._layouts.get(host)
+        if lay is not None and lay.shape == shape:
+            if ts <= lay.ts:  # every GPU of it seen already, so its processes too
+                stats.duplicates += len(lay.g_rows) + len(lay.p_rows)
+                return
+            self.index.last_seen[lay.g_rows] = ts
+            lay.ts = ts
+            wave.layout(lay, ts, gpus)
+            return
+        self._layouts.pop(host, None)
+        lay = self._gather_samples(host, ts, gpus, shape)
+        if lay is not None:
+            self._layouts[host] = lay
+
+    def _gather_samples(
+        self, host: str, ts: float, gpus: list[dict[str, Any]], shape: tuple[Any, ...]
+    ) -> _Layout | None:
+        """:meth:`_gather` sample by sample: new series, duplicates, a pod change, a pid
+        listed twice (the wave is flushed first where a sample would meet one of its own
+        series already in it). Returns the envelope's layout if it met only series it
+        had, once each."""
+        stats, wave, get, last_seen = self.stats, self._wave, self.index.get, self.index.last_seen
+        plain = True  # nothing but known series, once each: a layout
+        lay = _Layout(shape, ts, [], [], [], [], [])
+        base = wave.seq
+        in_wave: set[int] = set()  # this envelope's process rows
+        for gi, gpu in enumerate(gpus):
             mig = gpu.get("mig") or ""
             index = gpu["index"]
-            fb_used, fb_total = gpu["fb_used"], gpu["fb_total"]
             procs = gpu.get("procs", ())
-            g = series.get((host, index, mig, -1))
-            if g is not None and gpu.get("pod") and _pod(gpu) != _pod(g.labels):
-                out += self._reassigned(g, (host, index, mig, -1), ts)
-                g = None
-            if g is None:
-                g = self._new((host, index, mig, -1), gpu, None)
-            elif g.last_ts and ts <= g.last_ts:
+            key = (host, index, mig, -1)
+            row = get(key)
+            if row is not None and gpu.get("pod") and _pod(gpu) != _pod(self._labels[row] or {}):
+                if row in wave.g_rows:
+                    self._flush()
+                    wave.hosts.add(host)
+                    base = wave.seq
+                wave.out += self._reassigned(row, key, ts)
+                row = None
+            if row is None:
+                plain = False
+                row = self._new(key, gpu, None, ts)
+            elif ts <= last_seen[row]:
                 # Seen already: Kafka redelivers after a crash, producers retry. The GPU's
                 # processes were in the same envelope, so they are duplicates too.
                 stats.duplicates += 1 + len(procs)
+                plain = False
                 continue
-            if g is not None:
-                g.value = value = float(fb_used)
-                g.detector.learn(ts, value)
-                g.last_ts = ts
-                g.fb_used, g.fb_total = fb_used, fb_total
-                g.gpu_util = gpu.get("gpu_util")
-                g.mem_copy_util = gpu.get("mem_copy_util")
-                g.temp_c = gpu.get("temp_c")
-                g.power_w = gpu.get("power_w")
-                g.attributed = self._attributed(host, index, mig, procs)
-                self._evaluate(g, "gpu", ts, out)
-            for proc in procs:
-                pkey = (host, index, mig, proc["pid"])
-                p = series.get(pkey)
-                if p is None:
-                    p = self._new(pkey, gpu, proc)
-                    if p is None:
-                        continue
-                p.value = value = float(proc["gpu_mem"])
-                det = p.detector
-                det.learn(ts, value)
-                if ts > p.last_ts:
-                    p.last_ts = ts
-                p.fb_used = fb_used
-                p.fb_total = fb_total
-                p.rss = proc.get("rss")
-                if every_process or p.watch or det.estimate is not p.estimate:
-                    self._evaluate(p, "process", ts, out)
-        oldest = self._oldest.get(host)
-        if oldest is None or ts - oldest > self.stale_s:
-            out += self._evict(host, ts, self.stale_s)
-        if ts > self._watermark:
-            self._watermark = ts
-        if self._watermark - self._last_sweep >= self.stale_s:
-            self._last_sweep = self._watermark
-            now = min(self._watermark, self.sweep_mark)
-            for h in list(self._by_host):
-                out += self._evict(h, now, SILENT_HOST_FACTOR * self.stale_s)
-        return out
+            else:
+                last_seen[row] = ts
+            rows = [get((host, index, mig, p["pid"])) for p in procs]
+            g = wave.gpu(-1 if row is None else row, ts, gpu)
+            lay.g_rows.append(-1 if row is None else row)
+            lay.g_pos.append(wave.seq - 1 - base)
+            if row is not None:
+                wave.attr_rows.extend(-1 if r is None else r for r in rows)
+                wave.attr_of.extend([g] * len(rows))
+            for proc, prow in zip(procs, rows, strict=True):
+                if prow is None:
+                    plain = False
+                    pkey = (host, index, mig, proc["pid"])
+                    prow = get(pkey)  # listed twice in this envelope: new the first time
+                    if prow is None:
+                        prow = self._new(pkey, gpu, proc, ts)
+                        if prow is None:
+                            continue
+                if prow in in_wave:  # listed twice: the second sample comes after the first
+                    plain = False
+                    self._flush()
+                    wave.hosts.add(host)
+                    in_wave.clear()
+                    g = wave.gpu(-1, ts, gpu)  # its memory in use and total, for the rest
+                in_wave.add(prow)
+                wave.process(prow, ts, proc, g)
+                lay.p_rows.append(prow)
+                lay.p_gpu.append(gi)
+                lay.p_pos.append(wave.seq - 1 - base)
+        return lay if plain and -1 not in lay.g_rows else None
 
-    def process_batch(self, envs: list[dict[str, Any]]) -> list[Transition]:
-        """:meth:`process_wire` for validated wire dicts, in order; the same transitions."""
-        out: list[Transition] = []
-        for env in envs:
-            out += self.process_wire(env)
-        return out
+    def _flush(self) -> None:
+        """Learn the wave's samples, evaluate its rows, then sweep its hosts."""
+        wave = self._wave
+        if wave.g_rows or wave.p_rows:
+            g = np.array(wave.g_rows, dtype=np.intp)
+            used = np.array(wave.g_used, dtype=np.float64)
+            total = np.array(wave.g_total, dtype=np.float64)
+            attributed = self._attributed(len(g))  # before the processes learn
+            keep = g >= 0
+            gk = g[keep]
+            self.fb_used[gk], self.fb_total[gk] = used[keep], total[keep]
+            self.gpu_util[gk] = np.array(wave.g_util, dtype=np.float64)[keep]
+            self.mem_copy_util[gk] = np.array(wave.g_copy, dtype=np.float64)[keep]
+            self.temp_c[gk] = np.array(wave.g_temp, dtype=np.float64)[keep]
+            self.power_w[gk] = np.array(wave.g_power, dtype=np.float64)[keep]
+            self.attributed[gk] = attributed[keep]
+            p = np.array(wave.p_rows, dtype=np.intp)
+            pg = np.array(wave.p_gpu, dtype=np.intp)
+            self.fb_used[p], self.fb_total[p] = used[pg], total[pg]
+            self.rss[p] = np.array(wave.p_rss, dtype=np.float64)
+            r = np.concatenate([gk, p])
+            ts = np.concatenate(
+                [np.array(wave.g_ts, dtype=np.float64)[keep], np.array(wave.p_ts, dtype=np.float64)]
+            )
+            values = np.concatenate([used[keep], np.array(wave.p_mem, dtype=np.float64)])
+            self.value[r] = values
+            self.bank.learn(r, ts, values)
+            self.index.seen(r, ts)
+            order = np.argsort(
+                np.concatenate(
+                    [np.array(wave.g_pos, dtype=np.intp)[keep], np.array(wave.p_pos, dtype=np.intp)]
+                ),
+                kind="stable",
+            )
+            self._evaluate(r[order], ts[order], wave.out)
+        for host, ts_ in wave.after:
+            oldest = self._oldest.get(host)
+            if oldest is None or ts_ - oldest > self.stale_s:
+                wave.out += self._evict(host, ts_, self.stale_s)
+        if wave.after or wave.out:
+            self._emit(list(wave.after), list(wave.out))
+        wave.clear()
 
-    def _attributed(self, host: str, index: int, mig: str, procs: Iterable[Any]) -> float | None:
-        """What the GPU's processes explain of its growth: the sum of their own recent
-        rates, as of their last estimates (0 when no process is seen). Unknown (None)
-        while a visible process has no estimate yet (new, or warming up: a process that
-        restarted and leaks again must not read as growth nobody explains)."""
-        total = 0.0
-        for proc in procs:
-            p = self.series.get((host, index, mig, proc["pid"]))
-            est = p.detector.estimate if p is not None else None
-            if est is None or est.recent_gb_per_hour is None:
-                return None
-            total += est.recent_gb_per_hour
+    def _attributed(self, n: int) -> F64:
+        """What each of the wave's ``n`` GPU samples' processes explain of its growth: the
+        sum of their own recent rates, as of their last estimates (0 when no process is
+        seen). Unknown (NaN) while a listed process has no estimate yet (new, or warming
+        up: a process that restarted and leaks again must not read as growth nobody
+        explains)."""
+        wave, bank = self._wave, self.bank
+        total = np.zeros(n)
+        if wave.attr_rows:
+            pr = np.array(wave.attr_rows, dtype=np.intp)
+            known = pr >= 0
+            at = np.where(known, pr, 0)
+            rate = np.where(known & bank.has[at], bank.recent_slope[at] * 3600 / GB, np.nan)
+            np.add.at(total, np.array(wave.attr_of, dtype=np.intp), rate)  # in order
         return total
 
+    def _evaluate(self, r: Rows, ts: F64, out: list[Transition]) -> None:
+        """The rules on the wave's rows ``r`` (sampled at ``ts``), in sample order."""
+        picked: list[tuple[int, int, list[Rule], list[npt.NDArray[np.bool_]] | None]] = []
+        for kind, gpu in (("gpu", True), ("process", False)):
+            rules = self.rules[kind]
+            at = np.flatnonzero(self.is_gpu[r] == gpu)
+            if not rules or not len(at):
+                continue
+            if self.every_sample:
+                picked += [(int(i), int(r[i]), rules, None) for i in at]
+                continue
+            rows = r[at]
+            signals = self.signal_arrays(rows, gpu)
+            holds = [_holds(rule, signals, len(rows)) for rule in rules]
+            hit = np.logical_or.reduce([*holds, self.watch[rows]])
+            for j in np.flatnonzero(hit).tolist():
+                picked.append((int(at[j]), int(rows[j]), rules, [h[j] for h in holds]))
+        if not picked:
+            return
+        picked.sort(key=lambda p: p[0])
+        dicts = self.signal_dicts(np.array([p[1] for p in picked], dtype=np.intp))
+        engine = self.engine
+        for (i, row, rules, hold), sig in zip(picked, dicts, strict=True):
+            keys = self._row_keys(row, rules)
+            t = float(ts[i])
+            active = False
+            for n, rule in enumerate(rules):
+                labels, fp = keys[rule.name]
+                if hold is None or hold[n] or engine.is_active(fp):
+                    tr = engine.evaluate_key(rule, labels, fp, sig, t)
+                    if tr is not None:
+                        out.append(tr)
+                active = active or engine.is_active(fp)
+            self.watch[row] = active
+
+    def _row_keys(self, row: int, rules: list[Rule]) -> dict[str, tuple[dict[str, str], str]]:
+        """The alert labels and fingerprint of each of ``rules`` on ``row`` (cached)."""
+        keys = self._keys[row]
+        if keys is None:
+            keys = self._keys[row] = {}
+        labels = self._labels[row]
+        assert labels is not None
+        for rule in rules:
+            if rule.name not in keys:
+                keys[rule.name] = self.engine.alert_key(rule, labels)
+        return keys
+
+    # ------------------------------------------------------------------ signals
+
+    def signal_arrays(self, rows: Rows, gpu: bool) -> Mapping[str, F64]:
+        """The signals of ``rows`` (all GPUs, or all processes), one array each, computed
+        when first read; NaN where a signal has no value (too little data)."""
+        return _Signals(self, rows, gpu)
+
+    def signal_dicts(self, rows: Rows) -> list[dict[str, float | None]]:
+        """The signals of each of ``rows`` as the rules read them (None: no value)."""
+        out: list[dict[str, float | None]] = [{} for _ in range(len(rows))]
+        gpu = self.is_gpu[rows]
+        for flag, names in ((True, GPU_SIGNALS), (False, PROCESS_SIGNALS)):
+            at = np.flatnonzero(gpu == flag)
+            if not len(at):
+                continue
+            arrays = self.signal_arrays(rows[at], flag)
+            columns = [
+                [None if math.isnan(v) else v for v in arrays[name].tolist()] for name in names
+            ]
+            for j, values in zip(at.tolist(), zip(*columns, strict=True), strict=True):
+                out[j] = dict(zip(names, values, strict=True))
+        return out
+
+    def estimate(self, key: SeriesKey) -> LeakEstimate | None:
+        """The leak detector's estimate of a series (None: not tracked, or warming up)."""
+        row = self.index.get(key)
+        return None if row is None else self.bank.estimate(row)
+
+    # ------------------------------------------------------------------ series
+
+    def _room(self) -> int:
+        """How many more series fit: under ``max_series`` and the worker's budget."""
+        return min(self.max_series - len(self.index), self.budget.room())
+
+    def _new(
+        self, key: SeriesKey, gpu: dict[str, Any], proc: dict[str, Any] | None, ts: float
+    ) -> int | None:
+        if self._room() <= 0:
+            self.stats.dropped_samples += 1
+            if _worth_logging(self.stats.dropped_samples):
+                log.warning(
+                    "series cap %d reached: dropped new series host=%s gpu=%d (dropped so far: %d)",
+                    self.max_series,
+                    key[0],
+                    key[1],
+                    self.stats.dropped_samples,
+                )
+            return None
+        if self.index.count(key[0]) >= self.max_series_per_host:
+            self.stats.dropped_host_cap += 1
+            if _worth_logging(self.stats.dropped_host_cap):
+                log.warning(
+                    "host %s has %d series (max_series_per_host): dropped new series gpu=%d "
+                    "(dropped so far: %d)",
+                    key[0],
+                    self.max_series_per_host,
+                    key[1],
+                    self.stats.dropped_host_cap,
+                )
+            return None
+        labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu["uuid"], "mig": key[2]}
+        if proc is None:
+            labels["gpu_name"] = gpu["name"]
+            labels.update(_pod_labels(gpu, POD_LABELS))
+        else:
+            labels.update(
+                pid=str(proc["pid"]),
+                process=proc["name"],
+                container=proc.get("container") or "none",
+            )
+            labels.update(_pod_labels(proc, PROCESS_POD_LABELS))
+        return self._add(key, labels, ts, gpu=proc is None)
+
+    def _add(self, key: SeriesKey, labels: dict[str, str], ts: float, *, gpu: bool) -> int:
+        """A row for a new series (its detector and raw values afresh)."""
+        row = self.index.add(key, at=ts)
+        self._layouts.pop(key[0], None)
+        if row >= self._capacity:
+            self._grow(max(2 * self._capacity, row + 1))
+        self.bank.reset([row])
+        for name in COLUMNS:
+            getattr(self, name)[row] = np.nan
+        self.is_gpu[row] = gpu
+        self.watch[row] = False
+        self._labels[row] = labels
+        self._keys[row] = None
+        return row
+
+    def _drop(self, key: SeriesKey) -> tuple[dict[str, str], dict[str, Any]]:
+        """Stop tracking one series; its labels and alert keys."""
+        row = self.index.remove(key)
+        self._layouts.pop(key[0], None)
+        labels, keys = self._labels[row], self._keys[row]
+        self._labels[row] = self._keys[row] = None
+        self.stats.evicted_series += 1
+        return labels or {}, keys or {}
+
+    def _reassigned(self, row: int, key: SeriesKey, ts: float) -> list[Transition]:
+        """A GPU now allocated to another pod: a new workload, so a new series (a fresh
+        baseline), and the old one's alerts resolved as gone."""
+        fps = [fp for _, fp in self._row_keys(row, self.rules["gpu"]).values()]
+        labels, _ = self._drop(key)
+        note = f"the device was allocated to pod {labels.get('pod', '?')}, now to another"
+        return self.engine.clear_fingerprints(fps, ts, note)
+
+    def _evict(self, host: str, now: float, stale_s: float) -> list[Transition]:
+        out: list[Transition] = []
+        owned = np.fromiter(self.index.owned(host), dtype=np.intp)
+        stale = owned[now - self.index.last_seen[owned] > stale_s]
+        for row in stale.tolist():
+            labels, _ = self._drop(self.index.key(row))
+            match: dict[str, str] = {
+                k: labels[k] for k in ("host", "gpu", "mig", "pid") if k in labels
+            }
+            out += self.engine.clear(match, now)
+        if len(stale) < len(owned):
+            left = np.setdiff1d(owned, stale, assume_unique=True)
+            self._oldest[host] = float(self.index.last_seen[left].min())
+        else:
+            self._oldest.pop(host, None)
+            self.swept.add(host)
+        return out
+
+    def _host_rows(self, host: str) -> list[tuple[SeriesKey, int]]:
+        return sorted((self.index.key(r), r) for r in self.index.owned(host))
+
     def tracks(self, host: str) -> bool:
-        return host in self._by_host
+        return self.index.count(host) > 0
 
-    def host_series(self, host: str) -> dict[SeriesKey, Series]:
-        """Every series of ``host`` (for a snapshot)."""
-        return {k: self.series[k] for k in self._by_host.get(host, ())}
-
-    def adopt(self, host: str, series: dict[SeriesKey, Series]) -> int:
-        """Take over a host's series from a snapshot, unless this pipeline already tracks
-        the host (its own state is newer). Returns how many series it adopted."""
-        if host in self._by_host or any(k[0] != host for k in series):
-            return 0
-        keys = sorted(series)[: self._room()]
-        for k in keys:
-            series[k].watch = True  # the engine may restore its alerts next
-            series[k].keys.clear()  # alert labels come from the rules of this process
-            self.series[k] = series[k]
-        if keys:
-            self._by_host[host] = set(keys)
-        return len(keys)
-
-    def forget(self, host: str) -> int:
-        """Drop a host's series without resolving anything (another worker owns it now);
-        returns how many were dropped."""
-        keys = self._by_host.pop(host, set())
-        for k in keys:
-            self.series.pop(k, None)
-        self._oldest.pop(host, None)
-        return len(keys)
+    def host_series(self, host: str) -> dict[SeriesKey, SeriesView]:
+        """Every series of ``host``, by key (their signals computed together when read)."""
+        keyed = self._host_rows(host)
+        rows = _RowSignals(self, np.array([r for _, r in keyed], dtype=np.intp))
+        last = self.index.last_seen
+        return {
+            k: SeriesView(self._labels[r] or {}, float(last[r]), rows, i)
+            for i, (k, r) in enumerate(keyed)
+        }
 
     # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
 
     name: ClassVar[str] = "gpu"
     domain: ClassVar[Domain] = "host"
 
-    def dump(self, key: str) -> dict[SeriesKey, Series]:
-        return self.host_series(key)
+    def dump(self, key: str) -> dict[str, Any]:
+        """A host's rows for a snapshot: keys, labels and typed arrays (raw little-endian
+        bytes by column), nothing that unpickles into code."""
+        keyed = self._host_rows(key)
+        r = np.array([row for _, row in keyed], dtype=np.intp)
+        columns = {name: getattr(self, name)[r].astype("<f8").tobytes() for name in COLUMNS}
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "keys": [k for k, _ in keyed],
+            "labels": [self._labels[row] for _, row in keyed],
+            "last_ts": self.index.last_seen[r].astype("<f8").tobytes(),
+            "gpu": self.is_gpu[r].tobytes(),
+            "columns": columns,
+            "leak": self.bank.dump(r),
+        }
+
+    def adopt(self, host: str, state: Any) -> int:
+        """Take over a host's series from a snapshot (:meth:`dump`, or the previous
+        format's :class:`Series` objects), unless this pipeline already tracks the host
+        (its own state is newer). Returns how many series it adopted."""
+        if self.tracks(host):
+            return 0
+        if isinstance(state, dict) and state.get("format") == SNAPSHOT_FORMAT:
+            return self._adopt_rows(host, state)
+        if isinstance(state, dict) and all(isinstance(s, Series) for s in state.values()):
+            return self._adopt_objects(host, state)
+        raise ValueError(f"GPU state of host {host} in an unknown format")
+
+    def _adopt_rows(self, host: str, state: dict[str, Any]) -> int:
+        keys = [tuple(k) for k in state["keys"]]
+        if any(k[0] != host for k in keys):
+            return 0
+        n = len(keys)
+        last = np.frombuffer(state["last_ts"], dtype="<f8")
+        gpu = np.frombuffer(state["gpu"], dtype=np.bool_)
+        columns = {c: np.frombuffer(state["columns"][c], dtype="<f8") for c in COLUMNS}
+        if len(last) != n or len(gpu) != n or any(len(v) != n for v in columns.values()):
+            raise ValueError(f"GPU state of host {host}: arrays of another length")
+        probe = LeakBank(1, window_s=self.bank.window_s, bucket_s=self.bank.bucket_s)
+        probe.load(np.arange(n), state["leak"])  # checks it fits before anything changes
+        order = sorted(range(n), key=lambda i: keys[i])[: self._room()]
+        rows = []
+        for i in order:
+            k = keys[i]
+            row = self._add(
+                (str(k[0]), int(k[1]), str(k[2]), int(k[3])),
+                dict(state["labels"][i]),
+                float(last[i]),
+                gpu=bool(gpu[i]),
+            )
+            for c in COLUMNS:
+                getattr(self, c)[row] = columns[c][i]
+            rows.append(row)
+        if rows:
+            picked = np.array(order, dtype=np.intp)
+            self.bank.load(np.array(rows, dtype=np.intp), probe.dump(picked))
+            self.watch[rows] = True  # the engine may restore its alerts next
+        return len(rows)
+
+    def _adopt_objects(self, host: str, series: Mapping[SeriesKey, Series]) -> int:
+        if any(k[0] != host for k in series):
+            return 0
+        n = 0
+        for key in sorted(series)[: self._room()]:
+            s = series[key]
+            row = self._add(key, dict(s.labels), s.last_ts, gpu=s.gpu)
+            self.bank.adopt(row, s.detector)
+            for c in COLUMNS:  # a Series field each; older snapshots lack the newer ones
+                v = getattr(s, c, None)
+                getattr(self, c)[row] = math.nan if v is None else v
+            self.watch[row] = True
+            n += 1
+        return n
+
+    def forget(self, host: str) -> int:
+        """Drop a host's series without resolving anything (another worker owns it now);
+        returns how many were dropped."""
+        keyed = self._host_rows(host)
+        for k, _ in keyed:
+            self.index.remove(k)
+        for _, row in keyed:
+            self._labels[row] = self._keys[row] = None
+        self._oldest.pop(host, None)
+        self._layouts.pop(host, None)
+        return len(keyed)
 
     def status(self, key: str) -> dict[str, Any]:
         return self.host_snapshot(key)
@@ -375,8 +1038,9 @@ class GpuPipeline:
     def host_snapshot(self, host: str) -> dict[str, Any]:
         """What ``ragwatch status`` shows about one host: GPUs, their processes, slopes."""
         gpus: dict[tuple[int, str], dict[str, Any]] = {}
-        for key in sorted(self._by_host.get(host, ()), key=lambda k: (k[1], k[2], k[3])):
-            s = self.series[key]
+        series = self.host_series(host)
+        for key in sorted(series, key=lambda k: (k[1], k[2], k[3])):
+            s = series[key]
             signals = s.signals
             g = gpus.setdefault(
                 (key[1], key[2]), {"index": key[1], "mig": key[2] or None, "procs": []}
@@ -420,122 +1084,3 @@ class GpuPipeline:
                 "growth": _top(top, "gb_per_hour", TOP_K),
             },
         }
-
-    # ------------------------------------------------------------------ internals
-
-    def _room(self) -> int:
-        """How many more series fit: under ``max_series`` and the worker's budget."""
-        return min(self.max_series - len(self.series), self.budget.room())
-
-    def _new(
-        self, key: SeriesKey, gpu: dict[str, Any], proc: dict[str, Any] | None
-    ) -> Series | None:
-        if self._room() <= 0:
-            self.stats.dropped_samples += 1
-            if _worth_logging(self.stats.dropped_samples):
-                log.warning(
-                    "series cap %d reached: dropped new series host=%s gpu=%d (dropped so far: %d)",
-                    self.max_series,
-                    key[0],
-                    key[1],
-                    self.stats.dropped_samples,
-                )
-            return None
-        if len(self._by_host.get(key[0], ())) >= self.max_series_per_host:
-            self.stats.dropped_host_cap += 1
-            if _worth_logging(self.stats.dropped_host_cap):
-                log.warning(
-                    "host %s has %d series (max_series_per_host): dropped new series gpu=%d "
-                    "(dropped so far: %d)",
-                    key[0],
-                    self.max_series_per_host,
-                    key[1],
-                    self.stats.dropped_host_cap,
-                )
-            return None
-        labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu["uuid"], "mig": key[2]}
-        if proc is None:
-            labels["gpu_name"] = gpu["name"]
-            labels.update(_pod_labels(gpu, POD_LABELS))
-        else:
-            labels.update(
-                pid=str(proc["pid"]),
-                process=proc["name"],
-                container=proc.get("container") or "none",
-            )
-            labels.update(_pod_labels(proc, PROCESS_POD_LABELS))
-        s = Series(labels=labels, detector=self._factory(), gpu=proc is None)
-        self.series[key] = s
-        self._by_host.setdefault(key[0], set()).add(key)
-        return s
-
-    def _drop(self, key: SeriesKey) -> Series:
-        """Stop tracking one series (its host's set may be left empty: the caller tidies)."""
-        s = self.series.pop(key)
-        self._by_host[key[0]].discard(key)
-        self.stats.evicted_series += 1
-        return s
-
-    def _reassigned(self, g: Series, key: SeriesKey, ts: float) -> list[Transition]:
-        """A GPU now allocated to another pod: a new workload, so a new series (a fresh
-        baseline), and the old one's alerts resolved as gone."""
-        self._drop(key)
-        note = f"the device was allocated to pod {g.labels.get('pod', '?')}, now to another"
-        return self.engine.clear_fingerprints((fp for _, fp in g.keys.values()), ts, note)
-
-    def _evaluate(self, s: Series, kind: str, ts: float, out: list[Transition]) -> None:
-        every, on_estimate = self._split[kind]
-        est = s.detector.estimate
-        changed = est is not s.estimate
-        s.estimate = est
-        signals: dict[str, float | None] | None = None
-        engine = self.engine
-        for rule in every:
-            signals = signals or s.signals
-            self._evaluate_rule(s, rule, signals, ts, out)
-        watched, watch = s.watch, False
-        for rule in on_estimate:
-            fp = self._key(s, rule)[1]
-            if changed or watched or engine.is_active(fp):
-                signals = signals or s.signals
-                self._evaluate_rule(s, rule, signals, ts, out)
-                # active, or inactive with its expr holding (a `resolve` condition ended it
-                # while the expr still held): evaluated on the next sample too
-                watch = watch or engine.is_active(fp) or rule.holds(signals)
-        s.watch = watch
-
-    def _key(self, s: Series, rule: Rule) -> tuple[dict[str, str], str]:
-        key = s.keys.get(rule.name)
-        if key is None:
-            key = s.keys[rule.name] = self.engine.alert_key(rule, s.labels)
-        return key
-
-    def _evaluate_rule(
-        self,
-        s: Series,
-        rule: Rule,
-        signals: dict[str, float | None],
-        ts: float,
-        out: list[Transition],
-    ) -> None:
-        labels, fp = self._key(s, rule)
-        t = self.engine.evaluate_key(rule, labels, fp, signals, ts)
-        if t is not None:
-            out.append(t)
-
-    def _evict(self, host: str, now: float, stale_s: float) -> list[Transition]:
-        out: list[Transition] = []
-        keys = self._by_host.get(host, set())
-        for key in [k for k in keys if now - self.series[k].last_ts > stale_s]:
-            s = self._drop(key)
-            match: dict[str, str] = {
-                k: s.labels[k] for k in ("host", "gpu", "mig", "pid") if k in s.labels
-            }
-            out += self.engine.clear(match, now)
-        if keys:
-            self._oldest[host] = min(self.series[k].last_ts for k in keys)
-        else:
-            self._by_host.pop(host, None)
-            self._oldest.pop(host, None)
-            self.swept.add(host)
-        return out

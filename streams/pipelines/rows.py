@@ -50,6 +50,10 @@ class RowIndex(Generic[K]):
         """Rows in use or free: what the banks must hold (``reserve`` them this many)."""
         return len(self._keys)
 
+    def __iter__(self) -> Iterator[K]:
+        """The keys with a row (a copy: safe to remove while iterating)."""
+        return iter(list(self._rows))
+
     def get(self, key: K) -> int | None:
         return self._rows.get(key)
 
@@ -98,6 +102,11 @@ class RowIndex(Generic[K]):
     def owned(self, owner: Hashable) -> set[int]:
         """The rows of one host or service (a copy)."""
         return set(self._by_owner.get(owner, ()))
+
+    def count(self, owner: Hashable) -> int:
+        """How many rows ``owner`` has."""
+        owned = self._by_owner.get(owner)
+        return len(owned) if owned is not None else 0
 
     def owners(self) -> Iterator[Hashable]:
         return iter(list(self._by_owner))

@@ -214,7 +214,7 @@ class Delivery(mode.Service):
                     **{f"requests_{k}": v for k, v in asdict(requests.stats).items()},
                     **{f"events_{k}": v for k, v in asdict(pipes.events.stats).items()},
                     **{f"metrics_{k}": v for k, v in asdict(pipes.metrics.stats).items()},
-                    "series": len(gpus.series) + len(requests.series) + len(pipes.metrics.series),
+                    "series": len(gpus) + len(requests.series) + len(pipes.metrics.series),
                     "alert_flaps": sum(pipes.engine.flaps.values()),
                     "watermark": pipes.watermark,
                 },

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig
+from ragwatch.codec import gpu_wire
 from ragwatch.schema import (
     EventEnvelope,
     GpuEnvelope,
@@ -57,8 +58,7 @@ def run(
         range(int(seconds / config.interval_s)), sim.ticks(), strict=False
     ):
         r.events += events
-        for env in envelopes:
-            r.transitions += [(ts, t) for t in r.pipe.process(env)]
+        r.transitions += [(ts, t) for t in r.pipe.process_batch(map(gpu_wire, envelopes))]
         r.last = envelopes
     return r
 
@@ -139,7 +139,7 @@ def test_healthy_fleet_is_quiet_for_three_days() -> None:
     assert r.events == []
     assert r.pipe.stats.envelopes == 2 * 3 * 24 * 60
     assert r.pipe.stats.dropped_samples == r.pipe.stats.evicted_series == 0
-    assert len(r.pipe.series) == 2 * 2 * 3  # per GPU: itself, vllm-serve, rag-worker
+    assert len(r.pipe) == 2 * 2 * 3  # per GPU: itself, vllm-serve, rag-worker
 
 
 # ---------------------------------------------------------------- OOM and restart
@@ -199,11 +199,11 @@ def test_old_pid_alert_resolves_after_stale_s(oom_run: Run) -> None:
 def test_new_pid_gets_its_own_series(oom_run: Run) -> None:
     (oom,) = oom_run.events
     host, gpu, new_pid, _ = oom_run.sim.leak_target or ("", 0, 0, "")
-    keys = set(oom_run.pipe.series)
+    keys = set(oom_run.pipe.index)
     assert (host, gpu, "", new_pid) in keys
     assert (host, gpu, "", oom.attrs["pid"]) not in keys
     assert oom_run.pipe.stats.evicted_series == 1
-    est = oom_run.pipe.series[(host, gpu, "", new_pid)].detector.estimate
+    est = oom_run.pipe.estimate((host, gpu, "", new_pid))
     assert est is not None
     assert est.span_s <= oom_run.elapsed(oom_run.last[0].ts) - oom_run.elapsed(oom.ts)
     procs = oom_run.pipe.host_snapshot(host)["gpus"][0]["procs"]
@@ -215,9 +215,9 @@ def test_series_cap_frees_up_when_a_series_is_evicted() -> None:
     (oom,) = r.events
     host, gpu, new_pid, _ = r.sim.leak_target or ("", 0, 0, "")
     assert r.pipe.stats.dropped_samples > 0  # the new pid waited for the old one to go
-    assert len(r.pipe.series) == 3
-    assert (host, gpu, "", new_pid) in r.pipe.series
-    assert (host, gpu, "", oom.attrs["pid"]) not in r.pipe.series
+    assert len(r.pipe) == 3
+    assert (host, gpu, "", new_pid) in r.pipe.index
+    assert (host, gpu, "", oom.attrs["pid"]) not in r.pipe.index
 
 
 # ---------------------------------------------------------------- limits and edges
@@ -229,14 +229,14 @@ def test_series_cap_drops_and_counts_new_series() -> None:
     ticks = sim.ticks()
     _, (env,), _ = next(ticks)
     assert pipe.process(env) == []
-    assert len(pipe.series) == 3  # GPU 0, its two processes
+    assert len(pipe) == 3  # GPU 0, its two processes
     assert pipe.stats.dropped_samples == 3  # GPU 1, its two processes
-    assert {k[1] for k in pipe.series} == {0}
+    assert {k[1] for k in pipe.index} == {0}
     out = []
     for _, (_, (env,), _) in zip(range(int(2 * HOUR / 30)), ticks, strict=False):
         out += pipe.process(env)
     assert out == []  # the leaking process was never tracked
-    assert len(pipe.series) == 3
+    assert len(pipe) == 3
     assert [g["index"] for g in pipe.host_snapshot(env.host)["gpus"]] == [0]
 
 
@@ -247,7 +247,7 @@ def test_one_series_budget_for_the_whole_worker_and_caps_per_service_and_host() 
     sim = FleetSimulator(SimConfig(hosts=1, gpus=2, interval_s=30))
     _, (env,), _ = next(sim.ticks())
     pipes.process(env)
-    gpus = len(pipes.gpus.series)
+    gpus = len(pipes.gpus)
     assert gpus == 6 and pipes.budget.room() == 4  # 2 GPUs, 4 processes
     t0 = env.ts
     for k in range(6):
@@ -409,7 +409,7 @@ def test_bug_silent_host_series_are_evicted_and_alerts_resolve() -> None:
     for _, (_, (_, alive), _) in zip(range(int(2 * HOUR / 30)), ticks, strict=False):
         resolved += [t for t in pipe.process(alive) if t.alert.status == "resolved"]
     assert len(resolved) == 1 and resolved[0].notify
-    assert all(key[0] == alive.host for key in pipe.series)
+    assert all(key[0] == alive.host for key in pipe.index)
 
 
 def test_a_full_gpu_that_still_grows_has_no_time_left_not_forever() -> None:
@@ -428,5 +428,5 @@ def test_a_full_gpu_that_still_grows_has_no_time_left_not_forever() -> None:
             procs=(ProcessSample(pid=7, name="p", gpu_mem=used - 10**9),),
         )
         pipe.process(GpuEnvelope(host="h", ts=1_767_225_600.0 + i, gpus=(gpu,)))
-    proc = next(s for k, s in pipe.series.items() if k[3] == 7)
+    proc = next(s for k, s in pipe.host_series("h").items() if k[3] == 7)
     assert proc.signals["tte_s"] == 0.0 and proc.signals["tte_h"] == 0.0

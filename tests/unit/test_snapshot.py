@@ -129,7 +129,7 @@ def test_a_forgotten_host_is_restored_from_its_snapshot_not_from_stale_memory(
         stale.forget("host", h)
     for s_ in services:
         stale.forget("service", s_)
-    assert not stale.gpus.series and not stale.requests.series and not stale.engine.active
+    assert not len(stale.gpus) and not stale.requests.series and not stale.engine.active
     assert all(load_host(stale, h, dump_host(other, h)) > 0 for h in hosts)
     assert all(load_service(stale, s_, dump_service(other, s_)) > 0 for s_ in services)
     reference = Pipelines(RULES)

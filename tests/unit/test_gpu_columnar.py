@@ -1,0 +1,199 @@
+"""The columnar GPU pipeline gives the transitions of one envelope at a time, whatever the
+batches: waves of distinct hosts, envelopes of one host twice in a batch, duplicates and
+late envelopes, a pid listed twice, a GPU handed to another pod, hosts that go silent
+and are swept, series caps; and its rule masks give what evaluating every rule on every
+sample gives (``every_sample=True``, the reference).
+
+The transitions of the object pipeline this replaced are held in
+``tests/unit/test_same_alerts.py`` (recorded from it); this holds the batch path to the
+one-envelope path of the same code on random streams.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ragwatch.schema import Transition
+from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.rules import load_rules, parse_rule
+from ragwatch.streams.pipelines.gpu import GpuPipeline
+
+T0 = 1_767_225_600.0
+GB = 1e9
+# a short window, so that a few hundred samples fill it and estimates come and go
+LEAK = {"window_s": 600.0, "bucket_s": 30.0, "min_span_s": 120.0, "min_points": 4}
+RULES = [
+    *load_rules(),
+    parse_rule(
+        {
+            "name": "Grows",
+            "series": "gpu",
+            "expr": "gb_per_hour > 3",
+            "for": "1m",
+            "resolve": "gb_per_hour < 1",
+        }
+    ),
+    parse_rule({"name": "Big", "series": "process", "expr": "gpu_mem_bytes > 30GB", "for": "30s"}),
+    parse_rule(
+        {
+            "name": "Flaps",
+            "series": "process",
+            "expr": "gb_per_hour > 3",
+            "resolve": "recent_steadiness < 2",
+            "keep_firing_for": "1m",
+        }
+    ),
+    parse_rule({"name": "Full", "series": "gpu", "expr": "fb_used_ratio > 0.9"}),
+]
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Envelopes of up to three hosts: memory that grows, jumps or stays, pids that come
+    and go, now and then a duplicate, a late envelope, a pid listed twice, a pod change,
+    a host falling silent for longer than the sweeps wait."""
+    hosts = [f"h{i}" for i in range(draw(st.integers(1, 3)))]
+    n = draw(st.integers(20, 160))
+    rate = {h: draw(st.sampled_from([0.0, 2e6, 8e6])) for h in hosts}  # bytes per second
+    silent = {h: draw(st.sampled_from([None, (40, 80)])) for h in hosts}
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        for h in hosts:
+            if silent[h] and silent[h][0] <= i < silent[h][1]:
+                continue
+            ts = T0 + 10.0 * i
+            kind = draw(st.sampled_from(["ok"] * 12 + ["dup", "late", "twice", "pod", "jump"]))
+            if kind == "dup" and out:
+                out.append(out[-1])
+                continue
+            if kind == "late":
+                ts -= 25.0
+            gpus = []
+            for g in range(2):
+                used = int(20 * GB + rate[h] * 10.0 * i + (5 * GB if kind == "jump" else 0))
+                pids = [100 + g, 200 + g + (i // 50)]  # a pid that restarts every 50 ticks
+                procs: list[dict[str, Any]] = [
+                    {"pid": p, "name": f"p{p}", "gpu_mem": used // 2 + k, "rss": 10**9}
+                    for k, p in enumerate(pids)
+                ]
+                if kind == "twice":
+                    procs.append(dict(procs[0], gpu_mem=procs[0]["gpu_mem"] + 1))
+                gpu: dict[str, Any] = {
+                    "index": g,
+                    "uuid": f"GPU-{h}-{g}",
+                    "name": "H100",
+                    "fb_used": used,
+                    "fb_total": 40 * 10**9,
+                    "gpu_util": float(i % 100),
+                    "procs": procs,
+                }
+                if g == 1:
+                    pod = "a" if i < n // 2 or kind != "pod" else "b"
+                    gpu.update(namespace="rag", pod=pod, container="server")
+                gpus.append(gpu)
+            out.append({"host": h, "ts": ts, "gpus": gpus})
+    return out
+
+
+def _key(t: Transition) -> tuple[Any, ...]:
+    a = t.alert
+    return (a.at, a.fingerprint, a.status, t.previous, a.starts_at, a.ends_at, a.value)
+
+
+def _run(
+    envs: list[dict[str, Any]], cuts: list[int], **kw: Any
+) -> tuple[list[tuple[Any, ...]], GpuPipeline]:
+    pipe = GpuPipeline(RULES, AlertEngine(), leak=LEAK, stale_s=60.0, **kw)
+    out: list[Transition] = []
+    at = 0
+    for cut in [*sorted(cuts), len(envs)]:
+        out += pipe.process_batch(envs[at:cut])
+        at = max(at, cut)
+    return sorted(map(_key, out), key=repr), pipe
+
+
+def _state(pipe: GpuPipeline) -> Any:
+    hosts = sorted({k[0] for k in pipe.index})
+    return [pipe.host_snapshot(h) for h in hosts], vars(pipe.stats), sorted(pipe.engine.active)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(envs=streams(), data=st.data())
+def test_any_batches_give_the_transitions_of_one_envelope_at_a_time(
+    envs: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(envs)), max_size=8))
+    one, one_pipe = _run(envs, list(range(len(envs))))
+    batched, batched_pipe = _run(envs, cuts)
+    assert batched == one
+    assert _state(batched_pipe) == _state(one_pipe)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(envs=streams())
+def test_rule_masks_give_the_transitions_of_evaluating_every_rule_on_every_sample(
+    envs: list[dict[str, Any]],
+) -> None:
+    masked, _ = _run(envs, [])
+    reference, _ = _run(envs, list(range(len(envs))), every_sample=True)
+    assert masked == reference
+
+
+def test_the_streams_exercise_every_path() -> None:
+    """The property tests above are only as good as their streams: on a fixed one, alerts
+    start, fire and resolve, a pod change resolves the old pod's alerts, silent hosts are
+    swept, duplicates and late envelopes are counted."""
+    envs = _fixed_stream()
+    out, pipe = _run(envs, [7, 50, 51, 300])
+    statuses = {k[2] for k in out}
+    assert statuses >= {"pending", "firing", "resolved"}
+    assert pipe.stats.duplicates > 0  # the late envelopes and the repeated ones
+    assert pipe.stats.evicted_series > 0
+
+
+def _fixed_stream() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(300):
+        for h, rate in (("a", 8e6), ("b", 0.0)):
+            if h == "b" and 100 <= i < 150:
+                continue  # silent for 500 s: its series are swept, then come back
+            used = int(20 * GB + rate * 10.0 * i)
+            procs = [{"pid": 7, "name": "p", "gpu_mem": used // 2}]
+            gpu = {
+                "index": 0,
+                "uuid": "GPU-0",
+                "name": "H100",
+                "fb_used": used,
+                "fb_total": 40 * 10**9,
+                "procs": procs,
+                "namespace": "rag",
+                "pod": "a" if i < 200 else "b",
+                "container": "c",
+            }
+            ts = T0 + 10.0 * i - (25.0 if i % 37 == 0 else 0.0)
+            out.append({"host": h, "ts": ts, "gpus": [gpu]})
+            if i % 41 == 0:
+                out.append(out[-1])
+    return out
+
+
+def test_a_host_snapshot_is_typed_arrays_and_restores_the_same_pipeline() -> None:
+    envs = _fixed_stream()
+    first = GpuPipeline(RULES, AlertEngine(), leak=LEAK, stale_s=60.0)
+    first.process_batch(envs[:250])
+    state = first.dump("a")
+    assert state["format"] == "gpu-rows/1"
+    assert {type(v) for v in state["columns"].values()} == {bytes}
+    # nothing in it unpickles into a class: builtins only
+    assert b"ragwatch" not in pickle.dumps(state)
+    second = GpuPipeline(RULES, AlertEngine(), leak=LEAK, stale_s=60.0)
+    assert second.adopt("a", pickle.loads(pickle.dumps(state))) == len(first.host_series("a"))
+    assert second.host_snapshot("a") == first.host_snapshot("a")
+    for key in first.index:
+        if key[0] == "a":
+            assert second.estimate(key) == first.estimate(key)
+    assert second.adopt("a", state) == 0  # it tracks the host now: its own state wins
