@@ -69,6 +69,7 @@ lint: setup typecheck ## ruff + mypy (strict)
 bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/pipeline.py
 	$(PY) bench/banks.py
+	$(PY) bench/columnar.py
 	$(PY) bench/agents.py
 	$(PY) bench/throughput.py
 	$(PY) bench/latency.py

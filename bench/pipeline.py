@@ -6,8 +6,8 @@ Measures, in one process over the same pre-encoded simulated telemetry (host env
 1. ``orjson.loads`` alone (the floor any JSON consumer pays);
 2. ``codec.decode_as`` (parse + strict validation into frozen records: replay and tests);
 3. ``codec.decode_gpu_wire`` (parse + the same validation, kept as dicts: the worker);
-4. ``decode_gpu_wire`` + ``GpuPipeline.process_wire`` (leak detectors on every GPU and
-   process series, the rules), the worker's GPU path.
+4. ``decode_gpu_wire`` + ``GpuPipeline.process_batch`` in batches of ``--batch`` (leak
+   detectors on every GPU and process series, the rules), the worker's GPU path.
 
 Prints envelopes/s and GPU samples/s for each, the ratios to the baseline, and writes
 ``bench/results/pipeline.json``. Run: ``make bench`` or ``python bench/pipeline.py``.
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=16)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--ticks", type=int, default=360, help="10 s ticks: 360 = one hour")
+    ap.add_argument("--batch", type=int, default=256, help="envelopes per process_batch")
     args = ap.parse_args()
     data = telemetry(args.hosts, args.gpus, args.ticks)
     n = len(data)
@@ -77,8 +78,8 @@ def main() -> None:
 
     def full() -> None:
         pipe = GpuPipeline(rules)
-        for d in data:
-            pipe.process_wire(decode_gpu_wire(d))
+        for i in range(0, n, args.batch):
+            pipe.process_batch([decode_gpu_wire(d) for d in data[i : i + args.batch]])
 
     rows: dict[str, dict[str, float]] = {}
     paths = (

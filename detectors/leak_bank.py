@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate, pair_indices, checked_params
+from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate, checked_params, pair_indices
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -277,6 +277,12 @@ class LeakBank:
             pick = order[occurrence == k]
             pick.sort()  # the wave in batch order (rows are distinct within it)
             self._wave(r[pick], tt[pick], vv[pick])
+
+    def learn_distinct(self, rows: npt.NDArray[np.intp], t: F64, v: F64) -> None:
+        """:meth:`learn` for samples of distinct rows (one each; the caller knows), within
+        capacity: one wave, without sorting the rows first."""
+        if len(rows):
+            self._wave(rows, t, v)
 
     def _wave(self, r: npt.NDArray[np.intp], t: F64, v: F64) -> None:
         """One sample for each of the distinct rows ``r``."""

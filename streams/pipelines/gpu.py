@@ -75,6 +75,7 @@ Rows = npt.NDArray[np.intp]
 SILENT_HOST_FACTOR = 12
 TOP_K = 3  # GPUs per host listed by utilisation, memory and memory growth in the snapshot
 SNAPSHOT_FORMAT = "gpu-rows/1"  # a host's rows in a snapshot: typed arrays, no objects
+SCALAR_ROWS = 4  # at most this many rows' signals are read in plain floats, not arrays
 
 # The signals of each kind of series, in the order their dicts list them.
 LEAK_SIGNALS = (
@@ -718,7 +719,7 @@ class GpuPipeline:
             )
             values = np.concatenate([used[keep], np.array(wave.p_mem, dtype=np.float64)])
             self.value[r] = values
-            self.bank.learn(r, ts, values)
+            self.bank.learn_distinct(r, ts, values)  # a wave holds a series once
             self.index.seen(r, ts)
             order = np.argsort(
                 np.concatenate(
@@ -807,6 +808,8 @@ class GpuPipeline:
 
     def signal_dicts(self, rows: Rows) -> list[dict[str, float | None]]:
         """The signals of each of ``rows`` as the rules read them (None: no value)."""
+        if len(rows) <= SCALAR_ROWS:
+            return [self.row_signals(int(r)) for r in rows]
         out: list[dict[str, float | None]] = [{} for _ in range(len(rows))]
         gpu = self.is_gpu[rows]
         for flag, names in ((True, GPU_SIGNALS), (False, PROCESS_SIGNALS)):
@@ -820,6 +823,48 @@ class GpuPipeline:
             for j, values in zip(at.tolist(), zip(*columns, strict=True), strict=True):
                 out[j] = dict(zip(names, values, strict=True))
         return out
+
+    def row_signals(self, row: int) -> dict[str, float | None]:
+        """:meth:`signal_dicts` of one row in plain floats (a few rows cost less so than
+        as arrays); the same IEEE operations as :class:`_Signals`, so the same values
+        (``tests/unit/test_gpu_columnar.py`` holds the two together)."""
+        b, nan = self.bank, math.nan
+        used, total = float(self.fb_used[row]), float(self.fb_total[row])
+        if b.has[row]:
+            slope, span = float(b.slope[row]), float(b.span[row])
+            recent, steady = float(b.recent_slope[row]), float(b.steadiness[row])
+            recent_steady = float(b.recent_steadiness[row])
+            free = total - used
+            rate = slope if math.isnan(recent) else recent
+            tte = 0.0 if free <= 0 else math.inf if rate <= 0 else max(0.0, free) / rate
+        else:
+            slope = span = recent = steady = recent_steady = tte = nan
+        increase = slope * span
+        recent_gb = recent * 3600 / GB
+        score = 0.0  # LeakBank.scores, in floats
+        if increase > 0:
+            growth = 1.0 if math.isinf(increase) else increase / (increase + b.scale_bytes)
+            score = growth * min(1.0, max(0.0, 2 * steady - 1))
+        values: list[float] = [
+            used, total, increase, increase / GB, slope, slope * 3600 / GB, span / 3600,
+            score, steady, recent_gb, recent_steady, tte, tte / 3600,
+        ]  # fmt: skip
+        if self.is_gpu[row]:
+            attributed = float(self.attributed[row])
+            values += [
+                attributed,
+                recent_gb - attributed,
+                used / total if total != 0 else nan,
+                float(self.gpu_util[row]),
+                float(self.mem_copy_util[row]),
+                float(self.temp_c[row]),
+                float(self.power_w[row]),
+            ]
+            names = GPU_SIGNALS
+        else:
+            values += [float(self.value[row]), float(self.rss[row])]
+            names = PROCESS_SIGNALS
+        return {k: None if v != v else v for k, v in zip(names, values, strict=True)}
 
     def estimate(self, key: SeriesKey) -> LeakEstimate | None:
         """The leak detector's estimate of a series (None: not tracked, or warming up)."""

@@ -22,8 +22,11 @@ the alert that was pending or firing stays so without paging again.
 
 Snapshots are pickles, read with an allow-list: only classes of ragwatch's own detectors,
 streams and schema, and a few containers from the standard library, can be rebuilt, and
-nothing can be called. A snapshot that fails to load (another version, corrupt) is
-counted and skipped: the worker starts that key from scratch.
+nothing can be called. A host's GPU and process series are typed arrays in it (raw
+little-endian bytes per column, keys and labels as plain tuples and dicts:
+``GpuPipeline.dump``), so they rebuild no class at all; GPU series in the previous form
+(a ``Series`` object each) are still adopted. A snapshot that fails to load (another
+version, corrupt) is counted and skipped: the worker starts that key from scratch.
 
 >>> from ragwatch.agents.scenario import build
 >>> from ragwatch.streams.pipelines.fleet import Pipelines

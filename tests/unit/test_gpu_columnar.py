@@ -14,13 +14,14 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragwatch.schema import Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import load_rules, parse_rule
-from ragwatch.streams.pipelines.gpu import GpuPipeline
+from ragwatch.streams.pipelines.gpu import SCALAR_ROWS, GpuPipeline
 
 T0 = 1_767_225_600.0
 GB = 1e9
@@ -141,6 +142,18 @@ def test_rule_masks_give_the_transitions_of_evaluating_every_rule_on_every_sampl
     masked, _ = _run(envs, [])
     reference, _ = _run(envs, list(range(len(envs))), every_sample=True)
     assert masked == reference
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(envs=streams(), cut=st.integers(0, 400))
+def test_signals_in_floats_are_the_signals_in_arrays(envs: list[dict[str, Any]], cut: int) -> None:
+    _, pipe = _run(envs[:cut], [])
+    rows = np.array(sorted(pipe.index.get(k) for k in pipe.index), dtype=np.intp)
+    if not len(rows):
+        return
+    # more rows than SCALAR_ROWS: the array path; then each row alone: the float path
+    as_arrays = pipe.signal_dicts(np.concatenate([rows] * (SCALAR_ROWS + 1)))[: len(rows)]
+    assert [pipe.row_signals(int(r)) for r in rows] == as_arrays
 
 
 def test_the_streams_exercise_every_path() -> None:
