@@ -5,14 +5,16 @@ Replay reads JSONL files of envelopes (one encoded envelope per line, as ``ragwa
 record`` or ``ragwatch agent --source sim --once --json`` write them; ``.gz`` too) and
 CSV series (``timestamp,value``, NAB's shape). Envelopes go through
 :class:`~ragwatch.streams.pipelines.fleet.Pipelines` with the worker's rules, so they give the
-worker's transitions; a CSV series has no rule, so each file is scored by one detector
-(score, then learn) and its score crossing the threshold fires (up) or resolves (down)
-an ``AnomalyScore`` alert. Every input is played in event-time order: the envelopes of
-all JSONL files are sorted together by ``ts`` (a recording is in consumption order, one
-partition read ahead of another; ties keep the files' order, then each file's), with an
-external merge sort so memory stays bounded (:mod:`ragwatch.event_order`); CSV series are
-merged in by a heap, each in its own order. A line that does not parse is counted with its
-file, line and reason; it never stops the replay.
+worker's transitions (GPU envelopes decoded to wire dicts and consecutive ones processed
+together, as the worker does: :class:`GpuRun`); a CSV series has no rule, so each file is
+scored by one detector (score, then learn) and its score crossing the threshold fires (up)
+or resolves (down) an ``AnomalyScore`` alert. Every input is played in event-time order:
+the envelopes of all JSONL files are sorted together by ``ts`` (a recording is in
+consumption order, one partition read ahead of another; ties keep the files' order, then
+each file's), with an external merge sort so memory stays bounded
+(:mod:`ragwatch.event_order`); CSV series are merged in by a heap, each in its own order.
+A line that does not parse is counted with its file, line and reason; it never stops the
+replay.
 
 >>> parse_time("2014-04-01 00:05:00"), parse_time("1396310700")
 (1396310700.0, 1396310700.0)
@@ -49,7 +51,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from ragwatch.codec import decode, decode_as, encode, to_dict
+from ragwatch.codec import decode, decode_as, decode_gpu_wire, encode, gpu_wire, to_dict
 from ragwatch.config import Settings
 from ragwatch.detectors import Detector, make, score_then_learn
 from ragwatch.errors import ConfigError, SchemaError
@@ -75,6 +77,8 @@ log = logging.getLogger(__name__)
 SUFFIXES = (".jsonl", ".jsonl.gz", ".csv")
 SCORE_RULE = "AnomalyScore"
 KEEP_BAD = 100  # bad lines kept for the report (all are counted)
+GPU_RUN = 512  # consecutive GPU envelopes processed together at most (Pipelines.gpu_batch)
+GPU_LINE = b'{"v":1,"kind":"gpu",'  # how encode() starts a GPU envelope
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +90,21 @@ class Traces:
     spans: tuple[Span, ...]
 
 
-Telemetry = GpuEnvelope | RequestsEnvelope | EventEnvelope | MetricsEnvelope | Traces
+@dataclass(frozen=True, slots=True)
+class GpuWire:
+    """One GPU envelope as the worker decodes it (``codec.decode_gpu_wire``): its validated
+    wire dict, with its host and event time."""
+
+    host: str
+    ts: float
+    env: dict[str, Any]
+
+    @classmethod
+    def of(cls, env: dict[str, Any]) -> GpuWire:
+        return cls(env["host"], float(env["ts"]), env)
+
+
+Telemetry = GpuWire | RequestsEnvelope | EventEnvelope | MetricsEnvelope | Traces
 TOPIC_KINDS: dict[str, type[Any]] = {
     "gpu": GpuEnvelope,
     "requests": RequestsEnvelope,
@@ -234,7 +252,7 @@ def _decoded(items: Iterator[Item], paths: Sequence[Path], tally: Tally) -> Iter
                 tally.envelopes += 1
                 yield Traces(item.ts, spans)
                 continue
-            env = decode(item.raw)
+            env = _decode(item.raw)
         except SchemaError as exc:
             tally.reject(paths[item.file], item.line, exc.reason)
             continue
@@ -243,6 +261,16 @@ def _decoded(items: Iterator[Item], paths: Sequence[Path], tally: Tally) -> Iter
             continue
         tally.envelopes += 1
         yield env
+
+
+def _decode(raw: bytes) -> Telemetry | Alert:
+    """One line's envelope; a GPU one as its wire dict: straight from the bytes where the
+    line starts as ``encode`` writes it (as the worker decodes it), else through its record
+    (as :meth:`Pipelines.gpu` does)."""
+    if raw.startswith(GPU_LINE):
+        return GpuWire.of(decode_gpu_wire(raw))
+    env = decode(raw)
+    return GpuWire.of(gpu_wire(env)) if isinstance(env, GpuEnvelope) else env
 
 
 def read_csv(path: Path, lane: int, tally: Tally) -> Iterator[Point]:
@@ -372,6 +400,27 @@ class ScoreLane:
         )
 
 
+class GpuRun:
+    """Consecutive GPU envelopes (at most ``GPU_RUN``), processed together by
+    :meth:`Pipelines.gpu_batch`: the transitions of one at a time, in order."""
+
+    def __init__(self, pipes: Pipelines) -> None:
+        self.pipes = pipes
+        self.envs: list[dict[str, Any]] = []
+
+    def add(self, item: GpuWire) -> list[Transition]:
+        """Take ``item``; the run's transitions if that filled it."""
+        self.envs.append(item.env)
+        return self.flush() if len(self.envs) >= GPU_RUN else []
+
+    def flush(self) -> list[Transition]:
+        """The run's transitions, in order; the run is empty after."""
+        if not self.envs:
+            return []
+        envs, self.envs = self.envs, []
+        return self.pipes.gpu_batch(envs)
+
+
 class Replay:
     """The worker's pipelines for envelopes, a :class:`ScoreLane` per CSV file."""
 
@@ -388,12 +437,19 @@ class Replay:
         }
 
     def process(self, item: Telemetry | Point) -> list[Transition]:
+        """One item's transitions (a GPU envelope a batch of one: :meth:`run` batches)."""
         if isinstance(item, Point):
             return self.lanes[item.lane].process(item)
         if isinstance(item, Traces):  # assembled into request records, as the worker does
             return self._requests(self.traces.add(item.spans))
-        out = self._requests(self.traces.advance(item.ts)) if self.traces.stats.open else []
+        out = self._requests(self._done(item.ts))
+        if isinstance(item, GpuWire):
+            return out + self.pipes.gpu_batch([item.env])
         return out + self.pipes.process(item)
+
+    def _done(self, ts: float) -> list[RequestsEnvelope]:
+        """The traces done by event time ``ts``, as request envelopes."""
+        return self.traces.advance(ts) if self.traces.stats.open else []
 
     def finish(self) -> list[Transition]:
         """The traces still open at the end of the input: they are done."""
@@ -403,8 +459,20 @@ class Replay:
         return [t for env in envelopes for t in self.pipes.process(env)]
 
     def run(self, items: Iterable[Telemetry | Point]) -> Iterator[Transition]:
+        """Every transition of ``items``, then of the traces still open, in order: those of
+        :meth:`process` one item at a time, consecutive GPU envelopes processed together."""
+        gpu = GpuRun(self.pipes)
         for item in items:
-            yield from self.process(item)
+            if not isinstance(item, GpuWire):
+                yield from gpu.flush()
+                yield from self.process(item)
+                continue
+            done = self._done(item.ts)  # between the run so far and this envelope
+            if done:
+                yield from gpu.flush()
+                yield from self._requests(done)
+            yield from gpu.add(item)
+        yield from gpu.flush()
         yield from self.finish()
 
 
@@ -489,10 +557,13 @@ def replay(
 def _transitions(
     runner: Replay, items: Iterable[Telemetry | Point], summary: Summary
 ) -> Iterator[Transition]:
+    return runner.run(_seen(items, summary))
+
+
+def _seen(items: Iterable[Telemetry | Point], summary: Summary) -> Iterator[Telemetry | Point]:
     for item in items:
         summary.see(item.ts)
-        yield from runner.process(item)
-    yield from runner.finish()
+        yield item
 
 
 def _when(a: Alert) -> float:

@@ -860,7 +860,7 @@ class GpuPipeline:
                 float(self.temp_c[row]),
                 float(self.power_w[row]),
             ]
-            names = GPU_SIGNALS
+            names: tuple[str, ...] = GPU_SIGNALS
         else:
             values += [float(self.value[row]), float(self.rss[row])]
             names = PROCESS_SIGNALS

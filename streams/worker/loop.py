@@ -6,7 +6,10 @@ sweep marks, the snapshot schedule, the held acks, the chart recorder) and the f
 that change it: :meth:`~WorkerLoop.handle` (one message), :meth:`~WorkerLoop.assigned` (a
 rebalance), :meth:`~WorkerLoop.tick` (every second) and :meth:`~WorkerLoop.stop` (a clean
 shutdown). Faust only feeds it (:func:`ragwatch.streams.worker.app.register_processors`);
-a test can feed it an in-memory stream.
+a test can feed it an in-memory stream. A topic whose pipeline has a batch seam (GPU
+telemetry: :meth:`~ragwatch.streams.pipelines.fleet.Pipelines.gpu_batch`) is handled a
+batch at a time (:meth:`~WorkerLoop.handle_batch`): the messages Faust has at hand, up to
+``MAX_BATCH``, in the same order and with the same checkpoints as one at a time.
 
 Checkpoint order (what is written before which offset is acked; the acks are
 :mod:`ragwatch.streams.worker.acks`'s):
@@ -18,13 +21,15 @@ Checkpoint order (what is written before which offset is acked; the acks are
 3. every tick, the snapshots that are due are written first, and only then are the acks
    they cover released (so a committed offset never runs ahead of the state that holds
    it); a snapshot that fails gives its acks back;
-4. a rebalance forgets the lost partitions' hosts and services and every held ack (Faust
-   reads what it keeps again from the committed offsets);
+4. a rebalance forgets the lost partitions' hosts and services and every held ack, and
+   the messages read into a batch and not handled yet (Faust reads what it keeps again
+   from the committed offsets);
 5. a clean stop snapshots everything changed and idle, so its offsets are committed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import operator
@@ -51,7 +56,7 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
-from ragwatch.streams.worker.acks import HeldAcks
+from ragwatch.streams.worker.acks import Held, HeldAcks
 from ragwatch.streams.worker.marks import SweepMarks
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,15 @@ Key = tuple[Domain, str]
 # A partition nothing was read from for this long (wall seconds) does not hold back the
 # silence sweeps: its hosts stopped sending, or it has none.
 IDLE_PARTITION_S = 30.0
+# Messages of a batched topic handled together at most: those read while the next was at
+# hand (a batch ends where the stream runs dry, never on a timer).
+MAX_BATCH = 512
+# Turns of the event loop a batch gives the next message to come. Faust's fetcher hands
+# the records it has fetched to the stream one at a time, each delivery a few turns
+# (``faust.transport.consumer.Consumer._drain_messages`` awaits ``wait_first`` per record),
+# so the stream's queue is empty between two deliveries even with a backlog: looking at
+# the queue alone made batches of one.
+FETCH_TURNS = 8
 
 
 class Sweeper(Protocol):
@@ -83,6 +97,8 @@ class InputTopic:
     newest: Callable[[Any], float]
     process: Callable[[Any], list[Transition]]
     sweeper: Sweeper | None = None
+    # envelopes in order, the transitions of ``process`` one at a time (None: no batches)
+    process_batch: Callable[[list[Any]], list[Transition]] | None = None
 
 
 def _key(env: Any) -> str:
@@ -108,7 +124,7 @@ def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
     return (
         InputTopic(
             "gpu", "host", decode_gpu_wire, operator.itemgetter("host"), _gpu_ts,
-            pipes.gpu_wire, pipes.gpus,
+            pipes.gpu_wire, pipes.gpus, pipes.gpu_batch,
         ),
         InputTopic("events", "host", partial(decode_as, EventEnvelope), _key, _ts, pipes.event),
         InputTopic(
@@ -135,6 +151,41 @@ class Delivery(Protocol):
     async def write_status(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None: ...
     async def write_series(self, points: Any) -> None: ...
     async def prune(self, hosts: set[str], services: set[str], prefixes: Any) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One message of a batch, decoded and checked: what processing and dead-lettering it
+    need."""
+
+    msg: Any
+    raw: bytes
+    env: Any
+    key: Key
+    held: Held
+
+
+def _buffered(stream: Any) -> bool:
+    """Whether another message is buffered behind the one just read. A Faust stream reads
+    its channel's queue (``faust.channels.Channel.empty``); a stream without one has none."""
+    empty = getattr(getattr(stream, "channel", None), "empty", None)
+    return empty is not None and not empty()
+
+
+async def _more_at_hand(stream: Any) -> bool:
+    """Whether another message is buffered, or handed to ``stream`` within ``FETCH_TURNS``
+    turns of the event loop."""
+    for _ in range(FETCH_TURNS):
+        if _buffered(stream):
+            return True
+        await asyncio.sleep(0)
+    return _buffered(stream)
+
+
+def _describe(topic: InputTopic, reads: list[_Read]) -> str:
+    """A batch for the log: its size and where it starts."""
+    m = reads[0].msg
+    return f"{len(reads)} {topic.kind} message(s) from {m.topic}[{m.partition}] offset={m.offset}"
 
 
 SendAlert = Callable[[Transition], Awaitable[None]]
@@ -168,6 +219,7 @@ class WorkerLoop:
         self.busy: Counter[Key] = Counter()  # messages of a key being processed and sent
         self.partitions: dict[Key, set[Any]] = {}  # (domain, key) -> the TPs it came on
         self.assigned_tps: set[Any] = set()
+        self.rebalances = 0  # a batch read across one is dropped: Faust reads it again
         # per input partition: the newest event time read, for the pipelines' sweep marks
         self.marks = SweepMarks(idle_s=IDLE_PARTITION_S)
         # snapshots of a changed key are rewritten once it is snapshot_interval seconds
@@ -184,10 +236,26 @@ class WorkerLoop:
 
     async def consume(self, kind: str, stream: Any) -> None:
         """Every message of ``stream`` (a Faust stream of the ``kind`` topic), acked once the
-        snapshot holds it."""
-        stream = stream.noack()
+        snapshot holds it. A topic with a batch seam is handled a batch at a time: the
+        messages read while the next was at hand, up to ``MAX_BATCH``."""
+        topic, stream = self.topics[kind], stream.noack()
+        if topic.process_batch is None:
+            async for event in stream.events():
+                await self.handle(topic, stream, event)
+            return
+        batch: list[Any] = []
+        rebalances = self.rebalances
         async for event in stream.events():
-            await self.handle(self.topics[kind], stream, event)
+            if self.rebalances != rebalances:  # Faust reads them again (and drops its buffers)
+                batch, rebalances = [], self.rebalances
+            batch.append(event)
+            if len(batch) < MAX_BATCH and await _more_at_hand(stream):
+                continue
+            if self.rebalances == rebalances:  # (else one came while waiting: dropped)
+                await self.handle_batch(topic, stream, batch)
+            batch = []
+        if batch and self.rebalances == rebalances:
+            await self.handle_batch(topic, stream, batch)
 
     async def handle(self, topic: InputTopic, stream: Any, event: Any) -> None:
         """One message: decode, check, process, send its transitions, hold its ack."""
@@ -203,10 +271,7 @@ class WorkerLoop:
         key: Key = (topic.domain, k)
         self.busy[key] += 1  # no snapshot of k until its transitions are sent
         try:
-            if k not in self.known[topic.domain]:
-                self.known[topic.domain].add(k)
-                await self.delivery.restore(self.pipes, topic.domain, k)
-            self.partitions.setdefault(key, set()).add(msg.tp)
+            await self._meet(key, msg.tp)
             transitions = await self._processed(topic, msg, raw, env, k)
             if transitions is None:
                 await self.held.release([h])
@@ -217,6 +282,104 @@ class WorkerLoop:
             self.held.hold(key, h)
         finally:
             self.busy[key] -= 1
+
+    async def handle_batch(self, topic: InputTopic, stream: Any, events: list[Any]) -> None:
+        """Consecutive messages of a topic with a batch seam, each as :meth:`handle` does it
+        and in order: decode and check each (the bad dead-lettered), then process the good
+        together, send their transitions, hold their acks."""
+        batch = topic.process_batch
+        if batch is None:
+            raise ValueError(f"topic {topic.kind} has no batch seam")
+        rebalances = self.rebalances
+        reads = await self._reads(topic, stream, events)
+        if not reads:
+            return
+        keys = [r.key for r in reads]
+        self.busy.update(keys)  # no snapshot of them until their transitions are sent
+        try:
+            for r in reads:
+                await self._meet(r.key, r.msg.tp)
+            if self.rebalances != rebalances:
+                self._rebalanced(reads)
+                return
+            took = await self._handle_reads(topic, batch, reads)
+        finally:
+            self.busy.subtract(keys)
+        if took > self.settings.slow_message:  # every partition waited this long
+            self.counters.slow_messages += 1
+            log.warning("slow batch %s: %.1f s", _describe(topic, reads), took)
+
+    async def _reads(self, topic: InputTopic, stream: Any, events: list[Any]) -> list[_Read]:
+        """The messages counted, given their places in their partitions' acks (all before
+        any await: a rebalance drops the places it finds), decoded and checked; the bad
+        ones dead-lettered and their acks released."""
+        msgs = [e.message for e in events]
+        raws = [m.value or b"" for m in msgs]
+        places = [self.held.add(m.tp, stream, e) for m, e in zip(msgs, events, strict=True)]
+        self.counters.messages += len(events)
+        reads: list[_Read] = []
+        for msg, raw, h in zip(msgs, raws, places, strict=True):
+            env = await self._decoded(topic, msg, raw)
+            if env is None:
+                await self.held.release([h])
+            else:
+                reads.append(_Read(msg, raw, env, (topic.domain, topic.key(env)), h))
+        return reads
+
+    async def _handle_reads(
+        self, topic: InputTopic, batch: Callable[[list[Any]], list[Transition]], reads: list[_Read]
+    ) -> float:
+        """Process the messages together, send their transitions, then hold their acks; the
+        seconds processing took."""
+        started = time.perf_counter()
+        try:
+            transitions, done = batch([r.env for r in reads]), reads
+        except Exception:  # a bug must not stall the partition: each alone, to find it
+            log.exception("processing failed %s: one message at a time", _describe(topic, reads))
+            transitions, done = await self._one_by_one(topic, batch, reads)
+        took = time.perf_counter() - started
+        for r in done:
+            self.dirty[topic.kind].add(r.key[1])
+        for t in transitions:
+            await self._send_alert(t)
+        for r in done:
+            self.held.hold(r.key, r.held)
+        return took
+
+    async def _one_by_one(
+        self, topic: InputTopic, batch: Callable[[list[Any]], list[Transition]], reads: list[_Read]
+    ) -> tuple[list[Transition], list[_Read]]:
+        """The messages processed one at a time, as :meth:`handle` does; those that
+        fail are dead-lettered. The transitions and the messages processed. (The pipelines
+        drop samples they have seen: what the failed batch got to is not learned twice, but
+        its transitions, lost with the exception, do not come again.)"""
+        out: list[Transition] = []
+        done: list[_Read] = []
+        for r in reads:
+            got = await self._processed(topic, r.msg, r.raw, r.env, r.key[1], lambda e: batch([e]))
+            if got is None:
+                await self.held.release([r.held])
+                continue
+            out += got
+            done.append(r)
+        return out, done
+
+    def _rebalanced(self, reads: list[_Read]) -> None:
+        """A rebalance came while a batch was read: its messages are read again from the
+        committed offsets (here, or by the partition's new owner). Forget the keys restored
+        here whose partitions are gone (the rebalance could not: they were not met yet)."""
+        gone = {r.key for r in reads if r.msg.tp not in self.assigned_tps}
+        self._forget(gone)
+        for domain, k in gone:
+            self.pipes.forget(domain, k)
+
+    async def _meet(self, key: Key, tp: Any) -> None:
+        """A message of ``key`` read from ``tp``: restore its state if it is new here."""
+        domain, k = key
+        if k not in self.known[domain]:
+            self.known[domain].add(k)
+            await self.delivery.restore(self.pipes, domain, k)
+        self.partitions.setdefault(key, set()).add(tp)
 
     async def _decoded(self, topic: InputTopic, msg: Any, raw: bytes) -> Any | None:
         """The envelope, or None once a bad one is dead-lettered."""
@@ -242,12 +405,19 @@ class WorkerLoop:
         return env
 
     async def _processed(
-        self, topic: InputTopic, msg: Any, raw: bytes, env: Any, k: str
+        self,
+        topic: InputTopic,
+        msg: Any,
+        raw: bytes,
+        env: Any,
+        k: str,
+        process: Callable[[Any], list[Transition]] | None = None,
     ) -> list[Transition] | None:
-        """The envelope's transitions, or None once a failure is dead-lettered."""
+        """The envelope's transitions (``process``: the topic's), or None once a failure is
+        dead-lettered."""
         try:
             started = time.perf_counter()
-            transitions = topic.process(env)
+            transitions = (process or topic.process)(env)
         except Exception as exc:  # a bug must not stall the partition
             log.exception("processing failed %s key=%s", topic.kind, k)
             await self.dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}", raw)
@@ -282,6 +452,7 @@ class WorkerLoop:
         come back here, they are restored from the snapshot again, not from stale memory."""
         lost = self.assigned_tps - set(assigned_now)
         self.assigned_tps = set(assigned_now)
+        self.rebalances += 1
         # Faust reads every partition it keeps again from its committed offset: those
         # messages get their places in the queues again
         n = self.held.reset()

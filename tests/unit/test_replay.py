@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -338,3 +339,98 @@ def test_csv_series_are_named_by_file_or_by_path_where_names_clash(tmp_path: Pat
         [str(files[0]), str(files[1]), "other.csv"]
     )
     assert summary["rules"]["AnomalyScore"]["fired"] == 3
+
+
+class RecordingPipelines(Pipelines):
+    """The worker's pipelines, with the size of every GPU batch recorded (``batches``, of
+    every instance) and the envelopes each instance processed, in order (``seen``)."""
+
+    batches: list[int] = []
+
+    def __init__(self, rules: list[Any]) -> None:
+        super().__init__(rules)
+        self.seen: list[tuple[str, float]] = []
+
+    def gpu_batch(self, envs: list[dict[str, Any]]) -> list[Any]:
+        RecordingPipelines.batches.append(len(envs))
+        self.seen += [(e["host"], float(e["ts"])) for e in envs]
+        return super().gpu_batch(envs)
+
+    def process(self, env: Any) -> list[Any]:
+        self.seen.append((env.key, env.ts))
+        return super().process(env)
+
+
+def test_a_mixed_replay_batches_gpu_runs_and_gives_the_transitions_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU envelopes between request envelopes go through ``Pipelines.gpu_batch`` in runs
+    (the worker's batches); the transitions, hints and order included, are those of
+    ``Pipelines.process`` one envelope at a time."""
+    world = build("all", hosts=4, gpus=1, services=1, interval_s=60, heal_after_s=40 * 60)
+    envelopes = list(world.envelopes(hours=2.0))
+    # an hour of GPU telemetry alone at the end: runs as long as GPU_RUN
+    tail = build("leak", hosts=4, gpus=1, services=0, interval_s=10, start_ts=envelopes[-1].ts)
+    envelopes += list(tail.envelopes(hours=1.0))[4:]
+    assert {e.kind for e in envelopes} == {"gpu", "requests"}
+    f = write_jsonl(tmp_path / "mixed.jsonl", [encode(e) for e in envelopes])
+    pipes = Pipelines(load_rules())
+    in_order = sorted(envelopes, key=lambda e: e.ts)  # replay's order (stable on ties)
+    expected = [
+        {**to_dict(t.alert), "previous": t.previous} for e in in_order for t in pipes.process(e)
+    ]
+
+    monkeypatch.setattr(replay_mod, "Pipelines", RecordingPipelines)
+    RecordingPipelines.batches = []
+    got, summary, _ = run_replay([f], pending=True)
+    assert got == orjson.loads(orjson.dumps(expected))
+    assert {"GpuMemoryLeak", "ThroughputDrop"} <= {t["rule"] for t in got}
+    assert summary["envelopes"] == len(envelopes)
+    batches = RecordingPipelines.batches
+    assert sum(batches) == sum(e.kind == "gpu" for e in envelopes)
+    assert 4 in batches and max(batches) == replay_mod.GPU_RUN
+
+
+def test_gpu_lines_not_as_encode_writes_them_replay_the_same(tmp_path: Path) -> None:
+    """A GPU line with its fields in another order (written by hand, or by another tool)
+    is decoded through its record: the same transitions."""
+    envelopes = list(build("leak", hosts=1, gpus=1, services=0, interval_s=60).envelopes(hours=2.0))
+    lines = [encode(e) for e in envelopes]
+    shuffled = [orjson.dumps(dict(reversed(orjson.loads(line).items()))) for line in lines]
+    assert all(line.startswith(replay_mod.GPU_LINE) for line in lines)  # the fast path's
+    assert not any(line.startswith(replay_mod.GPU_LINE) for line in shuffled)
+    plain, _, _ = run_replay([write_jsonl(tmp_path / "a.jsonl", lines)], pending=True)
+    other, summary, _ = run_replay([write_jsonl(tmp_path / "b.jsonl", shuffled)], pending=True)
+    assert other == plain and any(t["status"] == "firing" for t in plain)
+    assert summary["envelopes"] == len(envelopes) and summary["bad_lines"] == 0
+
+
+def test_traces_gpu_and_request_lines_are_processed_in_the_order_of_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Traces assembled into request envelopes as GPU envelopes move event time on come
+    between the GPU runs, where one item at a time (``Replay.process``) has them."""
+    from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
+    from tests.otel_spans import Fleet, otlp_json
+
+    cfg = RequestSimConfig(services=1, scenario="retrieval", batch_s=10.0, base_qps=2.0)
+    fleet, traces = Fleet(), tmp_path / "traces.otlp.jsonl"
+    with traces.open("wb") as f:
+        for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 360):  # 1 h
+            f.writelines(otlp_json(sp) + b"\n" for env in batch if (sp := fleet.spans(env)))
+    gpus = build("leak", hosts=2, gpus=1, services=0, interval_s=5).envelopes(hours=1.0)
+    files = [traces, write_jsonl(tmp_path / "gpu.jsonl", [encode(e) for e in gpus])]
+    monkeypatch.setattr(replay_mod, "Pipelines", RecordingPipelines)
+
+    batched = replay_mod.Replay(load_rules(), files, detector="default", threshold=0.5)
+    got = list(batched.run(merged(files, Tally())))
+    single = replay_mod.Replay(load_rules(), files, detector="default", threshold=0.5)
+    one_by_one = [t for item in merged(files, Tally()) for t in single.process(item)]
+    one_by_one += single.finish()
+
+    assert isinstance(batched.pipes, RecordingPipelines)
+    assert isinstance(single.pipes, RecordingPipelines)
+    assert batched.pipes.seen == single.pipes.seen
+    kinds = [isinstance(k, str) and k.startswith("gpu-node") for k, _ in batched.pipes.seen]
+    assert any(a and not b for a, b in itertools.pairwise(kinds))  # requests between GPU runs
+    assert got == one_by_one and got
