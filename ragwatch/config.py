@@ -313,8 +313,8 @@ class Settings:
     slow_message: float = _setting(
         1.0,
         _positive_float,
-        "seconds: processing one message for longer holds every partition of the worker; "
-        "such a message is logged and counted (slow_messages)",
+        "seconds: processing one message (or one batch of GPU messages) for longer holds "
+        "every partition of the worker; it is logged and counted (slow_messages)",
     )
     snapshot_interval: float = _setting(
         10.0,

@@ -122,7 +122,7 @@ def _state(pipe: GpuPipeline) -> Any:
     return [pipe.host_snapshot(h) for h in hosts], vars(pipe.stats), sorted(pipe.engine.active)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(envs=streams(), data=st.data())
 def test_any_batches_give_the_transitions_of_one_envelope_at_a_time(
     envs: list[dict[str, Any]], data: st.DataObject
