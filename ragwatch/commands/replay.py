@@ -6,15 +6,15 @@ record`` or ``ragwatch agent --source sim --once --json`` write them; ``.gz`` to
 CSV series (``timestamp,value``, NAB's shape). Envelopes go through
 :class:`~ragwatch.streams.pipelines.fleet.Pipelines` with the worker's rules, so they give the
 worker's transitions (GPU envelopes decoded to wire dicts and consecutive ones processed
-together, as the worker does: :class:`GpuRun`); a CSV series has no rule, so each file is
-scored by one detector (score, then learn) and its score crossing the threshold fires (up)
-or resolves (down) an ``AnomalyScore`` alert. Every input is played in event-time order:
-the envelopes of all JSONL files are sorted together by ``ts`` (a recording is in
-consumption order, one partition read ahead of another; ties keep the files' order, then
-each file's), with an external merge sort so memory stays bounded
-(:mod:`ragwatch.event_order`); CSV series are merged in by a heap, each in its own order.
-A line that does not parse is counted with its file, line and reason; it never stops the
-replay.
+together, as the worker does: :class:`~ragwatch.streams.pipelines.fleet.GpuRun`); a CSV
+series has no rule, so each file is scored by one detector (score, then learn) and its
+score crossing the threshold fires (up) or resolves (down) an ``AnomalyScore`` alert.
+Every input is played in event-time order: the envelopes of all JSONL files are sorted
+together by ``ts`` (a recording is in consumption order, one partition read ahead of
+another; ties keep the files' order, then each file's), with an external merge sort so
+memory stays bounded (:mod:`ragwatch.event_order`); CSV series are merged in by a heap,
+each in its own order. A line that does not parse is counted with its file, line and
+reason; it never stops the replay.
 
 >>> parse_time("2014-04-01 00:05:00"), parse_time("1396310700")
 (1396310700.0, 1396310700.0)
@@ -69,7 +69,7 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.alerting.engine import fingerprint
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.fleet import GpuRun, Pipelines
 from ragwatch.streams.pipelines.traces import TraceAssembler
 
 log = logging.getLogger(__name__)
@@ -400,27 +400,6 @@ class ScoreLane:
         )
 
 
-class GpuRun:
-    """Consecutive GPU envelopes (at most ``GPU_RUN``), processed together by
-    :meth:`Pipelines.gpu_batch`: the transitions of one at a time, in order."""
-
-    def __init__(self, pipes: Pipelines) -> None:
-        self.pipes = pipes
-        self.envs: list[dict[str, Any]] = []
-
-    def add(self, item: GpuWire) -> list[Transition]:
-        """Take ``item``; the run's transitions if that filled it."""
-        self.envs.append(item.env)
-        return self.flush() if len(self.envs) >= GPU_RUN else []
-
-    def flush(self) -> list[Transition]:
-        """The run's transitions, in order; the run is empty after."""
-        if not self.envs:
-            return []
-        envs, self.envs = self.envs, []
-        return self.pipes.gpu_batch(envs)
-
-
 class Replay:
     """The worker's pipelines for envelopes, a :class:`ScoreLane` per CSV file."""
 
@@ -461,7 +440,7 @@ class Replay:
     def run(self, items: Iterable[Telemetry | Point]) -> Iterator[Transition]:
         """Every transition of ``items``, then of the traces still open, in order: those of
         :meth:`process` one item at a time, consecutive GPU envelopes processed together."""
-        gpu = GpuRun(self.pipes)
+        gpu = GpuRun(self.pipes, GPU_RUN)
         for item in items:
             if not isinstance(item, GpuWire):
                 yield from gpu.flush()
@@ -471,7 +450,7 @@ class Replay:
             if done:
                 yield from gpu.flush()
                 yield from self._requests(done)
-            yield from gpu.add(item)
+            yield from gpu.add(item.env)
         yield from gpu.flush()
         yield from self.finish()
 

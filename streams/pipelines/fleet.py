@@ -166,16 +166,33 @@ class Pipelines:
     def run(self, envelopes: Iterable[Envelope], *, batch: int = 256) -> Iterator[Transition]:
         """Every transition of a stream of envelopes, in order: runs of up to ``batch``
         consecutive GPU envelopes go through :meth:`gpu_batch` together."""
-        run: list[dict[str, Any]] = []
+        run = GpuRun(self, batch)
         for env in envelopes:
             if isinstance(env, GpuEnvelope):
-                run.append(gpu_wire(env))
-                if len(run) < batch:
-                    continue
-            if run:
-                yield from self.gpu_batch(run)
-                run = []
-            if not isinstance(env, GpuEnvelope):
-                yield from self.process(env)
-        if run:
-            yield from self.gpu_batch(run)
+                yield from run.add(gpu_wire(env))
+                continue
+            yield from run.flush()
+            yield from self.process(env)
+        yield from run.flush()
+
+
+class GpuRun:
+    """Consecutive GPU envelopes (validated wire dicts, at most ``size``), processed
+    together by :meth:`Pipelines.gpu_batch`: the transitions of one at a time, in order.
+    Whoever feeds it flushes it before anything that is not a GPU envelope."""
+
+    def __init__(self, pipes: Pipelines, size: int) -> None:
+        self.pipes, self.size = pipes, size
+        self.envs: list[dict[str, Any]] = []
+
+    def add(self, env: dict[str, Any]) -> list[Transition]:
+        """Take ``env``; the run's transitions if that filled it."""
+        self.envs.append(env)
+        return self.flush() if len(self.envs) >= self.size else []
+
+    def flush(self) -> list[Transition]:
+        """The run's transitions, in order; the run is empty after."""
+        if not self.envs:
+            return []
+        envs, self.envs = self.envs, []
+        return self.pipes.gpu_batch(envs)
