@@ -39,6 +39,7 @@ import orjson
 from ragwatch.codec import decode_gpu_wire
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.gpu import COLUMNS
 
 RESULTS = Path(__file__).parent / "results"
 T0 = 1_767_225_600.0
@@ -168,20 +169,7 @@ def memory(args: argparse.Namespace, tick: Callable[[int], list[dict]]) -> dict[
     tracemalloc.stop()
     g = pipes.gpus
     arrays = sum(a.nbytes for a in vars(g.bank).values() if hasattr(a, "nbytes")) + sum(
-        getattr(g, c).nbytes
-        for c in (
-            "value",
-            "fb_used",
-            "fb_total",
-            "gpu_util",
-            "mem_copy_util",
-            "temp_c",
-            "power_w",
-            "rss",
-            "attributed",
-            "is_gpu",
-            "watch",
-        )
+        getattr(g, c).nbytes for c in (*COLUMNS, "is_gpu", "watch")
     )
     return {
         "series": len(g),

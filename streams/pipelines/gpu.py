@@ -104,23 +104,6 @@ GPU_SIGNALS = (
     "power_w",
 )
 PROCESS_SIGNALS = (*LEAK_SIGNALS, "gpu_mem_bytes", "rss_bytes")
-# Signals that change with every sample; the others come from the leak detector's
-# estimate and change only when it closes a bucket (every 2 min by default).
-SAMPLE_SIGNALS = frozenset(
-    {
-        "fb_used_bytes",
-        "fb_total_bytes",
-        "tte_s",
-        "tte_h",
-        "gpu_mem_bytes",
-        "rss_bytes",
-        "fb_used_ratio",
-        "gpu_util",
-        "mem_copy_util",
-        "temp_c",
-        "power_w",
-    }
-)
 # the raw columns of a row (NaN where a value is not known), as a snapshot holds them
 COLUMNS = (
     "value",
@@ -520,10 +503,6 @@ class GpuPipeline:
         """The newest event time seen (0 before any)."""
         return self._watermark
 
-    @property
-    def last_seen(self) -> F64:
-        return self.index.last_seen
-
     # ------------------------------------------------------------------ columns
 
     def _grow(self, capacity: int) -> None:
@@ -592,7 +571,7 @@ class GpuPipeline:
                     self._last_sweep = self._watermark
                     now = min(self._watermark, self.sweep_mark)
                     swept: list[Transition] = []
-                    for h in list(self.index.owners()):
+                    for h in self.index.owners():
                         swept += self._evict(str(h), now, SILENT_HOST_FACTOR * self.stale_s)
                     self._emit([], swept)
             self._flush()
