@@ -11,7 +11,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 
@@ -24,30 +24,7 @@ from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.app import Delivery
 from ragwatch.streams.worker.loop import WorkerLoop
-
-
-class TP(NamedTuple):
-    topic: str
-    partition: int
-
-
-@dataclass
-class Message:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes
-    value: bytes | None
-
-    @property
-    def tp(self) -> TP:
-        return TP(self.topic, self.partition)
-
-
-@dataclass
-class Event:
-    message: Message
-    value: Any = None
+from tests.faust_messages import TP, Event, Message
 
 
 @dataclass

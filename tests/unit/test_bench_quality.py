@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "quality.py"
+from tests.bench_modules import load
 
 
 @pytest.fixture(scope="module")
 def quality() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_quality", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    return load("quality")
 
 
 def test_leak_on_a_tiny_fleet_is_detected_with_a_hint(quality: ModuleType) -> None:

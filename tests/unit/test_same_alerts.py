@@ -18,9 +18,7 @@ The full plan (the quality scenarios, 7 healthy days, the soak's telemetry) is
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,27 +26,16 @@ from typing import Any
 import pytest
 
 from ragwatch.streams.alerting.rules import load_rules
+from tests.bench_modules import load
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "transitions" / "ci.json"
 BEFORE = "2ca3ea7"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
-
-
 @pytest.fixture(scope="module")
 def tool() -> ModuleType:
-    return _load("transitions")
+    return load("transitions")
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +93,7 @@ def test_gpu_envelopes_go_in_ordered_runs_of_at_most_256(tool: ModuleType) -> No
 
 
 def test_the_runs_are_those_of_bench_quality(tool: ModuleType) -> None:
-    quality = _load("quality")
+    quality = load("quality")
     assert tool.FAULT_HOURS == quality.FAULT_HOURS
     assert tool.HEALTHY_DAYS == quality.HEALTHY_DAYS
     job = quality.Job("leak", 3.0)

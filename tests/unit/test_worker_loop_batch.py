@@ -16,7 +16,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.codec import encode
@@ -31,33 +31,10 @@ from ragwatch.schema import (
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.loop import FETCH_TURNS, MAX_BATCH, WorkerLoop
+from tests.faust_messages import TP, Event, Message
 
 SETTINGS = Settings.from_env({})
 GPU_TOPIC = SETTINGS.topic("gpu")
-
-
-class TP(NamedTuple):
-    topic: str
-    partition: int
-
-
-@dataclass
-class Message:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes
-    value: bytes | None
-
-    @property
-    def tp(self) -> TP:
-        return TP(self.topic, self.partition)
-
-
-@dataclass
-class Event:
-    message: Message
-    value: Any = None
 
 
 class Channel:
