@@ -9,7 +9,7 @@ telemetry is a fifth class with this shape, added to :class:`~.fleet.Pipelines`'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 Domain = Literal["host", "service"]
@@ -38,6 +38,7 @@ class ChartSeries(NamedTuple):
     labels: Mapping[str, str]
     ts: float
     holder: Any
+    where: str | None = None  # its ids' prefix (chart_ids.series_prefix), if kept at hand
 
 
 class SignalPipeline(Protocol):
@@ -68,10 +69,11 @@ class SignalPipeline(Protocol):
         the series adopted."""
         ...
 
-    def status(self, key: str) -> dict[str, Any]:
-        """Its part of ``key``'s status entry (what ``ragwatch status`` shows)."""
+    def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
+        """Its part of each key's status entry (what ``ragwatch status`` shows), for many
+        keys at once (the worker writes those that changed every second)."""
         ...
 
-    def charts(self, key: str) -> Iterable[ChartSeries]:
-        """``key``'s series that charts may draw."""
+    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
+        """The series of ``keys`` that charts may draw."""
         ...

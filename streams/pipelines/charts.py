@@ -51,13 +51,14 @@ service:rag-api:rag-api-0:outliers RequestOutlierCluster
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ragwatch.chart_ids import series_prefix
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import Domain
+from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 Point = list[float | None]
@@ -162,6 +163,9 @@ class SeriesRecorder:
         self.step_s = step_s
         self.max_tracked = max_tracked
         self._last: dict[str, float] = {}  # series id -> ts of the last point emitted
+        # a series' id prefix -> the event time before which none of its charts is due
+        # (the least of their last points + step_s): one look instead of one per chart
+        self._quiet: dict[str, float] = {}
         self._rules: Sequence[Rule] | None = None  # the rules self._plan was made from
         self._plan: Plan = {}
 
@@ -172,16 +176,15 @@ class SeriesRecorder:
         return self._plan
 
     def collect(
-        self, pipes: Pipelines, hosts: Iterable[str], services: Iterable[str]
+        self, pipes: Pipelines, hosts: Collection[str], services: Collection[str]
     ) -> dict[str, tuple[dict[str, Any], Point]]:
         """series id -> (its index entry, the new point) for what changed."""
         plan = self.plan(pipes.rules)
         out: dict[str, tuple[dict[str, Any], Point]] = {}
-        keys: list[tuple[Domain, str]] = [("host", h) for h in hosts]
-        keys += [("service", s) for s in services]
-        for domain, key in keys:
-            for c in pipes.charts(domain, key):
-                self._add(out, plan.get(c.kind, ()), c.kind, c.labels, c.ts, c.holder)
+        wanted: list[tuple[Domain, Collection[str]]] = [("host", hosts), ("service", services)]
+        for domain, keys in wanted:
+            for c in pipes.charts(domain, keys):
+                self._add(out, plan.get(c.kind, ()), c)
         return out
 
     def _due(self, sid: str, ts: float) -> bool:
@@ -198,6 +201,8 @@ class SeriesRecorder:
         gone = [sid for sid in self._last if sid.startswith(prefixes)] if prefixes else []
         for sid in gone:
             del self._last[sid]
+        for where in [w for w in self._quiet if w.startswith(prefixes)] if prefixes else []:
+            del self._quiet[where]
         return gone
 
     def _written(self, sid: str, ts: float) -> None:
@@ -212,16 +217,31 @@ class SeriesRecorder:
         self,
         out: dict[str, tuple[dict[str, Any], Point]],
         charts: tuple[tuple[Chart, dict[str, Any]], ...],
-        kind: str,
+        series: ChartSeries,
+    ) -> None:
+        kind, labels, ts = series.kind, series.labels, series.ts
+        where = series.where or series_prefix(kind, labels)
+        if ts < self._quiet.get(where, -math.inf):
+            return
+        due = [(sid, c, meta) for c, meta in charts if self._due(sid := where + c.suffix, ts)]
+        if due:  # (signals read only then: a GPU series computes them when read)
+            self._emit(out, due, labels, ts, series.holder)
+        self._quiet.pop(where, None)
+        lasts = [self._last.get(where + c.suffix) for c, _ in charts]
+        if lasts and None not in lasts:
+            self._quiet[where] = min(x for x in lasts if x is not None) + self.step_s
+            if len(self._quiet) > self.max_tracked:
+                del self._quiet[next(iter(self._quiet))]
+
+    def _emit(
+        self,
+        out: dict[str, tuple[dict[str, Any], Point]],
+        due: list[tuple[str, Chart, dict[str, Any]]],
         labels: Mapping[str, str],
         ts: float,
-        series: _HasSignals,
+        holder: _HasSignals,
     ) -> None:
-        where = series_prefix(kind, labels)
-        due = [(sid, c, meta) for c, meta in charts if self._due(sid := where + c.suffix, ts)]
-        if not due:
-            return  # before reading signals: a GPU series computes them when read
-        signals = series.signals
+        signals = holder.signals
         for sid, chart, meta in due:
             v = signals.get(chart.value)
             if v is None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -173,10 +173,10 @@ class EventPipeline:
     def dump(self, key: str) -> dict[str, Any]:
         return self.host_state(key)
 
-    def status(self, key: str) -> dict[str, Any]:
+    def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
         return {}  # the events' alerts are in the alert list
 
-    def charts(self, key: str) -> Iterable[ChartSeries]:
+    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
         return ()  # device events are not charted: their alerts show the process's memory
 
     def host_state(self, host: str) -> dict[str, Any]:

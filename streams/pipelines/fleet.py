@@ -22,7 +22,7 @@ before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from ragwatch.codec import gpu_wire
@@ -98,17 +98,18 @@ class Pipelines:
         """Take over ``key`` from a :meth:`dump`; the series adopted."""
         return sum(p.adopt(key, parts[p.name]) for p in self.of(domain) if p.name in parts)
 
-    def status(self, domain: Domain, key: str) -> dict[str, Any]:
-        """``key``'s status entry: every pipeline's part of it."""
-        out: dict[str, Any] = {}
+    def status(self, domain: Domain, keys: Collection[str]) -> dict[str, dict[str, Any]]:
+        """The status entry of each of ``keys``: every pipeline's part of it."""
+        out: dict[str, dict[str, Any]] = {k: {} for k in keys}
         for p in self.of(domain):
-            out.update(p.status(key))
+            for k, part in p.status(keys).items():
+                out[k].update(part)
         return out
 
-    def charts(self, domain: Domain, key: str) -> Iterator[ChartSeries]:
-        """``key``'s series that charts may draw."""
+    def charts(self, domain: Domain, keys: Collection[str]) -> Iterator[ChartSeries]:
+        """The series of ``keys`` that charts may draw."""
         for p in self.of(domain):
-            yield from p.charts(key)
+            yield from p.charts(keys)
 
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
         return self.gpu_wire(gpu_wire(env))

@@ -44,14 +44,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
+from ragwatch.chart_ids import series_prefix
 from ragwatch.codec import gpu_wire
 from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
 from ragwatch.detectors.leak_bank import LeakBank
@@ -104,6 +105,7 @@ GPU_SIGNALS = (
     "power_w",
 )
 PROCESS_SIGNALS = (*LEAK_SIGNALS, "gpu_mem_bytes", "rss_bytes")
+GPU_SIGNAL_SET, PROCESS_SIGNAL_SET = frozenset(GPU_SIGNALS), frozenset(PROCESS_SIGNALS)
 # the raw columns of a row (NaN where a value is not known), as a snapshot holds them
 COLUMNS = (
     "value",
@@ -175,10 +177,22 @@ class Series:
     keys: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
 
 
+STATUS_SIGNALS = ("fb_used_bytes", "fb_total_bytes", "gb_per_hour", "mem_increase_gb", "tte_h")
+
+
+class _StatusColumns(NamedTuple):
+    """What a status shows of each row, one list per field over the rows of many hosts."""
+
+    view: list[list[float | None]]  # STATUS_SIGNALS
+    gpu_util: list[float | None]
+    gpu_mem_bytes: list[float | None]
+    last_ts: list[float]
+
+
 class SeriesView:
     """One series as readers outside the pipeline see it (hints, charts, status): its
     labels, last event time and signals. The signals of the rows read together are
-    computed together, once, when first asked for."""
+    computed together, each when first read."""
 
     __slots__ = ("_at", "_rows", "labels", "last_ts")
 
@@ -186,22 +200,81 @@ class SeriesView:
         self.labels, self.last_ts, self._rows, self._at = labels, last_ts, rows, at
 
     @property
-    def signals(self) -> dict[str, float | None]:
-        """Every signal the rules of this series can read."""
-        return self._rows.get(self._at)
+    def signals(self) -> Mapping[str, float | None]:
+        """Every signal the rules of this series can read (None: no value)."""
+        return self._rows.row(self._at)
 
 
 class _RowSignals:
-    """The signal dicts of some rows, computed for all of them on first use."""
+    """The signals of some rows of mixed kinds: a few rows in plain floats
+    (:meth:`GpuPipeline.row_signals`), more as one array per signal and kind, each made
+    when first read, so a reader of two signals of 10,000 rows computes two arrays."""
 
     def __init__(self, pipe: GpuPipeline, rows: Rows) -> None:
         self._pipe, self._rows = pipe, rows
-        self._dicts: list[dict[str, float | None]] | None = None
+        self._few: list[dict[str, float | None]] | None = None
+        self._gpu: list[bool] = pipe.is_gpu[rows].tolist()
+        self._pos: list[int] = []
+        self._arrays: dict[bool, Mapping[str, F64]] = {}
+        self._at: dict[bool, Rows] = {}
+        self._columns: dict[tuple[bool, str], list[float | None]] = {}
 
-    def get(self, at: int) -> dict[str, float | None]:
-        if self._dicts is None:
-            self._dicts = self._pipe.signal_dicts(self._rows)
-        return self._dicts[at]
+    def row(self, at: int) -> Mapping[str, float | None]:
+        if len(self._rows) <= SCALAR_ROWS:
+            if self._few is None:
+                self._few = [self._pipe.row_signals(int(r)) for r in self._rows]
+            return self._few[at]
+        if not self._arrays:
+            self._split()
+        return _RowView(self, at, self._gpu[at])
+
+    def column(self, name: str) -> list[float | None]:
+        """One signal of every row (None: no value, or not a signal of the row's kind)."""
+        if len(self._rows) <= SCALAR_ROWS:
+            return [self.row(i).get(name) for i in range(len(self._rows))]
+        if not self._arrays:
+            self._split()
+        merged = np.full(len(self._rows), np.nan)
+        for flag, at in self._at.items():
+            if len(at) and name in (GPU_SIGNAL_SET if flag else PROCESS_SIGNAL_SET):
+                merged[at] = self._arrays[flag][name]
+        return [None if math.isnan(v) else v for v in merged.tolist()]
+
+    def _split(self) -> None:
+        gpu = np.array(self._gpu, dtype=bool)
+        pos = np.empty(len(gpu), dtype=np.intp)
+        for flag in (True, False):
+            at = self._at[flag] = np.flatnonzero(gpu == flag)
+            pos[at] = np.arange(len(at))
+            self._arrays[flag] = self._pipe.signal_arrays(self._rows[at], flag)
+        self._pos = pos.tolist()
+
+    def value(self, gpu: bool, name: str, at: int) -> float | None:
+        column = self._columns.get((gpu, name))
+        if column is None:
+            values = self._arrays[gpu][name].tolist()
+            column = self._columns[gpu, name] = [None if math.isnan(v) else v for v in values]
+        return column[self._pos[at]]
+
+
+class _RowView(Mapping[str, "float | None"]):
+    """One row's signals, read from its :class:`_RowSignals` columns."""
+
+    __slots__ = ("_at", "_gpu", "_rows")
+
+    def __init__(self, rows: _RowSignals, at: int, gpu: bool) -> None:
+        self._rows, self._at, self._gpu = rows, at, gpu
+
+    def __getitem__(self, name: str) -> float | None:
+        if name not in (GPU_SIGNAL_SET if self._gpu else PROCESS_SIGNAL_SET):
+            raise KeyError(name)
+        return self._rows.value(self._gpu, name, self._at)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(GPU_SIGNALS if self._gpu else PROCESS_SIGNALS)
+
+    def __len__(self) -> int:
+        return len(GPU_SIGNALS if self._gpu else PROCESS_SIGNALS)
 
 
 class _Signals(Mapping[str, F64]):
@@ -481,6 +554,7 @@ class GpuPipeline:
         self._capacity = 0
         self._labels: list[dict[str, str] | None] = []
         self._keys: list[dict[str, tuple[dict[str, str], str]] | None] = []
+        self._where: list[str | None] = []  # chart series id prefixes, made when first charted
         self._grow(1024)
         self._oldest: dict[str, float] = {}  # per host, <= the oldest last_ts of its series
         self._layouts: dict[str, _Layout] = {}  # per host, the shape of its last envelope
@@ -519,6 +593,7 @@ class GpuPipeline:
             setattr(self, name, b)
         self._labels.extend([None] * (capacity - old))
         self._keys.extend([None] * (capacity - old))
+        self._where.extend([None] * (capacity - old))
         self._capacity = capacity
         self.bank.reserve(capacity)
 
@@ -787,21 +862,8 @@ class GpuPipeline:
 
     def signal_dicts(self, rows: Rows) -> list[dict[str, float | None]]:
         """The signals of each of ``rows`` as the rules read them (None: no value)."""
-        if len(rows) <= SCALAR_ROWS:
-            return [self.row_signals(int(r)) for r in rows]
-        out: list[dict[str, float | None]] = [{} for _ in range(len(rows))]
-        gpu = self.is_gpu[rows]
-        for flag, names in ((True, GPU_SIGNALS), (False, PROCESS_SIGNALS)):
-            at = np.flatnonzero(gpu == flag)
-            if not len(at):
-                continue
-            arrays = self.signal_arrays(rows[at], flag)
-            columns = [
-                [None if math.isnan(v) else v for v in arrays[name].tolist()] for name in names
-            ]
-            for j, values in zip(at.tolist(), zip(*columns, strict=True), strict=True):
-                out[j] = dict(zip(names, values, strict=True))
-        return out
+        signals = _RowSignals(self, rows)
+        return [dict(signals.row(i)) for i in range(len(rows))]
 
     def row_signals(self, row: int) -> dict[str, float | None]:
         """:meth:`signal_dicts` of one row in plain floats (a few rows cost less so than
@@ -907,7 +969,7 @@ class GpuPipeline:
         self.is_gpu[row] = gpu
         self.watch[row] = False
         self._labels[row] = labels
-        self._keys[row] = None
+        self._keys[row] = self._where[row] = None
         return row
 
     def _drop(self, key: SeriesKey) -> tuple[dict[str, str], dict[str, Any]]:
@@ -915,7 +977,7 @@ class GpuPipeline:
         row = self.index.remove(key)
         self._layouts.pop(key[0], None)
         labels, keys = self._labels[row], self._keys[row]
-        self._labels[row] = self._keys[row] = None
+        self._labels[row] = self._keys[row] = self._where[row] = None
         self.stats.evicted_series += 1
         return labels or {}, keys or {}
 
@@ -953,13 +1015,23 @@ class GpuPipeline:
 
     def host_series(self, host: str) -> dict[SeriesKey, SeriesView]:
         """Every series of ``host``, by key (their signals computed together when read)."""
-        keyed = self._host_rows(host)
-        rows = _RowSignals(self, np.array([r for _, r in keyed], dtype=np.intp))
-        last = self.index.last_seen
-        return {
-            k: SeriesView(self._labels[r] or {}, float(last[r]), rows, i)
-            for i, (k, r) in enumerate(keyed)
-        }
+        return self.views([host])[host]
+
+    def views(self, hosts: Iterable[str]) -> dict[str, dict[SeriesKey, SeriesView]]:
+        """:meth:`host_series` of many hosts, their signals computed together (one array
+        per signal for all their rows: the status and charts of every changed host)."""
+        keyed = {h: self._host_rows(h) for h in hosts}
+        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        signals = _RowSignals(self, rows)
+        last, labels = self.index.last_seen[rows].tolist(), self._labels
+        out: dict[str, dict[SeriesKey, SeriesView]] = {}
+        i = 0
+        for h, pairs in keyed.items():
+            views = out[h] = {}
+            for k, r in pairs:
+                views[k] = SeriesView(labels[r] or {}, last[i], signals, i)
+                i += 1
+        return out
 
     # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
 
@@ -1047,57 +1119,71 @@ class GpuPipeline:
         for k, _ in keyed:
             self.index.remove(k)
         for _, row in keyed:
-            self._labels[row] = self._keys[row] = None
+            self._labels[row] = self._keys[row] = self._where[row] = None
         self._oldest.pop(host, None)
         self._layouts.pop(host, None)
         return len(keyed)
 
-    def status(self, key: str) -> dict[str, Any]:
-        return self.host_snapshot(key)
+    def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
+        keyed = {h: self._host_rows(h) for h in keys}
+        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        signals = _RowSignals(self, rows)
+        columns = _StatusColumns(
+            [signals.column(n) for n in STATUS_SIGNALS],
+            signals.column("gpu_util"),
+            signals.column("gpu_mem_bytes"),
+            self.index.last_seen[rows].tolist(),
+        )
+        out, at = {}, 0
+        for h, pairs in keyed.items():
+            out[h] = self._host_status(h, pairs, at, columns)
+            at += len(pairs)
+        return out
 
-    def charts(self, key: str) -> Iterable[ChartSeries]:
-        for k, s in self.host_series(key).items():
-            yield ChartSeries("gpu" if k[3] < 0 else "process", s.labels, s.last_ts, s)
+    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
+        rows = [r for h in keys for _, r in self._host_rows(h)]
+        at = np.array(rows, dtype=np.intp)
+        signals = _RowSignals(self, at)
+        last, gpu, where = self.index.last_seen[at].tolist(), self.is_gpu[at].tolist(), self._where
+        for i, r in enumerate(rows):
+            labels, kind = self._labels[r] or {}, "gpu" if gpu[i] else "process"
+            prefix = where[r]
+            if prefix is None:
+                prefix = where[r] = series_prefix(kind, labels)
+            view = SeriesView(labels, last[i], signals, i)
+            yield ChartSeries(kind, labels, last[i], view, prefix)
 
     def host_snapshot(self, host: str) -> dict[str, Any]:
         """What ``ragwatch status`` shows about one host: GPUs, their processes, slopes."""
+        return self.status([host])[host]
+
+    def _host_status(
+        self, host: str, pairs: list[tuple[SeriesKey, int]], at: int, columns: _StatusColumns
+    ) -> dict[str, Any]:
+        """One host's status from the columns of its rows (``pairs`` in key order, the
+        first at ``at``): a GPU's row comes before its processes'."""
         gpus: dict[tuple[int, str], dict[str, Any]] = {}
-        series = self.host_series(host)
-        for key in sorted(series, key=lambda k: (k[1], k[2], k[3])):
-            s = series[key]
-            signals = s.signals
-            g = gpus.setdefault(
-                (key[1], key[2]), {"index": key[1], "mig": key[2] or None, "procs": []}
-            )
-            view = {
-                k: signals.get(k)
-                for k in (
-                    "fb_used_bytes",
-                    "fb_total_bytes",
-                    "gb_per_hour",
-                    "mem_increase_gb",
-                    "tte_h",
-                )
-            }
+        view, growth = columns.view, columns.view[STATUS_SIGNALS.index("gb_per_hour")]
+        for i, (key, row) in enumerate(pairs, at):
+            labels = self._labels[row] or {}
+            g = gpus.get(key[1:3])
+            if g is None:
+                g = gpus[key[1:3]] = {"index": key[1], "mig": key[2] or None, "procs": []}
             if key[3] == -1:
-                g.update(
-                    view,
-                    name=s.labels.get("gpu_name"),
-                    uuid=s.labels.get("uuid"),
-                    gpu_util=signals.get("gpu_util"),
-                    ts=s.last_ts,
-                    **{k: s.labels[k] for k in POD_LABELS if k in s.labels},
-                )
-            else:
-                proc: dict[str, Any] = {
-                    "pid": key[3],
-                    "name": s.labels["process"],
-                    "container": s.labels["container"],
-                    "gpu_mem_bytes": signals.get("gpu_mem_bytes"),
-                    "gb_per_hour": view["gb_per_hour"],
-                }
-                proc.update((k, s.labels[k]) for k in PROCESS_POD_LABELS if k in s.labels)
-                g["procs"].append(proc)
+                g.update(zip(STATUS_SIGNALS, [c[i] for c in view], strict=True))
+                g["name"], g["uuid"] = labels.get("gpu_name"), labels.get("uuid")
+                g["gpu_util"], g["ts"] = columns.gpu_util[i], columns.last_ts[i]
+                g.update((k, labels[k]) for k in POD_LABELS if k in labels)
+                continue
+            proc: dict[str, Any] = {
+                "pid": key[3],
+                "name": labels["process"],
+                "container": labels["container"],
+                "gpu_mem_bytes": columns.gpu_mem_bytes[i],
+                "gb_per_hour": growth[i],
+            }
+            proc.update((k, labels[k]) for k in PROCESS_POD_LABELS if k in labels)
+            g["procs"].append(proc)
         top = [g for g in gpus.values() if "ts" in g]
         return {
             "host": host,

@@ -57,7 +57,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -235,19 +235,19 @@ class MetricsPipeline:
     def dump(self, key: str) -> dict[SeriesKey, EngineSeries]:
         return self.host_series(key)
 
-    def status(self, key: str) -> dict[str, Any]:
-        return {"engines": self.engine_snapshot(key)}
+    def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
+        return {k: {"engines": self.engine_snapshot(k)} for k in keys}
 
-    def charts(self, key: str) -> Iterable[ChartSeries]:
-        for e in self.host_series(key).values():
-            yield ChartSeries("engine", e.labels, e.last_ts, e)
+    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
+        for key in keys:
+            for e in self.host_series(key).values():
+                yield ChartSeries("engine", e.labels, e.last_ts, e)
 
     def engine_snapshot(self, host: str) -> list[dict[str, Any]]:
         """What ``ragwatch status`` shows about the engines scraped on one host."""
         return [
             {"target": k[1], "ts": s.last_ts, "signals": dict(s.signals)}
-            for k, s in sorted(self.series.items())
-            if k[0] == host
+            for k, s in self.host_series(host).items()
         ]
 
     def tracks(self, host: str) -> bool:

@@ -100,7 +100,7 @@ import logging
 import math
 import random
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -476,14 +476,15 @@ class RequestPipeline:
     def dump(self, key: str) -> tuple[dict[SeriesKey, ServiceSeries], Any]:
         return self.service_state(key)
 
-    def status(self, key: str) -> dict[str, Any]:
-        return self.service_snapshot(key)
+    def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
+        return {k: self.service_snapshot(k) for k in keys}
 
-    def charts(self, key: str) -> Iterable[ChartSeries]:
-        series, _ = self.service_state(key)
-        for s in series.values():
-            if s.bucket_end is not None:
-                yield ChartSeries("service", s.labels, s.bucket_end, s)
+    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
+        for key in keys:
+            series, _ = self.service_state(key)
+            for s in series.values():
+                if s.bucket_end is not None:
+                    yield ChartSeries("service", s.labels, s.bucket_end, s)
 
     def adopt(self, service: str, state: tuple[dict[SeriesKey, ServiceSeries], Any]) -> int:
         """Take over a service from a snapshot (:meth:`dump`: its series and shared outlier

@@ -203,8 +203,8 @@ class Delivery(mode.Service):
     async def write_status(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None:
         gpus, requests = pipes.gpus, pipes.requests
         try:
-            await self.store.write_hosts({h: pipes.status("host", h) for h in hosts})
-            await self.store.write_services({s: pipes.status("service", s) for s in services})
+            await self.store.write_hosts(pipes.status("host", hosts))
+            await self.store.write_services(pipes.status("service", services))
             replaced = await self.store.write_worker(
                 self.worker_id,
                 {

@@ -156,6 +156,27 @@ def test_signals_in_floats_are_the_signals_in_arrays(envs: list[dict[str, Any]],
     assert [pipe.row_signals(int(r)) for r in rows] == as_arrays
 
 
+def test_the_status_of_many_hosts_is_the_status_of_each() -> None:
+    """The worker writes the status and charts of every changed host at once (one array
+    per signal for all their rows): the same as asking host by host (a few rows: floats)."""
+    fixed = _fixed_stream()
+    again = [{**e, "host": e["host"] + "2"} for e in fixed]  # two hosts more, the same
+    _, pipe = _run([e for pair in zip(fixed, again, strict=True) for e in pair], [])
+    hosts = sorted({k[0] for k in pipe.index})
+    assert len(pipe) > SCALAR_ROWS and len(hosts) > 1
+    assert pipe.status([*hosts, "gone"]) == {
+        **{h: pipe.host_snapshot(h) for h in hosts},
+        "gone": pipe.host_snapshot("gone"),
+    }
+    together = pipe.views(hosts)
+    for h in hosts:
+        one = pipe.host_series(h)
+        assert list(one) == list(together[h])
+        for k, s in one.items():
+            assert dict(s.signals) == dict(together[h][k].signals)
+            assert (s.labels, s.last_ts) == (together[h][k].labels, together[h][k].last_ts)
+
+
 def test_the_streams_exercise_every_path() -> None:
     """The property tests above are only as good as their streams: on a fixed one, alerts
     start, fire and resolve, a pod change resolves the old pod's alerts, silent hosts are

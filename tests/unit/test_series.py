@@ -58,3 +58,24 @@ def test_names_holding_colons_make_distinct_series_ids() -> None:
     assert series_prefix("gpu", {"host": "h%3A", "gpu": "0"}) != series_prefix(
         "gpu", {"host": "h:", "gpu": "0"}
     )
+
+
+def test_the_quiet_gate_skips_only_series_with_no_chart_due() -> None:
+    """A series none of whose charts is due is skipped with one look (the least of their
+    last points + step): the points are those of checking every chart every time, also
+    for charts whose signal has no value yet (a forecast, a leak slope)."""
+    pipes = Pipelines(load_rules())
+    gated, every = SeriesRecorder(step_s=300.0), SeriesRecorder(step_s=300.0)
+    scenario = build("leak", hosts=2, gpus=2, services=1, interval_s=60.0)
+    got: list[dict[str, object]] = []
+    want: list[dict[str, object]] = []
+    skipped = 0
+    for env in scenario.envelopes(hours=3):
+        pipes.process(env)
+        hosts, services = {"gpu-node-01", "gpu-node-02"}, {"rag-api"}
+        skipped += len(gated._quiet)
+        got.append(gated.collect(pipes, hosts, services))
+        every._quiet.clear()  # never gated: every chart of every series checked
+        want.append(every.collect(pipes, hosts, services))
+    assert got == want
+    assert skipped > 0 and sum(map(len, got)) > 100
