@@ -322,6 +322,12 @@ class Settings:
         "seconds between two state snapshots of a changing host or service in Redis "
         "(what a restarted worker resumes from)",
     )
+    status_interval: float = _setting(
+        5.0,
+        _positive_float,
+        "seconds between two status writes of a changing host or service in Redis (what "
+        "'ragwatch status', the API and the live page show; a new one is written at once)",
+    )
     otlp_topic: str = _setting(
         "otlp_spans",
         str,

@@ -228,6 +228,10 @@ class WorkerLoop:
         # show in the alerts' latency
         self.snap_due: set[Key] = set()
         self.snap_at: dict[Key, float] = {}
+        # the status of a changed key is rewritten once it is status_interval seconds since
+        # its last one (a key read many times a second, as in a catch-up, costs one write)
+        self.status_due: set[Key] = set()
+        self.status_at: dict[Key, float] = {}
         for t in self.topics.values():
             if t.sweeper is not None:
                 t.sweeper.sweep_mark = -math.inf  # no silence sweeps before the first marks
@@ -479,6 +483,8 @@ class WorkerLoop:
             self.partitions.pop(key, None)
             self.snap_due.discard(key)
             self.snap_at.pop(key, None)
+            self.status_due.discard(key)
+            self.status_at.pop(key, None)
             for kind, d in self.dirty.items():
                 if self.topics[kind].domain == domain:
                     d.discard(k)
@@ -502,7 +508,7 @@ class WorkerLoop:
         await self.prune_gone()
         hosts, services = self._changed()
         self.sweep_marks()
-        await self.delivery.write_status(self.pipes, hosts, services)
+        await self.delivery.write_status(self.pipes, *self.statuses_due(time.monotonic()))
         await self.delivery.write_series(self.recorder.collect(self.pipes, hosts, services))
         now = time.monotonic()
         batch = self.snapshots_due(now)
@@ -517,8 +523,9 @@ class WorkerLoop:
             await self.held.release_all()
 
     def _changed(self) -> tuple[set[str], set[str]]:
-        """The hosts and services whose status to write (all known ones while Redis is
-        away: a restarted Redis is empty), and mark their snapshots due."""
+        """The hosts and services that changed since the last tick, to chart (all known
+        ones while Redis is away: a restarted Redis is empty); their snapshots and status
+        are marked due."""
         hosts = self.dirty["gpu"] | self.dirty["metrics"]
         event_hosts, services = set(self.dirty["events"]), set(self.dirty["requests"])
         for d in self.dirty.values():
@@ -528,7 +535,22 @@ class WorkerLoop:
             services |= self.known["service"]
         self.snap_due.update(("host", h) for h in hosts | event_hosts)
         self.snap_due.update(("service", s) for s in services)
+        self.status_due.update(("host", h) for h in hosts)
+        self.status_due.update(("service", s) for s in services)
         return hosts, services
+
+    def statuses_due(self, now: float) -> tuple[set[str], set[str]]:
+        """The hosts and services whose status to write now: changed, and
+        ``status_interval`` seconds since their last write (a new one at once; all while
+        Redis is away, so that a restarted, empty Redis is filled at once)."""
+        away = self.delivery.redis_down_since is not None
+        interval = 0.0 if away else self.settings.status_interval
+        at = self.status_at
+        due = [k for k in self.status_due if now - at.get(k, -math.inf) >= interval]
+        self.status_due.difference_update(due)
+        for k in due:
+            at[k] = now
+        return {k for d, k in due if d == "host"}, {k for d, k in due if d == "service"}
 
     def sweep_marks(self) -> None:
         """Each pipeline sweeps silent hosts/services against the slowest of its topic's

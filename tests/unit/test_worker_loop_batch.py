@@ -381,3 +381,23 @@ async def test_a_rebalance_while_restoring_drops_the_batch_and_the_hosts_gone() 
     assert not run.pipes.gpus.tracks("gpu-node-01") and not run.pipes.gpus.tracks("gpu-node-02")
     await run.loop.tick()
     assert run.stream.acked == [] and delivery.snapshots == []
+
+
+async def test_a_changing_host_has_its_status_written_once_per_status_interval() -> None:
+    """A host read many times a second (a catch-up) costs one status write per
+    ``status_interval``; a new host is written at once, the last change is not lost, and
+    while Redis is away every changed host is written at each tick."""
+    run = make_run()
+    await batched(gpu_values(2, 3), [6], run)
+    loop, every = run.loop, SETTINGS.status_interval
+    loop._changed()
+    assert loop.statuses_due(100.0) == ({"gpu-node-01", "gpu-node-02"}, set())
+    loop.dirty["gpu"].add("gpu-node-01")
+    loop._changed()
+    assert loop.statuses_due(100.0 + every / 2) == (set(), set())  # written lately: waits
+    assert loop.statuses_due(100.0 + every) == ({"gpu-node-01"}, set())  # then goes out
+    assert loop.statuses_due(100.0 + 3 * every) == (set(), set())  # nothing changed since
+    run.delivery.redis_down_since = 1.0
+    loop.dirty["gpu"].add("gpu-node-02")
+    loop._changed()
+    assert loop.statuses_due(100.0 + 3 * every + 0.1)[0] == {"gpu-node-01", "gpu-node-02"}
