@@ -15,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ragwatch import gpu_wire
 from ragwatch.agents.scenario import build
-from ragwatch.codec import _gpu_wire_ok, decode_as, decode_gpu_wire, encode, gpu_wire
+from ragwatch.codec import _gpu_wire_ok, decode_as, decode_gpu_wire, encode
+from ragwatch.codec import gpu_wire as gpu_wire_of
 from ragwatch.errors import SchemaError
 from ragwatch.schema import MAX_UINT, GpuEnvelope, RequestRecord
 from ragwatch.streams.alerting.engine import AlertEngine
@@ -127,6 +129,99 @@ def test_decode_gpu_wire_fails_exactly_like_decode_as(d: dict[str, Any]) -> None
         assert fast.value.reason == strict.value.reason == reason
 
 
+ODD_LABELS = st.one_of(
+    st.text(max_size=4),  # any code point: controls, U+00A0, U+2028, surrogates escaped
+    st.sampled_from(["\x7f", "a\u00a0", "\u200b", "é", "\\", "\n", "x" * 256, "x" * 257, ""]),
+)
+LABEL_FIELDS = {(): ["host"], ("gpus", 0): ["uuid", "name", "mig", "namespace", "pod",
+    "container"], ("gpus", 0, "procs", 0): ["name", "container", "namespace", "pod"]}  # fmt: skip
+
+
+@st.composite
+def mutated_wire(draw: st.DrawFn) -> dict[str, Any]:
+    """:func:`mutated`, with odd labels and fields no schema knows here and there."""
+    d = draw(mutated())
+    for path in PATHS:
+        try:
+            obj = _at(d, path)
+        except (KeyError, IndexError, TypeError):
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if draw(st.booleans()):
+            obj[draw(st.sampled_from(LABEL_FIELDS[path]))] = draw(ODD_LABELS)
+        if draw(st.booleans()):
+            obj[draw(st.sampled_from(["extra", "clock_mhz", "x" * 300]))] = draw(ODD_VALUES)
+    return d
+
+
+def _known(d: dict[str, Any]) -> dict[str, Any]:
+    """A valid wire dict less the fields the typed dicts do not name."""
+
+    def keep(obj: dict[str, Any], td: Any) -> dict[str, Any]:
+        return {k: v for k, v in obj.items() if k in td.__required_keys__ | td.__optional_keys__}
+
+    out = keep(d, gpu_wire.GpuWireDict)
+    out["gpus"] = [keep(g, gpu_wire.GpuSampleWire) for g in d["gpus"]]
+    for g in out["gpus"]:
+        if "procs" in g:
+            g["procs"] = [keep(p, gpu_wire.ProcessWire) for p in g["procs"]]
+    return out
+
+
+@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_wire())
+def test_typed_decoding_accepts_only_what_the_strict_decoder_accepts_alike(
+    d: dict[str, Any],
+) -> None:
+    """msgspec's typed pass (:mod:`ragwatch.gpu_wire`) vouches only for valid messages,
+    with orjson's dict less the unknown fields; what it refuses goes the checked way."""
+    try:
+        data = orjson.dumps(d)
+    except TypeError:
+        return
+    typed = gpu_wire.decode(data)
+    if typed is not None:
+        assert _strict(orjson.loads(data)) is None
+        assert typed == _known(orjson.loads(data))
+        assert decode_gpu_wire(data) == typed
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'"host":"h\\u0041"',  # an escaped printable: looked at, accepted
+        b'"host":"h\\u0007"',  # an escaped control character
+        b'"host":"h\x7f"',  # DEL, raw
+        b'"host":"h\xc2\xa0"',  # U+00A0, raw UTF-8: not printable
+        b'"host":"h","extra":' + b"[" * 1100 + b"]" * 1100,  # deeper than either parser goes
+        b'"host":"h","extra":' + b"[" * 990 + b"]" * 990,  # orjson reads it, msgspec not
+        b'"host":"h","extra":18446744073709551616',  # beyond 64 bits: a float to orjson
+    ],
+)
+def test_typed_decoding_of_edge_cases_agrees_with_the_checked_path(raw: bytes) -> None:
+    data = b'{"v":1,"kind":"gpu",' + raw + b',"ts":1.0,"gpus":[]}'
+    try:
+        want: Any = decode_as(GpuEnvelope, data)
+    except SchemaError as exc:
+        want = exc.reason
+    typed = gpu_wire.decode(data)
+    if isinstance(want, str):
+        assert typed is None
+        with pytest.raises(SchemaError) as got:
+            decode_gpu_wire(data)
+        assert got.value.reason == want
+    else:
+        assert decode_gpu_wire(data)["host"] == want.host
+
+
+def test_what_agents_write_takes_the_typed_path() -> None:
+    """Else the worker silently pays the checked path's cost again."""
+    world = build("leak", hosts=2, gpus=2, services=0, interval_s=60.0)
+    envs = [e for e in world.envelopes(hours=0.2) if isinstance(e, GpuEnvelope)]
+    assert envs and all(gpu_wire.decode(encode(e)) == gpu_wire_of(e) for e in envs)
+
+
 @pytest.mark.parametrize(
     ("path", "field", "value"),
     [
@@ -153,8 +248,8 @@ def test_the_fast_check_sends_edge_cases_to_the_strict_decoder(
 def test_a_valid_envelope_takes_the_fast_path_and_round_trips() -> None:
     assert _gpu_wire_ok(VALID)
     env = GpuEnvelope.from_dict(VALID)
-    assert decode_gpu_wire(encode(env)) == gpu_wire(env)
-    assert _gpu_wire_ok(gpu_wire(env))
+    assert decode_gpu_wire(encode(env)) == gpu_wire_of(env)
+    assert _gpu_wire_ok(gpu_wire_of(env))
 
 
 def _transitions(pipe: GpuPipeline, scenario: str, hours: float) -> list[tuple[Any, ...]]:
