@@ -1,4 +1,4 @@
-"""Typed decoding of ``gpu`` messages with msgspec: the worker's fast path.
+r"""Typed decoding of ``gpu`` messages with msgspec: the worker's fast path.
 
 One pass of msgspec's JSON decoder parses a message and checks every field's type and
 range against typed dicts (:class:`GpuWireDict`), in C; what types cannot say (labels
