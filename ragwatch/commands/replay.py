@@ -49,6 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+import msgspec
 import orjson
 
 from ragwatch.codec import decode, decode_as, decode_gpu_wire, encode, gpu_wire, to_dict
@@ -202,17 +203,42 @@ def _lines(path: Path, index: int, tally: Tally) -> Iterator[Item]:
         tally.reject(path, n + 1, f"unreadable: {exc}")
 
 
+class _Stamp(msgspec.Struct):
+    """A line's ``ts``: the rest of the line is checked as JSON but not built."""
+
+    ts: Any = None
+
+
+_STAMP = msgspec.json.Decoder(_Stamp)
+
+
 def _event_time(raw: bytes) -> float | None:
+    """A line's event time (None: it has none), read without building the line (it is
+    decoded once, in order, later); OTLP/JSON and what msgspec will not read are parsed."""
+    if b'"resourceSpans"' not in raw:
+        try:
+            return _finite(_STAMP.decode(raw).ts)
+        except msgspec.ValidationError:
+            return None  # not an object
+        except (msgspec.DecodeError, RecursionError):
+            pass  # malformed, or deeper than msgspec goes: orjson decides
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
     if isinstance(obj, dict) and "resourceSpans" in obj:
         return _spans_end(obj)
-    ts = obj.get("ts") if isinstance(obj, dict) else None
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+    return _finite(obj.get("ts") if isinstance(obj, dict) else None)
+
+
+def _finite(ts: Any) -> float | None:
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
         return None
-    return float(ts)
+    try:
+        t = float(ts)
+    except OverflowError:  # an int beyond any float (orjson refuses those)
+        return None
+    return t if math.isfinite(t) else None
 
 
 def _spans_end(obj: dict[str, Any]) -> float | None:

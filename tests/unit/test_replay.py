@@ -434,3 +434,30 @@ def test_traces_gpu_and_request_lines_are_processed_in_the_order_of_one_at_a_tim
     kinds = [isinstance(k, str) and k.startswith("gpu-node") for k, _ in batched.pipes.seen]
     assert any(a and not b for a, b in itertools.pairwise(kinds))  # requests between GPU runs
     assert got == one_by_one and got
+
+
+def test_event_times_are_read_as_orjson_reads_them_and_odd_lines_still_rejected(
+    tmp_path: Path,
+) -> None:
+    """The sort reads each line's ts without building the line (msgspec skips the rest):
+    the same times as parsing it whole; a line whose flaw is in what is skipped (a number
+    beyond any float) is still rejected, with the reason and line the parse gives."""
+    deep = b"[" * 990 + b"]" * 990  # orjson reads it, msgspec does not go that deep
+    lines = [
+        gpu("h", 10),
+        b'{"v":1,"kind":"gpu","host":"h","ts":20,"gpus":[],"x":' + deep + b"}",
+        b'{"v":1,"kind":"gpu","host":"h","ts":true,"gpus":[]}',
+        b'{"v":1,"kind":"gpu","host":"h","ts":30,"gpus":[],"x":1e400}',
+        b'{"v":1,"kind":"gpu","host":"h","ts":' + b"9" * 400 + b',"gpus":[]}',
+        b"[1, 2]",
+        gpu("h", 40),
+    ]
+    f = write_jsonl(tmp_path / "odd.jsonl", lines)
+    _, summary, err = run_replay([f])
+    assert summary["envelopes"] == 3
+    # (a line with an event time is rejected when its turn comes, in event-time order)
+    bad = {b["line"]: b["reason"] for b in summary["bad"]}
+    assert sorted(bad) == [3, 4, 5, 6]
+    assert bad[3].startswith("ts:") and bad[6].startswith("message: expected a JSON object")
+    assert bad[4].startswith("malformed JSON") and bad[5].startswith("malformed JSON")
+    assert f"{f}:4: malformed JSON" in err
