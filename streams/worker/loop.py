@@ -29,19 +29,14 @@ Checkpoint order (what is written before which offset is acked; the acks are
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import operator
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from functools import partial
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ragwatch.chart_ids import owner_prefixes
-from ragwatch.codec import decode_as, decode_gpu_wire
 from ragwatch.config import Settings
 from ragwatch.errors import SchemaError
 from ragwatch.schema import (
@@ -49,93 +44,21 @@ from ragwatch.schema import (
     DLQ_HEADER_PARTITION,
     DLQ_HEADER_REASON,
     DLQ_HEADER_TOPIC,
-    EventEnvelope,
-    MetricsEnvelope,
-    RequestsEnvelope,
     Transition,
 )
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
-from ragwatch.streams.worker.acks import Held, HeldAcks
+from ragwatch.streams.worker.acks import HeldAcks
+from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, more_at_hand
 from ragwatch.streams.worker.marks import SweepMarks
+from ragwatch.streams.worker.topics import Domain, InputTopic, Key, input_topics
 
 log = logging.getLogger(__name__)
 
-Domain = Literal["host", "service"]  # what an input topic's key names
-Key = tuple[Domain, str]
 
 # A partition nothing was read from for this long (wall seconds) does not hold back the
 # silence sweeps: its hosts stopped sending, or it has none.
 IDLE_PARTITION_S = 30.0
-# Messages of a batched topic handled together at most: those read while the next was at
-# hand (a batch ends where the stream runs dry, never on a timer).
-MAX_BATCH = 512
-# Turns of the event loop a batch gives the next message to come. Faust's fetcher hands
-# the records it has fetched to the stream one at a time, each delivery a few turns
-# (``faust.transport.consumer.Consumer._drain_messages`` awaits ``wait_first`` per record),
-# so the stream's queue is empty between two deliveries even with a backlog: looking at
-# the queue alone made batches of one.
-FETCH_TURNS = 8
-
-
-class Sweeper(Protocol):
-    """A pipeline that sweeps silent series against a mark of event time."""
-
-    sweep_mark: float
-
-
-@dataclass(frozen=True)
-class InputTopic:
-    """One input topic: what its key names, how its bytes decode, the key and newest event
-    time of a decoded envelope, and the pipeline that processes it (``sweeper``: the
-    pipeline whose silence sweeps follow this topic's partitions, if any)."""
-
-    kind: str  # the topic's name without the prefix: gpu, events, requests, metrics
-    domain: Domain
-    decode: Callable[[bytes], Any]
-    key: Callable[[Any], str]
-    newest: Callable[[Any], float]
-    process: Callable[[Any], list[Transition]]
-    sweeper: Sweeper | None = None
-    # envelopes in order, the transitions of ``process`` one at a time (None: no batches)
-    process_batch: Callable[[list[Any]], list[Transition]] | None = None
-
-
-def _key(env: Any) -> str:
-    return str(env.key)
-
-
-def _ts(env: Any) -> float:
-    return float(env.ts)
-
-
-def _gpu_ts(env: dict[str, Any]) -> float:
-    return float(env["ts"])
-
-
-def _requests_ts(env: RequestsEnvelope) -> float:
-    return max((r.ts for r in env.records), default=env.ts)
-
-
-def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
-    """The worker's input topics. GPU envelopes stay plain dicts (``decode_gpu_wire``
-    validates them as strictly): building ~90 frozen records per host envelope cost more
-    than the analysis."""
-    return (
-        InputTopic(
-            "gpu", "host", decode_gpu_wire, operator.itemgetter("host"), _gpu_ts,
-            pipes.gpu_wire, pipes.gpus, pipes.gpu_batch,
-        ),
-        InputTopic("events", "host", partial(decode_as, EventEnvelope), _key, _ts, pipes.event),
-        InputTopic(
-            "requests", "service", partial(decode_as, RequestsEnvelope), _key, _requests_ts,
-            pipes.request, pipes.requests,
-        ),
-        InputTopic(
-            "metrics", "host", partial(decode_as, MetricsEnvelope), _key, _ts, pipes.metric,
-            pipes.metrics,
-        ),
-    )  # fmt: skip
 
 
 class Delivery(Protocol):
@@ -151,41 +74,6 @@ class Delivery(Protocol):
     async def write_status(self, pipes: Pipelines, hosts: set[str], services: set[str]) -> None: ...
     async def write_series(self, points: Any) -> None: ...
     async def prune(self, hosts: set[str], services: set[str], prefixes: Any) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """One message of a batch, decoded and checked: what processing and dead-lettering it
-    need."""
-
-    msg: Any
-    raw: bytes
-    env: Any
-    key: Key
-    held: Held
-
-
-def _buffered(stream: Any) -> bool:
-    """Whether another message is buffered behind the one just read. A Faust stream reads
-    its channel's queue (``faust.channels.Channel.empty``); a stream without one has none."""
-    empty = getattr(getattr(stream, "channel", None), "empty", None)
-    return empty is not None and not empty()
-
-
-async def _more_at_hand(stream: Any) -> bool:
-    """Whether another message is buffered, or handed to ``stream`` within ``FETCH_TURNS``
-    turns of the event loop."""
-    for _ in range(FETCH_TURNS):
-        if _buffered(stream):
-            return True
-        await asyncio.sleep(0)
-    return _buffered(stream)
-
-
-def _describe(topic: InputTopic, reads: list[_Read]) -> str:
-    """A batch for the log: its size and where it starts."""
-    m = reads[0].msg
-    return f"{len(reads)} {topic.kind} message(s) from {m.topic}[{m.partition}] offset={m.offset}"
 
 
 SendAlert = Callable[[Transition], Awaitable[None]]
@@ -253,7 +141,7 @@ class WorkerLoop:
             if self.rebalances != rebalances:  # Faust reads them again (and drops its buffers)
                 batch, rebalances = [], self.rebalances
             batch.append(event)
-            if len(batch) < MAX_BATCH and await _more_at_hand(stream):
+            if len(batch) < MAX_BATCH and await more_at_hand(stream):
                 continue
             if self.rebalances == rebalances:  # (else one came while waiting: dropped)
                 await self.handle_batch(topic, stream, batch)
@@ -311,9 +199,9 @@ class WorkerLoop:
             self.busy.subtract(keys)
         if took > self.settings.slow_message:  # every partition waited this long
             self.counters.slow_messages += 1
-            log.warning("slow batch %s: %.1f s", _describe(topic, reads), took)
+            log.warning("slow batch %s: %.1f s", describe(topic, reads), took)
 
-    async def _reads(self, topic: InputTopic, stream: Any, events: list[Any]) -> list[_Read]:
+    async def _reads(self, topic: InputTopic, stream: Any, events: list[Any]) -> list[Read]:
         """The messages counted, given their places in their partitions' acks (all before
         any await: a rebalance drops the places it finds), decoded and checked; the bad
         ones dead-lettered and their acks released."""
@@ -321,17 +209,17 @@ class WorkerLoop:
         raws = [m.value or b"" for m in msgs]
         places = [self.held.add(m.tp, stream, e) for m, e in zip(msgs, events, strict=True)]
         self.counters.messages += len(events)
-        reads: list[_Read] = []
+        reads: list[Read] = []
         for msg, raw, h in zip(msgs, raws, places, strict=True):
             env = await self._decoded(topic, msg, raw)
             if env is None:
                 await self.held.release([h])
             else:
-                reads.append(_Read(msg, raw, env, (topic.domain, topic.key(env)), h))
+                reads.append(Read(msg, raw, env, (topic.domain, topic.key(env)), h))
         return reads
 
     async def _handle_reads(
-        self, topic: InputTopic, batch: Callable[[list[Any]], list[Transition]], reads: list[_Read]
+        self, topic: InputTopic, batch: Callable[[list[Any]], list[Transition]], reads: list[Read]
     ) -> float:
         """Process the messages together, send their transitions, then hold their acks; the
         seconds processing took."""
@@ -339,7 +227,7 @@ class WorkerLoop:
         try:
             transitions, done = batch([r.env for r in reads]), reads
         except Exception:  # a bug must not stall the partition: each alone, to find it
-            log.exception("processing failed %s: one message at a time", _describe(topic, reads))
+            log.exception("processing failed %s: one message at a time", describe(topic, reads))
             transitions, done = await self._one_by_one(topic, batch, reads)
         took = time.perf_counter() - started
         for r in done:
@@ -351,14 +239,14 @@ class WorkerLoop:
         return took
 
     async def _one_by_one(
-        self, topic: InputTopic, batch: Callable[[list[Any]], list[Transition]], reads: list[_Read]
-    ) -> tuple[list[Transition], list[_Read]]:
+        self, topic: InputTopic, batch: Callable[[list[Any]], list[Transition]], reads: list[Read]
+    ) -> tuple[list[Transition], list[Read]]:
         """The messages processed one at a time, as :meth:`handle` does; those that
         fail are dead-lettered. The transitions and the messages processed. (The pipelines
         drop samples they have seen: what the failed batch got to is not learned twice, but
         its transitions, lost with the exception, do not come again.)"""
         out: list[Transition] = []
-        done: list[_Read] = []
+        done: list[Read] = []
         for r in reads:
             got = await self._processed(topic, r.msg, r.raw, r.env, r.key[1], lambda e: batch([e]))
             if got is None:
@@ -368,7 +256,7 @@ class WorkerLoop:
             done.append(r)
         return out, done
 
-    def _rebalanced(self, reads: list[_Read]) -> None:
+    def _rebalanced(self, reads: list[Read]) -> None:
         """A rebalance came while a batch was read: its messages are read again from the
         committed offsets (here, or by the partition's new owner). Forget the keys restored
         here whose partitions are gone (the rebalance could not: they were not met yet)."""

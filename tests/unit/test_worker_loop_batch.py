@@ -30,7 +30,8 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
-from ragwatch.streams.worker.loop import FETCH_TURNS, MAX_BATCH, WorkerLoop
+from ragwatch.streams.worker.batches import FETCH_TURNS, MAX_BATCH
+from ragwatch.streams.worker.loop import WorkerLoop
 from tests.faust_messages import TP, Event, Message
 
 SETTINGS = Settings.from_env({})

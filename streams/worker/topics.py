@@ -1,0 +1,78 @@
+"""The worker's input topics, one row each: what a topic's key names, how its bytes
+decode, the key and newest event time of an envelope, and the pipeline that processes it
+(one envelope at a time, and a batch at a time where the pipeline has that seam)."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, Protocol
+
+from ragwatch.codec import decode_as, decode_gpu_wire
+from ragwatch.schema import EventEnvelope, MetricsEnvelope, RequestsEnvelope, Transition
+from ragwatch.streams.pipelines.fleet import Pipelines
+
+Domain = Literal["host", "service"]  # what an input topic's key names
+Key = tuple[Domain, str]
+
+
+class Sweeper(Protocol):
+    """A pipeline that sweeps silent series against a mark of event time."""
+
+    sweep_mark: float
+
+
+@dataclass(frozen=True)
+class InputTopic:
+    """One input topic: what its key names, how its bytes decode, the key and newest event
+    time of a decoded envelope, and the pipeline that processes it (``sweeper``: the
+    pipeline whose silence sweeps follow this topic's partitions, if any)."""
+
+    kind: str  # the topic's name without the prefix: gpu, events, requests, metrics
+    domain: Domain
+    decode: Callable[[bytes], Any]
+    key: Callable[[Any], str]
+    newest: Callable[[Any], float]
+    process: Callable[[Any], list[Transition]]
+    sweeper: Sweeper | None = None
+    # envelopes in order, the transitions of ``process`` one at a time (None: no batches)
+    process_batch: Callable[[list[Any]], list[Transition]] | None = None
+
+
+def _key(env: Any) -> str:
+    return str(env.key)
+
+
+def _ts(env: Any) -> float:
+    return float(env.ts)
+
+
+def _gpu_ts(env: dict[str, Any]) -> float:
+    return float(env["ts"])
+
+
+def _requests_ts(env: RequestsEnvelope) -> float:
+    return max((r.ts for r in env.records), default=env.ts)
+
+
+def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
+    """The worker's input topics. GPU envelopes stay plain dicts (``decode_gpu_wire``
+    validates them as strictly): building ~90 frozen records per host envelope cost more
+    than the analysis."""
+    return (
+        InputTopic(
+            "gpu", "host", decode_gpu_wire, operator.itemgetter("host"), _gpu_ts,
+            pipes.gpu_wire, pipes.gpus, pipes.gpu_batch,
+        ),
+        InputTopic("events", "host", partial(decode_as, EventEnvelope), _key, _ts, pipes.event),
+        InputTopic(
+            "requests", "service", partial(decode_as, RequestsEnvelope), _key, _requests_ts,
+            pipes.request, pipes.requests,
+        ),
+        InputTopic(
+            "metrics", "host", partial(decode_as, MetricsEnvelope), _key, _ts, pipes.metric,
+            pipes.metrics,
+        ),
+    )  # fmt: skip
