@@ -196,9 +196,9 @@ def decode_gpu_wire(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) ->
     """Parse and validate one ``gpu`` message, but keep it a plain dict (the hot path of
     the worker: building ~90 frozen records per host envelope cost more than the whole
     analysis). Accepts and rejects exactly what :func:`decode_as` does for
-    :class:`GpuEnvelope`; raises SchemaError with the same reason. Bytes go through
-    msgspec's typed decoding first (:mod:`ragwatch.gpu_wire`: the fields no schema knows
-    are dropped); what it cannot vouch for goes through orjson and the checks here.
+    :class:`GpuEnvelope`; raises SchemaError with the same reason. Bytes in the plain form
+    agents write go through msgspec's typed decoding first (:mod:`ragwatch.gpu_wire`);
+    what it cannot vouch for goes through orjson and the checks here.
 
     >>> d = decode_gpu_wire(b'{"v":1,"kind":"gpu","host":"h1","ts":10.0,"gpus":[]}')
     >>> d["host"], d["gpus"]

@@ -238,7 +238,7 @@ class _RowSignals:
         for flag, at in self._at.items():
             if len(at) and name in (GPU_SIGNAL_SET if flag else PROCESS_SIGNAL_SET):
                 merged[at] = self._arrays[flag][name]
-        return [None if math.isnan(v) else v for v in merged.tolist()]
+        return _nones(merged)
 
     def _split(self) -> None:
         gpu = np.array(self._gpu, dtype=bool)
@@ -252,9 +252,13 @@ class _RowSignals:
     def value(self, gpu: bool, name: str, at: int) -> float | None:
         column = self._columns.get((gpu, name))
         if column is None:
-            values = self._arrays[gpu][name].tolist()
-            column = self._columns[gpu, name] = [None if math.isnan(v) else v for v in values]
+            column = self._columns[gpu, name] = _nones(self._arrays[gpu][name])
         return column[self._pos[at]]
+
+
+def _nones(values: F64) -> list[float | None]:
+    """``values`` as floats, None for NaN (no value)."""
+    return [None if math.isnan(v) else v for v in values.tolist()]
 
 
 class _RowView(Mapping[str, "float | None"]):
@@ -1020,9 +1024,7 @@ class GpuPipeline:
     def views(self, hosts: Iterable[str]) -> dict[str, dict[SeriesKey, SeriesView]]:
         """:meth:`host_series` of many hosts, their signals computed together (one array
         per signal for all their rows: the status and charts of every changed host)."""
-        keyed = {h: self._host_rows(h) for h in hosts}
-        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
-        signals = _RowSignals(self, rows)
+        keyed, rows, signals = self._read(hosts)
         last, labels = self.index.last_seen[rows].tolist(), self._labels
         out: dict[str, dict[SeriesKey, SeriesView]] = {}
         i = 0
@@ -1032,6 +1034,15 @@ class GpuPipeline:
                 views[k] = SeriesView(labels[r] or {}, last[i], signals, i)
                 i += 1
         return out
+
+    def _read(
+        self, hosts: Iterable[str]
+    ) -> tuple[dict[str, list[tuple[SeriesKey, int]]], Rows, _RowSignals]:
+        """The rows of ``hosts`` in key order, host by host, and their signals (each
+        computed for all of them when first read)."""
+        keyed = {h: self._host_rows(h) for h in hosts}
+        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        return keyed, rows, _RowSignals(self, rows)
 
     # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
 
@@ -1125,9 +1136,7 @@ class GpuPipeline:
         return len(keyed)
 
     def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
-        keyed = {h: self._host_rows(h) for h in keys}
-        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
-        signals = _RowSignals(self, rows)
+        keyed, rows, signals = self._read(keys)
         columns = _StatusColumns(
             [signals.column(n) for n in STATUS_SIGNALS],
             signals.column("gpu_util"),
@@ -1141,11 +1150,9 @@ class GpuPipeline:
         return out
 
     def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
-        rows = [r for h in keys for _, r in self._host_rows(h)]
-        at = np.array(rows, dtype=np.intp)
-        signals = _RowSignals(self, at)
+        _, at, signals = self._read(keys)
         last, gpu, where = self.index.last_seen[at].tolist(), self.is_gpu[at].tolist(), self._where
-        for i, r in enumerate(rows):
+        for i, r in enumerate(at.tolist()):
             labels, kind = self._labels[r] or {}, "gpu" if gpu[i] else "process"
             prefix = where[r]
             if prefix is None:

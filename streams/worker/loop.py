@@ -46,15 +46,15 @@ from ragwatch.schema import (
     DLQ_HEADER_TOPIC,
     Transition,
 )
+from ragwatch.streams.pipelines.base import Domain
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.acks import HeldAcks
 from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, more_at_hand
 from ragwatch.streams.worker.marks import SweepMarks
-from ragwatch.streams.worker.topics import Domain, InputTopic, Key, input_topics
+from ragwatch.streams.worker.topics import InputTopic, Key, input_topics
 
 log = logging.getLogger(__name__)
-
 
 # A partition nothing was read from for this long (wall seconds) does not hold back the
 # silence sweeps: its hosts stopped sending, or it has none.

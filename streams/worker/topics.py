@@ -8,13 +8,13 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ragwatch.codec import decode_as, decode_gpu_wire
 from ragwatch.schema import EventEnvelope, MetricsEnvelope, RequestsEnvelope, Transition
+from ragwatch.streams.pipelines.base import Domain  # what an input topic's key names
 from ragwatch.streams.pipelines.fleet import Pipelines
 
-Domain = Literal["host", "service"]  # what an input topic's key names
 Key = tuple[Domain, str]
 
 

@@ -75,17 +75,23 @@ def _at(d: dict[str, Any], path: tuple[Any, ...]) -> Any:
     return d
 
 
+def _dict_at(d: dict[str, Any], path: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The object at ``path``, if the mutations so far left one there."""
+    try:
+        obj = _at(d, path)
+    except (KeyError, IndexError, TypeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 @st.composite
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
     """VALID with a few fields replaced by odd values or removed."""
     d = copy.deepcopy(VALID)
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(PATHS))
-        try:
-            obj = _at(d, path)
-        except (KeyError, IndexError, TypeError):
-            continue
-        if not isinstance(obj, dict):
+        obj = _dict_at(d, path)
+        if obj is None:
             continue
         field = draw(st.sampled_from(FIELDS[path]))
         if draw(st.booleans()):
@@ -142,11 +148,8 @@ def mutated_wire(draw: st.DrawFn) -> dict[str, Any]:
     """:func:`mutated`, with odd labels and fields no schema knows here and there."""
     d = draw(mutated())
     for path in PATHS:
-        try:
-            obj = _at(d, path)
-        except (KeyError, IndexError, TypeError):
-            continue
-        if not isinstance(obj, dict):
+        obj = _dict_at(d, path)
+        if obj is None:
             continue
         if draw(st.booleans()):
             obj[draw(st.sampled_from(LABEL_FIELDS[path]))] = draw(ODD_LABELS)
