@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import orjson
 
 from ragwatch import gpu_wire as gpu_wire_types
+from ragwatch import request_wire as request_wire_types
 from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.errors import SchemaError
 from ragwatch.schema import (
@@ -218,6 +219,18 @@ def gpu_wire(env: GpuEnvelope) -> dict[str, Any]:
     """The wire dict of a GpuEnvelope (what :func:`decode_gpu_wire` returns for its bytes)."""
     d: dict[str, Any] = orjson.loads(encode(env))
     return d
+
+
+def decode_requests(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> RequestsEnvelope:
+    """Parse and validate one ``requests`` message: what :func:`decode_as` gives for
+    :class:`RequestsEnvelope`, or the same SchemaError. Bytes in the plain form the SDK
+    writes go through msgspec's typed decoding first (:mod:`ragwatch.request_wire`, twice
+    as fast); what it cannot vouch for goes the checked way."""
+    if type(data) is bytes and len(data) <= max_bytes:
+        typed = request_wire_types.decode(data)
+        if typed is not None:
+            return typed
+    return decode_as(RequestsEnvelope, data, max_bytes=max_bytes)
 
 
 def decode_as(cls: type[_E], data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> _E:

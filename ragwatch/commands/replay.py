@@ -52,7 +52,15 @@ from typing import Any, TextIO
 import msgspec
 import orjson
 
-from ragwatch.codec import decode, decode_as, decode_gpu_wire, encode, gpu_wire, to_dict
+from ragwatch.codec import (
+    decode,
+    decode_as,
+    decode_gpu_wire,
+    decode_requests,
+    encode,
+    gpu_wire,
+    to_dict,
+)
 from ragwatch.config import Settings
 from ragwatch.detectors import Detector, make, score_then_learn
 from ragwatch.errors import ConfigError, SchemaError
@@ -80,6 +88,7 @@ SCORE_RULE = "AnomalyScore"
 KEEP_BAD = 100  # bad lines kept for the report (all are counted)
 GPU_RUN = 512  # consecutive GPU envelopes processed together at most (Pipelines.gpu_batch)
 GPU_LINE = b'{"v":1,"kind":"gpu",'  # how encode() starts a GPU envelope
+REQUESTS_LINE = b'{"v":1,"kind":"requests",'  # ... and a requests one
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +304,8 @@ def _decode(raw: bytes) -> Telemetry | Alert:
     (as :meth:`Pipelines.gpu` does)."""
     if raw.startswith(GPU_LINE):
         return GpuWire.of(decode_gpu_wire(raw))
+    if raw.startswith(REQUESTS_LINE):
+        return decode_requests(raw)
     env = decode(raw)
     return GpuWire.of(gpu_wire(env)) if isinstance(env, GpuEnvelope) else env
 
@@ -738,7 +749,9 @@ def _record_one(
         return
     stats.consumed += 1
     try:
-        env = decode_as(kinds[msg.topic()], msg.value() or b"")
+        kind = kinds[msg.topic()]
+        raw = msg.value() or b""
+        env = decode_requests(raw) if kind is RequestsEnvelope else decode_as(kind, raw)
     except SchemaError as exc:
         stats.invalid += 1
         log.warning(
