@@ -81,6 +81,7 @@ VALUE_FEATURES = ("value",)
 # beyond it the nearest-core search need not look, so its cost is bounded by the grid
 # around the point, not by how many cells a scattered (or hostile) window occupies.
 FAR_EPS = 4
+NEAR_CACHE = 4096  # 2-D cells whose neighbours' keys are kept, for all detectors together
 LONG, SHORT = 2.0, 0.5  # x / median above LONG is "long", below SHORT is "short"
 
 Point = tuple[float, ...]
@@ -233,6 +234,12 @@ class RequestOutliers:
         if self._features is None:
             self._features = features
             self._offsets, self._far_offsets = self._make_offsets(len(features))
+        self.learn_point(p)
+
+    def learn_point(self, p: Point) -> None:
+        """:meth:`learn_one` for a point already read: finite values in ``features`` order
+        (the features known: given, or picked by a first :meth:`learn_one`). For a caller
+        that has validated its input (the request pipeline's records)."""
         if len(self._buf) >= self.window:
             self._evict()
         self._buf.append(p)
@@ -262,11 +269,10 @@ class RequestOutliers:
             if k in cells:
                 dirty.add(k)
 
-    def _around(self, key: Key) -> list[Key]:
+    def _around(self, key: Key) -> Sequence[Key]:
         """The cell keys next to ``key`` (itself first), in ``_offsets`` order."""
-        if len(key) == 2:  # the request features: the hot path, without a tuple() per key
-            k0, k1 = key
-            return [(k0 + a, k1 + b) for a, b in self._offsets]  # type: ignore[misc]
+        if len(key) == 2:  # the request features: the hot path, kept for the cells seen lately
+            return _around_2d(*key)
         return [tuple(a + b for a, b in zip(key, off, strict=True)) for off in self._offsets]
 
     # -- density queries -----------------------------------------------------------------
@@ -373,6 +379,10 @@ class RequestOutliers:
 
     def score_one(self, x: dict[str, Any]) -> float:
         _, q = self._point(x)
+        return self.score_point(q)
+
+    def score_point(self, q: Point) -> float:
+        """:meth:`score_one` for a point already read (see :meth:`learn_point`)."""
         if self._features is None or len(self._buf) < max(self.warmup, 1):
             return 0.0
         if self._neighbours(q, self.min_samples) >= self.min_samples:
@@ -511,6 +521,13 @@ class RequestOutliers:
         ]
         out.sort(key=lambda c: (-c.size, c.centroid))
         return out
+
+
+@functools.lru_cache(maxsize=NEAR_CACHE)  # shared by every detector: a pure function
+def _around_2d(k0: int, k1: int) -> tuple[Key, ...]:
+    """The keys of cell ``(k0, k1)`` and its 8 neighbours, in ``_make_offsets(2)`` order."""
+    near, _ = RequestOutliers._make_offsets(2)
+    return tuple((k0 + a, k1 + b) for a, b in near)
 
 
 def _linked(

@@ -99,12 +99,13 @@ from __future__ import annotations
 import logging
 import math
 import random
+from array import array
 from collections import Counter, deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ragwatch.detectors.request_outliers import RequestOutliers
+from ragwatch.detectors.request_outliers import REQUEST_FEATURES, RequestOutliers
 from ragwatch.detectors.seasonal import Forecast, SeasonalBaseline
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
@@ -151,11 +152,12 @@ __all__ = ["Bucket", "RequestPipeline", "Reservoir", "ServiceSeries", "quantile"
 
 @dataclass
 class Reservoir:
-    """At most ``cap`` values, a uniform sample of all added (Algorithm R)."""
+    """At most ``cap`` values, a uniform sample of all added (Algorithm R), as doubles
+    (8 bytes a value; a snapshot written before kept a list, which reads the same)."""
 
     cap: int
     rng: random.Random
-    values: list[float] = field(default_factory=list)
+    values: array[float] = field(default_factory=lambda: array("d"))
     seen: int = 0
 
     def add(self, v: float) -> None:
@@ -210,7 +212,11 @@ class Bucket:
         r = self.latencies.get(name)
         if r is None:
             r = self.latencies[name] = Reservoir(self.reservoir, self.rng)
-        r.add(v)
+        if len(r.values) < r.cap:  # Reservoir.add, inline: a call less per value
+            r.seen += 1
+            r.values.append(v)
+        else:
+            r.add(v)
 
     def counts(self) -> BucketCounts:
         return BucketCounts(
@@ -573,27 +579,32 @@ class RequestPipeline:
         if rec.status != "ok" or not scored:
             bucket.add(rec)
             return
-        cell = svc.detector.cell((rec.context_tokens, rec.output_tokens))
+        det = svc.detector
+        p = (float(rec.context_tokens), float(rec.output_tokens))
+        cell = det.cell(p)
         bucket.add(rec, cell in svc.active_cells)
-        x: dict[str, Any] = {
-            "context_tokens": rec.context_tokens,
-            "output_tokens": rec.output_tokens,
-            "t": rec.ts,
-        }
-        self._score_outlier(svc.detector, x, bucket)
+        self._score_outlier(det, p, rec, bucket)
         if cell not in svc.dense:
             svc.novel += 1
             bucket.novel += 1
 
     @staticmethod
-    def _score_outlier(det: RequestOutliers, x: dict[str, Any], bucket: Bucket) -> None:
-        if det.score_one(x) >= 0.5:
+    def _score_outlier(
+        det: RequestOutliers, p: tuple[float, float], rec: RequestRecord, bucket: Bucket
+    ) -> None:
+        """Score a record's point before it is learnt: read from the record as the
+        detector's features once its first point picked them (records are valid)."""
+        x = None if det.features == REQUEST_FEATURES else _point_of(rec)
+        if (det.score_point(p) if x is None else det.score_one(x)) >= 0.5:
             bucket.outliers += 1
             if bucket.outliers <= MAX_LABELS_PER_BUCKET:
-                label = det.label_one(x)
+                label = det.label_one(x or _point_of(rec))
                 if label is not None:
                     bucket.labels[label] += 1
-        det.learn_one(x)
+        if x is None:
+            det.learn_point(p)
+        else:
+            det.learn_one(x)
 
     def _close_ready(self, s: ServiceSeries, svc: _Service) -> list[Transition]:
         out: list[Transition] = []
@@ -938,6 +949,10 @@ class RequestPipeline:
                 self.swept.add(key[0])
             out += self.engine.clear(s.labels, now)
         return out
+
+
+def _point_of(rec: RequestRecord) -> dict[str, Any]:
+    return {"context_tokens": rec.context_tokens, "output_tokens": rec.output_tokens, "t": rec.ts}
 
 
 def _window_var(f: Forecast | None, steps: float) -> float:

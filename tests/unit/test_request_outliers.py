@@ -192,6 +192,29 @@ def test_memory_is_bounded_by_the_window() -> None:
     assert sum(len(c) for c in det._core.values()) <= 2000
 
 
+def test_points_read_by_the_caller_score_and_learn_as_dicts_do() -> None:
+    """score_point / learn_point (the request pipeline's path) are score_one / learn_one
+    without reading a dict: same scores, same window, same clusters."""
+    rng = random.Random(11)
+    xs = [*requests(2500, seed=3), *({**ODD, "t": T0 + i} for i in range(12))]
+    xs += [
+        {"context_tokens": rng.randint(0, 20_000), "output_tokens": rng.randint(0, 3000),
+         "t": T0}
+        for _ in range(300)
+    ]  # fmt: skip
+    a, b = RequestOutliers(window=1000), RequestOutliers(window=1000)
+    b.learn_one(xs[0])  # picks the features
+    a.learn_one(xs[0])
+    for x in xs[1:]:
+        p = (float(x["context_tokens"]), float(x["output_tokens"]))
+        assert b.score_point(p) == score_then_learn(a, x)
+        b.learn_point(p)
+        if rng.random() < 0.01:
+            assert b.clusters() == a.clusters()
+    assert pickle.dumps(a) == pickle.dumps(b)
+    assert b.clusters() == a.clusters()
+
+
 def test_deterministic_and_picklable() -> None:
     xs = [*requests(3000, seed=7), {**ODD, "t": T0}, *requests(500, seed=8)]
     a, b = RequestOutliers(), RequestOutliers()
