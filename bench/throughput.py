@@ -288,7 +288,8 @@ def in_process_gpu(gpus: int, procs: int) -> dict[str, Any]:
 def in_process(args: argparse.Namespace) -> dict[str, Any]:
     """The request path without Kafka, and memory per series (in a subprocess, on the
     first shape)."""
-    from ragwatch.codec import decode_requests
+    from ragwatch.codec import decode_as
+    from ragwatch.schema import RequestsEnvelope
     from ragwatch.streams.alerting.rules import load_rules
     from ragwatch.streams.pipelines.fleet import Pipelines
 
@@ -297,11 +298,11 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
     pipes = Pipelines(load_rules())
     warm = len(req) // 3
     for v in req[:warm]:
-        pipes.request(decode_requests(v))
+        pipes.request(decode_as(RequestsEnvelope, v))
     n = sum(len(orjson.loads(v)["records"]) for v in req[warm:])
     t0 = time.perf_counter()
     for v in req[warm:]:
-        pipes.request(decode_requests(v))
+        pipes.request(decode_as(RequestsEnvelope, v))
     out["requests"] = {"records_per_s": round(n / (time.perf_counter() - t0))}
     mem = subprocess.run(
         [sys.executable, __file__, "--role", "memory", "--memory-series", str(args.memory_series),

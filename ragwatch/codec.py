@@ -17,6 +17,7 @@ ragwatch.errors.SchemaError: v: unsupported schema version 2 (this build reads v
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -221,18 +222,18 @@ def gpu_wire(env: GpuEnvelope) -> dict[str, Any]:
     return d
 
 
-def decode_requests(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> RequestsEnvelope:
-    """Parse and validate one ``requests`` message: what :func:`decode_as` gives for
-    :class:`RequestsEnvelope`, or the same SchemaError. Bytes in the plain form the SDK
-    writes go through msgspec's typed decoding first (:mod:`ragwatch.request_wire`, twice
-    as fast); what it cannot vouch for goes the checked way."""
-    if type(data) is bytes and len(data) <= max_bytes:
-        typed = request_wire_types.decode(data)
-        if typed is not None:
-            return typed
-    return decode_as(RequestsEnvelope, data, max_bytes=max_bytes)
+# kinds with a typed pass that builds their record (the GPU one keeps dicts: decode_gpu_wire)
+_TYPED: dict[type[Any], Callable[[bytes], Any]] = {RequestsEnvelope: request_wire_types.decode}
 
 
 def decode_as(cls: type[_E], data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> _E:
-    """Parse and validate one message that must be of ``cls``'s kind."""
+    """Parse and validate one message that must be of ``cls``'s kind. ``requests`` bytes in
+    the plain form the SDK writes go through msgspec's typed decoding first
+    (:mod:`ragwatch.request_wire`, twice as fast); what it cannot vouch for goes the
+    checked way, for the same envelope or the same SchemaError."""
+    fast = _TYPED.get(cls)
+    if fast is not None and type(data) is bytes and len(data) <= max_bytes:
+        typed: _E | None = fast(data)
+        if typed is not None:
+            return typed
     return cls.from_dict(loads(data, max_bytes=max_bytes))

@@ -9,7 +9,7 @@ exactly what :meth:`~ragwatch.schema.RequestsEnvelope.from_dict` accepts and bui
 same envelope (property tests in ``tests/unit/test_fast_paths.py`` hold it to both).
 Anything else (an unknown field, whose value msgspec would not look at as orjson does; an
 integer beyond 64 bits; a label outside ASCII) goes the checked way,
-:func:`ragwatch.codec.decode_requests`, for the same result or the same reason.
+:func:`ragwatch.codec.decode_as`, for the same result or the same reason.
 
 >>> env = decode(b'{"v":1,"kind":"requests","service":"rag","instance":"a","ts":2.0,'
 ...              b'"records":[{"ts":1.5,"status":"ok","e2e_ms":640.0,'

@@ -52,15 +52,7 @@ from typing import Any, TextIO
 import msgspec
 import orjson
 
-from ragwatch.codec import (
-    decode,
-    decode_as,
-    decode_gpu_wire,
-    decode_requests,
-    encode,
-    gpu_wire,
-    to_dict,
-)
+from ragwatch.codec import decode, decode_as, decode_gpu_wire, encode, gpu_wire, to_dict
 from ragwatch.config import Settings
 from ragwatch.detectors import Detector, make, score_then_learn
 from ragwatch.errors import ConfigError, SchemaError
@@ -305,7 +297,7 @@ def _decode(raw: bytes) -> Telemetry | Alert:
     if raw.startswith(GPU_LINE):
         return GpuWire.of(decode_gpu_wire(raw))
     if raw.startswith(REQUESTS_LINE):
-        return decode_requests(raw)
+        return decode_as(RequestsEnvelope, raw)  # the typed pass, as the worker
     env = decode(raw)
     return GpuWire.of(gpu_wire(env)) if isinstance(env, GpuEnvelope) else env
 
@@ -749,9 +741,7 @@ def _record_one(
         return
     stats.consumed += 1
     try:
-        kind = kinds[msg.topic()]
-        raw = msg.value() or b""
-        env = decode_requests(raw) if kind is RequestsEnvelope else decode_as(kind, raw)
+        env = decode_as(kinds[msg.topic()], msg.value() or b"")
     except SchemaError as exc:
         stats.invalid += 1
         log.warning(

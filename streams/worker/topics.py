@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from ragwatch.codec import decode_as, decode_gpu_wire, decode_requests
+from ragwatch.codec import decode_as, decode_gpu_wire
 from ragwatch.schema import EventEnvelope, MetricsEnvelope, RequestsEnvelope, Transition
 from ragwatch.streams.pipelines.base import Domain  # what an input topic's key names
 from ragwatch.streams.pipelines.fleet import Pipelines
@@ -68,7 +68,7 @@ def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
         ),
         InputTopic("events", "host", partial(decode_as, EventEnvelope), _key, _ts, pipes.event),
         InputTopic(
-            "requests", "service", decode_requests, _key, _requests_ts,
+            "requests", "service", partial(decode_as, RequestsEnvelope), _key, _requests_ts,
             pipes.request, pipes.requests,
         ),
         InputTopic(

@@ -24,6 +24,7 @@ from ragwatch.schema import MAX_UINT, GpuEnvelope, RequestRecord
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import load_rules, parse_rule
 from ragwatch.streams.pipelines.gpu import GpuPipeline
+from tests.mutations import ODD_VALUES, dict_at, mutate
 
 VALID: dict[str, Any] = {
     "v": 1,
@@ -45,20 +46,6 @@ VALID: dict[str, Any] = {
     ],
 }
 
-ODD_VALUES = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=3),
-    st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
-)
-PATHS = [
-    (),
-    ("gpus", 0),
-    ("gpus", 0, "procs", 0),
-]
 FIELDS = {
     (): ["v", "kind", "host", "ts", "gpus"],
     ("gpus", 0): [
@@ -75,30 +62,10 @@ def _at(d: dict[str, Any], path: tuple[Any, ...]) -> Any:
     return d
 
 
-def _dict_at(d: dict[str, Any], path: tuple[Any, ...]) -> dict[str, Any] | None:
-    """The object at ``path``, if the mutations so far left one there."""
-    try:
-        obj = _at(d, path)
-    except (KeyError, IndexError, TypeError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 @st.composite
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
     """VALID with a few fields replaced by odd values or removed."""
-    d = copy.deepcopy(VALID)
-    for _ in range(draw(st.integers(1, 3))):
-        path = draw(st.sampled_from(PATHS))
-        obj = _dict_at(d, path)
-        if obj is None:
-            continue
-        field = draw(st.sampled_from(FIELDS[path]))
-        if draw(st.booleans()):
-            obj.pop(field, None)
-        else:
-            obj[field] = draw(ODD_VALUES)
-    return d
+    return mutate(draw, VALID, FIELDS, ODD_VALUES, rounds=3)
 
 
 def _strict(d: dict[str, Any]) -> str | None:
@@ -147,8 +114,8 @@ LABEL_FIELDS = {(): ["host"], ("gpus", 0): ["uuid", "name", "mig", "namespace", 
 def mutated_wire(draw: st.DrawFn) -> dict[str, Any]:
     """:func:`mutated`, with odd labels and fields no schema knows here and there."""
     d = draw(mutated())
-    for path in PATHS:
-        obj = _dict_at(d, path)
+    for path in FIELDS:
+        obj = dict_at(d, path)
         if obj is None:
             continue
         if draw(st.booleans()):
