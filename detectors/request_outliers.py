@@ -1,10 +1,14 @@
 """Request outliers: bounded incremental DBSCAN-style density over recent requests.
 
 Each request is a point, by default ``(context_tokens, output_tokens)``. The detector keeps
-the last ``window`` points in a ring buffer plus a grid index of cells of side ``eps``, so
-the neighbours of a point are found in its own and the adjacent cells (9 cells in 2-D,
-``3**d`` in d dimensions), and a point leaving the window is dropped from both in O(1).
-Memory is bounded by ``window`` whatever the stream does. (river's ``cluster.DBSTREAM``
+the last ``window`` points in a ring of doubles plus a grid index of cells of side ``eps``
+(each cell its points' coordinates, in arrival order, as doubles too), so the neighbours of
+a point are found in its own and the adjacent cells (9 cells in 2-D, ``3**d`` in d
+dimensions), and a point leaving the window is dropped from both in O(1) (it is its
+cell's oldest). Memory is bounded by ``window`` whatever the stream does: 16 bytes a 2-D
+point in the ring, 16 in its cell, a byte in the core-point cache (a full window of
+2,000 requests: 80-120 KiB with the cells' own overhead; as tuples of floats it was
+about 400 KiB). (river's ``cluster.DBSTREAM``
 keeps adding micro-clusters and slows down as they pile up, river#1086; this detector
 never holds more than ``window`` points.)
 
@@ -65,8 +69,8 @@ import functools
 import itertools
 import math
 import statistics
-from collections import deque
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,22 +132,39 @@ class RequestOutliers:
         self.warmup = int(warmup)
         self._features_param = None if features is None else tuple(features)
         self._features: tuple[str, ...] | None = self._features_param
-        self._buf: deque[Point] = deque()
+        # The window's points, ``d`` doubles each: appended until ``window`` are held,
+        # then the oldest (at ``_head``) is overwritten.
+        self._ring: array[float] = array("d")
+        self._head = 0
         self._init_index()
 
     # -- state ---------------------------------------------------------------------------
 
     def _init_index(self) -> None:
-        """Build the grid index and the (derived, unpickled) core-point cache from _buf."""
-        self._cells: dict[Key, deque[Point]] = {}
-        for p in self._buf:
-            self._cells.setdefault(self._key(p), deque()).append(p)
-        self._core: dict[Key, list[Point]] = {}  # cell -> its core points, when clean
+        """Build the grid index and the (derived, unpickled) core-point cache from the ring."""
+        d = self._dim
+        self._cells: dict[Key, array[float]] = {}  # cell -> its points, oldest first
+        for p in self.points():
+            cell = self._cells.get(self._key(p))
+            if cell is None:
+                cell = self._cells[self._key(p)] = array("d")
+            cell.extend(p)
+        # cell -> which of its points are core points (a byte each, 1 for a core point),
+        # for the clean cells that have any (a cell changes only through _touch: dirty)
+        self._core: dict[Key, bytes] = {}
         self._learnt = 0  # points learnt since (un)pickling: when the window last moved
         self._spread_cache: tuple[int, list[float], list[float]] | None = None
         self._dirty: set[Key] = set(self._cells)  # occupied cells whose cache is stale
-        d = 1 if self._features is None else len(self._features)
         self._offsets, self._far_offsets = self._make_offsets(d)
+
+    @property
+    def _dim(self) -> int:
+        return 1 if self._features is None else len(self._features)
+
+    def points(self) -> list[Point]:
+        """The window's points, oldest first (in ``features`` order)."""
+        ring, h = self._ring, self._head
+        return list(_tuples(ring[h:] + ring[:h], self._dim))
 
     @staticmethod
     @functools.cache  # one copy per dimension, shared by every detector (they are many)
@@ -163,8 +184,12 @@ class RequestOutliers:
             "warmup": self.warmup,
             "features_param": self._features_param,
             "features": self._features,
-            "buf": list(self._buf),
+            "points": self._ordered(),  # the window, oldest first, ``d`` doubles a point
         }
+
+    def _ordered(self) -> array[float]:
+        ring, h = self._ring, self._head
+        return ring[h:] + ring[:h] if h else array("d", ring)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.eps = state["eps"]
@@ -173,7 +198,11 @@ class RequestOutliers:
         self.warmup = state["warmup"]
         self._features_param = state["features_param"]
         self._features = state["features"]
-        self._buf = deque(state["buf"])
+        if "buf" in state:  # written before the window was doubles: a list of tuples
+            self._ring = array("d", [v for p in state["buf"] for v in p])
+        else:
+            self._ring = array("d", state["points"])
+        self._head = 0
         self._init_index()
 
     def clone(self) -> RequestOutliers:
@@ -183,7 +212,7 @@ class RequestOutliers:
 
     def __len__(self) -> int:
         """How many requests the window holds (at most ``window``)."""
-        return len(self._buf)
+        return len(self._ring) // self._dim
 
     @property
     def features(self) -> tuple[str, ...] | None:
@@ -240,22 +269,26 @@ class RequestOutliers:
         """:meth:`learn_one` for a point already read: finite values in ``features`` order
         (the features known: given, or picked by a first :meth:`learn_one`). For a caller
         that has validated its input (the request pipeline's records)."""
-        if len(self._buf) >= self.window:
-            self._evict()
-        self._buf.append(p)
+        ring, d = self._ring, len(p)
+        if len(ring) >= self.window * d:  # full: the oldest point's slot takes the new one
+            i = self._head
+            self._evict(tuple(ring[i : i + d]))
+            ring[i : i + d] = array("d", p)
+            self._head = (i + d) % len(ring)
+        else:
+            ring.extend(p)
         self._learnt += 1
         key = self._key(p)
         cell = self._cells.get(key)
         if cell is None:
-            cell = self._cells[key] = deque()
-        cell.append(p)
+            cell = self._cells[key] = array("d")
+        cell.extend(p)
         self._touch(key)
 
-    def _evict(self) -> None:
-        old = self._buf.popleft()
+    def _evict(self, old: Point) -> None:
         key = self._key(old)
         cell = self._cells[key]
-        cell.popleft()  # per-cell order is arrival order, so the oldest is first
+        del cell[: len(old)]  # per-cell order is arrival order, so the oldest is first
         if not cell:
             del self._cells[key]
             self._core.pop(key, None)
@@ -279,14 +312,14 @@ class RequestOutliers:
 
     def _neighbours(self, q: Point, need: int) -> int:
         """How many window points lie within eps of ``q``, counting up to ``need``."""
-        eps, cells, dist = self.eps, self._cells, math.dist
+        eps, cells, dist, d = self.eps, self._cells, math.dist, len(q)
         key = self._key(q)
         n = 0
         for k in self._around(key):
             cell = cells.get(k)
             if cell is None:
                 continue
-            for p in cell:
+            for p in _tuples(cell, d):
                 if dist(p, q) <= eps:
                     n += 1
                     if n >= need:
@@ -295,23 +328,23 @@ class RequestOutliers:
 
     def _refresh_cell(self, key: Key) -> None:
         """Recompute the cached core points of one occupied cell."""
-        cells, eps, dist = self._cells, self.eps, math.dist
+        cells, eps, dist, d = self._cells, self.eps, math.dist, self._dim
         need = self.min_samples + 1  # the point itself is in the window
         blocks = [cells[k] for k in self._around(key) if k in cells]
-        cores = []
-        for q in cells[key]:
+        flags = bytearray()
+        for q in _tuples(cells[key], d):
             n = 0
             for block in blocks:
-                for p in block:
+                for p in _tuples(block, d):
                     if dist(p, q) <= eps:
                         n += 1
                         if n >= need:
                             break
                 if n >= need:
-                    cores.append(q)
                     break
-        if cores:
-            self._core[key] = cores
+            flags.append(n >= need)
+        if any(flags):
+            self._core[key] = bytes(flags)
         else:
             self._core.pop(key, None)
 
@@ -346,7 +379,7 @@ class RequestOutliers:
             if gap2 > best * best * (1 + 1e-9):
                 break
             self._clean(key)
-            for p in self._core.get(key, ()):
+            for p in self._cores(key):
                 best = min(best, math.dist(p, q))
         return best
 
@@ -354,7 +387,7 @@ class RequestOutliers:
         """:meth:`_nearest_core` over the cells within ``FAR_EPS + 1`` of ``q``'s, ring
         ``r`` (``r`` cells away, so at least ``(r - 1) * eps`` from ``q``) after ring
         ``r - 1``, until no nearer core point can be in the rings left."""
-        eps, cells, core = self.eps, self._cells, self._core
+        eps, cells = self.eps, self._cells
         c = self._key(q)
         best = math.inf
         for r, ring in enumerate(self._far_offsets):
@@ -368,9 +401,16 @@ class RequestOutliers:
                 )
                 if key in cells:
                     self._clean(key)
-                    for p in core.get(key, ()):
+                    for p in self._cores(key):
                         best = min(best, math.dist(p, q))
         return min(best, FAR_EPS * eps)  # beyond the reach, nothing was looked for
+
+    def _cores(self, key: Key) -> Iterator[Point]:
+        """The core points of a clean cell."""
+        flags = self._core.get(key)
+        if flags is None:
+            return iter(())
+        return itertools.compress(_tuples(self._cells[key], self._dim), flags)
 
     def _clean(self, key: Key) -> None:
         if key in self._dirty:
@@ -383,7 +423,7 @@ class RequestOutliers:
 
     def score_point(self, q: Point) -> float:
         """:meth:`score_one` for a point already read (see :meth:`learn_point`)."""
-        if self._features is None or len(self._buf) < max(self.warmup, 1):
+        if self._features is None or len(self) < max(self.warmup, 1):
             return 0.0
         if self._neighbours(q, self.min_samples) >= self.min_samples:
             return 0.0
@@ -398,18 +438,23 @@ class RequestOutliers:
 
     def medians(self) -> dict[str, float]:
         """Median of each feature over the window (empty before the first point)."""
-        if self._features is None or not self._buf:
+        if self._features is None or not self._ring:
             return {}
-        cols = zip(*self._buf, strict=True)
+        cols = self._columns()
         return {f: float(statistics.median(c)) for f, c in zip(self._features, cols, strict=True)}
+
+    def _columns(self) -> list[array[float]]:
+        """The window's values of each feature (in no particular order)."""
+        d = self._dim
+        return [self._ring[j::d] for j in range(d)]
 
     def describe(self, point: Point) -> str | None:
         """Where a point (a cluster's centroid, say) sits relative to the window's medians,
         in :meth:`label_one`'s words ("long context, short output"); None before any
         point or if it is typical in every feature."""
-        if self._features is None or not self._buf:
+        if self._features is None or not self._ring:
             return None
-        meds = [statistics.median(c) for c in zip(*self._buf, strict=True)]
+        meds = [statistics.median(c) for c in self._columns()]
         if self._features == REQUEST_FEATURES:
             words = [_ratio_word(v, m) for v, m in zip(point, meds, strict=True)]
             if words != ["typical", "typical"]:
@@ -420,9 +465,9 @@ class RequestOutliers:
         """The window's median and "typical" band (``max(eps, 3 * 1.4826 * MAD)``) per
         feature, recomputed once 5 % of the window is new since (labels describe a
         window, and a flood of outliers must not sort it once per outlier)."""
-        stamp = self._learnt // max(1, len(self._buf) // 20)
+        stamp = self._learnt // max(1, len(self) // 20)
         if self._spread_cache is None or self._spread_cache[0] != stamp:
-            cols = [sorted(c) for c in zip(*self._buf, strict=True)]
+            cols = [sorted(c) for c in self._columns()]
             meds = [statistics.median(c) for c in cols]
             bands = [
                 max(self.eps, 3 * 1.4826 * statistics.median(abs(u - m) for u in c))
@@ -475,13 +520,13 @@ class RequestOutliers:
         """The window's DBSCAN clusters (connected core points), largest first."""
         if self._features is None:
             return []
+        d = len(self._features)
         self._refresh()
-        cores = [p for cell in self._core.values() for p in cell]
+        cores = [p for key in self._core for p in self._cores(key)]
         if not cores:
             return []
         # Sub-cells of side < eps / sqrt(d): any two points in one are within eps, so
         # connectivity is only checked between sub-cells, stopping at the first link.
-        d = len(self._features)
         side = self.eps / math.sqrt(d) * (1 - 1e-9)
         reach = math.ceil(self.eps / side)
         sub: dict[Key, list[Point]] = {}
@@ -521,6 +566,13 @@ class RequestOutliers:
         ]
         out.sort(key=lambda c: (-c.size, c.centroid))
         return out
+
+
+def _tuples(values: array[float], d: int) -> Iterator[Point]:
+    """The points of a flat array of ``d`` doubles each, as tuples (zip reuses the tuple
+    of a point the caller does not keep)."""
+    it = iter(values)
+    return zip(*(it,) * d, strict=True)  # a partial point would be a bug
 
 
 @functools.lru_cache(maxsize=NEAR_CACHE)  # shared by every detector: a pure function

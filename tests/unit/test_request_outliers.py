@@ -75,7 +75,7 @@ def test_tight_population_is_quiet_except_truly_isolated_points() -> None:
     det = RequestOutliers()
     flagged = []
     for x in requests(6000, seed=3):
-        window = list(det._buf)
+        window = det.points()
         s = score_then_learn(det, x)
         assert 0.0 <= s <= 1.0
         if s >= 0.5:
@@ -100,7 +100,7 @@ def test_scores_match_brute_force_dbscan() -> None:
         else:
             x = next(requests(1, seed=i, t0=T0 + i))
         q = (float(x["context_tokens"]), float(x["output_tokens"]))
-        window = list(det._buf)
+        window = det.points()
         got = score_then_learn(det, x)
         want = 0.0 if len(window) < 20 else reference_score(window, q, 128.0, 3)
         assert got == pytest.approx(want, abs=1e-12), (i, q)
@@ -185,11 +185,11 @@ def test_memory_is_bounded_by_the_window() -> None:
         score_then_learn(det, {**x, "t": T0 + i})
         if i % 10_000 == 0:
             det.clusters()
-    assert len(det) == len(det._buf) == 2000
-    assert sum(len(c) for c in det._cells.values()) == 2000
+    assert len(det) == len(det.points()) == 2000
+    assert sum(len(c) for c in det._cells.values()) == 2 * 2000  # doubles
     assert len(det._cells) <= 2000
     assert len(det._dirty) <= 2000 and len(det._core) <= 2000
-    assert sum(len(c) for c in det._core.values()) <= 2000
+    assert sum(len(c) for c in det._core.values()) <= 2000  # a byte a point
 
 
 def test_points_read_by_the_caller_score_and_learn_as_dicts_do() -> None:
@@ -312,3 +312,46 @@ def test_cost_per_request_does_not_grow() -> None:
     chunks = chunk_seconds(lambda x: score_then_learn(det, x), xs, 3_000)
     early, late = statistics.median(chunks[2:5]), statistics.median(chunks[-3:])
     assert late < 3 * early, [round(c * 1e3) for c in chunks]
+
+
+def test_a_window_pickled_as_tuples_restores_the_same_detector() -> None:
+    """Snapshots written before the window was doubles hold ``buf``, a list of tuples: they
+    restore to the detector that learnt those points (same scores, clusters, pickle)."""
+    det = trained(2500)
+    state = det.__getstate__()
+    old = {k: v for k, v in state.items() if k != "points"}
+    old["buf"] = det.points()  # what __getstate__ wrote then
+    restored = RequestOutliers.__new__(RequestOutliers)
+    restored.__setstate__(old)
+    assert restored.points() == det.points() and len(restored) == 2000
+    assert pickle.dumps(restored) == pickle.dumps(det)
+    rest = [*requests(300, seed=12), {**ODD, "t": T0}]
+    assert [score_then_learn(restored, x) for x in rest] == [score_then_learn(det, x) for x in rest]
+    assert restored.clusters() == det.clusters()
+
+
+def test_a_full_window_is_kept_in_doubles() -> None:
+    """A busy service's window of 2,000 requests: its points as doubles in a ring and in
+    their cells, core points as a byte each (as tuples of floats it was ~400 KiB)."""
+    import gc
+    import tracemalloc
+
+    rng = random.Random(2)
+    xs = [
+        {"context_tokens": round(rng.gauss(3000, 600)), "output_tokens": round(rng.gauss(250, 80)),
+         "t": T0 + i}
+        for i in range(4000)
+    ]  # fmt: skip
+    gc.collect()
+    tracemalloc.start()
+    try:
+        det = RequestOutliers()
+        for x in xs:
+            score_then_learn(det, x)
+        det.clusters()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(det) == 2000
+    assert held < 160 * 1024, held
