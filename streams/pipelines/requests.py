@@ -381,7 +381,7 @@ class RequestPipeline:
         self.hold_band, self.hold_z, self.hold_max_s = hold_band, hold_z, hold_max_s
         self.min_baseline = min_baseline
         self.new_cluster_size = new_cluster_size
-        self._outliers = outliers or RequestOutliers()
+        self._outliers = outliers if outliers is not None else RequestOutliers()
         self._rng = random.Random(seed)
         self._baseline = SeasonalBaseline(step_s=self.bucket_s, hold_max_s=hold_max_s)
         self.series: dict[SeriesKey, ServiceSeries] = {}

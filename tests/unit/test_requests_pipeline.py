@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import Condition, Rule
 from ragwatch.streams.pipelines.requests import MAX_SCORED_PER_ENVELOPE, RequestPipeline
@@ -362,6 +363,15 @@ def test_an_outlier_clusters_requests_are_kept_out_of_the_traffic_baselines() ->
         ("NewCluster", "firing")
     ]
     assert {t.alert.rule for t in out} == {"NewCluster"}
+
+
+def test_the_outlier_detector_given_is_the_one_each_service_clones() -> None:
+    """A fresh detector holds no points, so it is falsy (``__len__``): ``outliers or
+    RequestOutliers()`` used to drop the one given for the default."""
+    pipe = RequestPipeline([], outliers=RequestOutliers(eps=64.0, window=500))
+    pipe.process(env([rec(T0 + i) for i in range(5)]))
+    _, shared = pipe.service_state("rag")
+    assert (shared.detector.eps, shared.detector.window) == (64.0, 500)
 
 
 def test_one_envelope_costs_what_its_last_hour_and_its_outlier_budget_cost() -> None:
