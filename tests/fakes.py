@@ -170,6 +170,8 @@ def block_problems(blocks: list[dict[str, Any]]) -> list[str]:
             texts += b["elements"]
             if len(b["elements"]) > 10:
                 bad.append(f"blocks[{i}]: context over 10 elements")
+        if b["type"] == "rich_text":
+            bad += [f"blocks[{i}]: {why}" for why in _rich_text_problems(b["elements"])]
         if any(not t["text"] for t in texts):
             bad.append(f"blocks[{i}]: empty text")
         for t in texts:  # text objects: emoji is plain_text's, verbatim mrkdwn's
@@ -180,6 +182,44 @@ def block_problems(blocks: list[dict[str, Any]]) -> list[str]:
             ):
                 bad.append(f"blocks[{i}]: emoji or verbatim on the wrong text type")
     return bad
+
+
+RICH_STYLES = frozenset({"bold", "italic", "strike", "code"})
+
+
+def _rich_text_problems(sections: list[dict[str, Any]]) -> list[str]:
+    """What Slack would refuse in a ``rich_text`` block's paragraphs (the elements used)."""
+    bad = []
+    for sec in sections:
+        if sec.get("type") != "rich_text_section" or not sec.get("elements"):
+            bad.append(f"rich_text element {sec.get('type')!r} without elements")
+            continue
+        for e in sec["elements"]:
+            kind = e.get("type")
+            if kind == "text" and (not e.get("text") or not set(e.get("style", {})) <= RICH_STYLES):
+                bad.append(f"rich text element {e!r}")
+            elif kind == "emoji" and not e.get("name"):
+                bad.append("emoji without a name")
+            elif kind == "link" and not str(e.get("url", "")).startswith(("http://", "https://")):
+                bad.append(f"link to {e.get('url')!r}")
+            elif kind not in ("text", "emoji", "link"):
+                bad.append(f"rich text element type {kind!r}")
+    return bad
+
+
+def slack_texts(node: Any, *, parsed: bool = False) -> list[str]:
+    """Every ``text`` string in a Slack message; with ``parsed`` only those Slack parses as
+    mrkdwn (not ``plain_text`` objects nor ``rich_text`` elements: shown as they are)."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        if parsed and node.get("type") in ("plain_text", "text", "link"):
+            return out
+        for k, v in node.items():
+            out += [v] if k == "text" and isinstance(v, str) else slack_texts(v, parsed=parsed)
+    elif isinstance(node, list):
+        for v in node:
+            out += slack_texts(v, parsed=parsed)
+    return out
 
 
 @dataclass

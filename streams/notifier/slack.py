@@ -1,10 +1,10 @@
 """Slack delivery: Block Kit messages to an incoming webhook, at most ``rate_per_s``.
 
 One notification is one message: a header (severity emoji, status, alert name), then per
-alert a section with its summary, description and value against expected plus its labels
-as fields, a section with the root-cause hint and runbook, and a context line linking to
-the alert on the status page (``{external_url}/alerts/{fingerprint}``). A text fallback
-goes with it for notifications and screen readers.
+alert its summary, description and value against expected, its labels as fields, the
+root-cause hint and runbook, and a context line linking to the alert on the status page
+(``{external_url}/alerts/{fingerprint}``). A text fallback goes with it for notifications
+and screen readers.
 
 Rate limit (Slack allows about one message per second per webhook, with short bursts): a
 token bucket of ``rate_per_s`` tokens per second, ``burst`` deep, per webhook URL. When
@@ -17,11 +17,14 @@ A 429 answers Retry with Slack's ``Retry-After`` (header, or ``retry_after`` in 
 body; 30 s if neither) for the whole batch, and nothing else goes to that URL until then:
 Slack disables apps that keep posting after a rate limit (alertmanager#2111, #2128).
 
-Labels are sent as ``plain_text`` fields, which Slack shows as they are (mrkdwn has no
-escape for ``*``, ``_``, ``~`` or a backtick, so a label ``*URGENT*`` would be bold in
-mrkdwn); annotations, which rules write in mrkdwn, are escaped (``&``, ``<``, ``>``) and
-sent ``verbatim``, so ``<!channel>`` or ``<http://evil|x>`` in a label or an annotation
-can neither ping nor link, and a URL or ``#channel`` in them is not linked.
+Nothing that comes from telemetry is sent as ``mrkdwn``, which has no escape for ``*``,
+``_``, ``~`` or a backtick (a label ``*URGENT*`` would be bold, ``~ok~`` struck through):
+labels are ``plain_text`` fields, and annotations (summaries, descriptions, hints,
+runbooks, resolutions: rules template them from labels) and digest lines are ``rich_text``
+blocks, whose ``text`` elements Slack shows as they are, our own emphasis given as their
+``style`` and our links as ``link`` elements. So ``<!channel>``, ``<http://evil|x>`` or
+``*URGENT*`` in a label or an annotation can neither ping, link nor format. Only our own
+words, times and the status page's URL are ``mrkdwn`` (``verbatim``, escaped).
 Limits are held by truncating: 50 blocks, 150 characters per header, 3000 per section
 text, 2000 per field, 10 fields, and about 10,000 characters over all blocks (Slack
 documents 40,000, but answers ``msg_blocks_too_long`` near 13,200: slackapi/bolt-js#2509).
@@ -38,8 +41,11 @@ errors, ``describe()`` or reprs, only its scheme and host.
 >>> msg = slack_message(Notification.of("chat", {"alertname": "GpuMemoryLeak"}, [a]))
 >>> msg["blocks"][0]["text"]["text"]
 ':red_circle: FIRING: GpuMemoryLeak'
->>> msg["blocks"][1]["fields"][0]          # shown as it is: no ping, no formatting
+>>> msg["blocks"][2]["fields"][0]          # shown as it is: no ping, no formatting
 {'type': 'plain_text', 'text': 'host: <!channel>', 'emoji': False}
+>>> rich = msg["blocks"][1]["elements"][0]["elements"]  # summary: shown as it is, in bold
+>>> "".join(e.get("text", "") for e in rich).splitlines()
+[' leak', 'Value: 1,300,000,000  ·  Expected: 0']
 """
 
 from __future__ import annotations
@@ -102,7 +108,6 @@ RELEARNED_EMOJI = ":arrows_counterclockwise:"  # resolved because the baseline g
 SEVERITY_ORDER = ("critical", "error", "warning", "info")
 FIRST_LABELS = LABEL_ORDER
 HEADER_LABELS = frozenset({"alertname", "severity"})  # shown in the header already
-GRAVE = "\u02cb"  # a backtick's look-alike: a label's backtick cannot end a code span
 
 
 # ---------------------------------------------------------------- text helpers
@@ -151,10 +156,15 @@ def _safe_url(url: str) -> str:
     return escape(url).replace("|", "%7C")
 
 
+def _usable(url: str, max_url: int) -> bool:
+    """An http(s) URL of at most ``max_url`` characters without spaces: one to link."""
+    fits = url.startswith(("http://", "https://")) and len(url) <= max_url
+    return fits and not any(c.isspace() for c in url)
+
+
 def link(url: str, text: str, *, max_url: int = 1000) -> str:
     """``<url|text>`` with ``text`` escaped; just the text if the URL is unusable."""
-    usable = url.startswith(("http://", "https://")) and len(url) <= max_url
-    if not usable or any(c.isspace() for c in url):
+    if not _usable(url, max_url):
         return escape(text)
     return f"<{_safe_url(url)}|{escape(text)}>"
 
@@ -232,6 +242,32 @@ def _header(text: str) -> dict[str, Any]:
     return {"type": "header", "text": plain}
 
 
+def _text(text: str, **style: bool) -> dict[str, Any]:
+    """A ``rich_text`` text element: shown as it is (no mrkdwn), styled by ``style``."""
+    element: dict[str, Any] = {"type": "text", "text": text}
+    if style:
+        element["style"] = style
+    return element
+
+
+def _emoji_element(code: str) -> dict[str, Any]:
+    return {"type": "emoji", "name": code.strip(":")}
+
+
+def _link_element(url: str, text: str, *, max_url: int = 1000) -> dict[str, Any] | None:
+    """A ``rich_text`` link to one of our pages; None if the URL is unusable."""
+    if not _usable(url, max_url):
+        return None
+    return {"type": "link", "url": url, "text": text}
+
+
+def _rich(elements: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``rich_text`` block of one paragraph (empty text elements left out)."""
+    kept = [e for e in elements if e["type"] != "text" or e["text"]]
+    section = {"type": "rich_text_section", "elements": kept or [_text(" ")]}
+    return {"type": "rich_text", "elements": [section]}
+
+
 def _context(parts: Sequence[str]) -> dict[str, Any]:
     elements = [_mrkdwn(p) for p in parts if p][:MAX_CONTEXT_ELEMENTS]
     return {"type": "context", "elements": elements or [_mrkdwn(" ")]}
@@ -250,16 +286,14 @@ def _text_units(node: Any) -> int:
 
 
 def _alert_blocks(a: Alert, external_url: str) -> list[dict[str, Any]]:
-    """One alert: its section (summary, value, labels), the cause, the link."""
-    blocks = [_alert_section(a)]
-    ann = a.annotations
-    cause = [f":mag: *Likely cause:* {escape(clip(ann['hint'], 1500))}"] if ann.get("hint") else []
-    if a.status == "resolved" and ann.get("resolution"):
-        cause.insert(0, f"{_emoji(a)} *{_status(a)}:* {escape(clip(ann['resolution'], 1000))}")
-    if ann.get("runbook"):
-        cause.append(f":book: *Runbook:* {escape(clip(ann['runbook'], 1000))}")
+    """One alert: its summary and value, its labels, the cause, the link."""
+    blocks = [_alert_summary(a)]
+    fields = _label_fields(a)
+    if fields:
+        blocks.append({"type": "section", "fields": fields})
+    cause = _cause(a)
     if cause:
-        blocks.append({"type": "section", "text": _mrkdwn("\n".join(cause))})
+        blocks.append(_rich(cause))
     url = alert_url(external_url, a)
     ended = a.status != "firing"
     when = f"ended {rfc3339(a.ends_at)}" if ended else f"since {rfc3339(a.starts_at)}"
@@ -267,22 +301,44 @@ def _alert_blocks(a: Alert, external_url: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def _alert_section(a: Alert) -> dict[str, Any]:
+def _alert_summary(a: Alert) -> dict[str, Any]:
     summary = a.annotations.get("summary") or f"{_name(a)} {a.status}"
-    lines = [f"{_emoji(a)} *{escape(clip(summary, 1000))}*"]
+    parts = [_emoji_element(_emoji(a)), _text(" "), _text(clip(summary, 1000), bold=True)]
     if a.annotations.get("description"):
-        lines.append(escape(clip(a.annotations["description"], 1200)))
-    expected = f"  ·  *Expected:* {number(a.expected)}" if a.expected is not None else ""
-    lines.append(f"*Value:* {number(a.value)}{expected}")
-    section: dict[str, Any] = {"type": "section", "text": _mrkdwn("\n".join(lines))}
+        parts += [_text("\n"), _text(clip(a.annotations["description"], 1200))]
+    parts += [_text("\n"), _text("Value:", bold=True), _text(f" {number(a.value)}")]
+    if a.expected is not None:
+        parts += [_text("  ·  "), _text("Expected:", bold=True), _text(f" {number(a.expected)}")]
+    return _rich(parts)
+
+
+def _cause(a: Alert) -> list[dict[str, Any]]:
+    """The hint, the resolution and the runbook, as rich text (they quote telemetry)."""
+    ann = a.annotations
+    lines: list[list[dict[str, Any]]] = []
+    if a.status == "resolved" and ann.get("resolution"):
+        title = f" {_status(a)}: "
+        lines.append([_emoji_element(_emoji(a)), _text(title, bold=True),
+                      _text(clip(ann["resolution"], 1000))])  # fmt: skip
+    if ann.get("hint"):
+        lines.append([_emoji_element(":mag:"), _text(" Likely cause: ", bold=True),
+                      _text(clip(ann["hint"], 1500))])  # fmt: skip
+    if ann.get("runbook"):
+        lines.append([_emoji_element(":book:"), _text(" Runbook: ", bold=True),
+                      _text(clip(ann["runbook"], 1000))])  # fmt: skip
+    out: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        out += [_text("\n")] * (i > 0) + line
+    return out
+
+
+def _label_fields(a: Alert) -> list[dict[str, Any]]:
     labels = _ordered_labels(a.labels)
     fields = [_plain(f"{clip(k, 100)}: {clip(v, 300)}") for k, v in labels]
     if len(fields) > MAX_FIELDS:
         more = _mrkdwn(f"_and {len(labels) - MAX_FIELDS + 1} more labels_")
         fields = [*fields[: MAX_FIELDS - 1], more]
-    if fields:
-        section["fields"] = fields
-    return section
+    return fields
 
 
 def _fit(
@@ -325,8 +381,9 @@ def slack_digest(batch: Sequence[Notification], *, max_digest: int = 20) -> dict
     title = f"{len(pairs)} alerts: {firing} firing, {len(pairs) - firing} resolved"
     emoji = _emoji(_worst(a for _, a in pairs)) if pairs else RESOLVED_EMOJI
     head = _header(f"{emoji} {title}")
-    texts, shown = _pack([_digest_line(n, a) for n, a in pairs[:max_digest]], _text_units(head))
-    blocks = [head, *({"type": "section", "text": _mrkdwn(t)} for t in texts)]
+    lines = [_digest_line(n, a) for n, a in pairs[:max_digest]]
+    paragraphs, shown = _pack(lines, _text_units(head))
+    blocks = [head, *(_rich(p) for p in paragraphs)]
     tail = [f"… and {len(pairs) - shown} more"] if shown < len(pairs) else []
     home = next((n.external_url for n in batch if n.external_url), "")
     if home:
@@ -336,34 +393,40 @@ def slack_digest(batch: Sequence[Notification], *, max_digest: int = 20) -> dict
     return _message(clip(f"{emoji} {title}", MAX_TEXT), blocks)
 
 
-def _digest_line(n: Notification, a: Alert) -> str:
+def _digest_line(n: Notification, a: Alert) -> list[dict[str, Any]]:
+    """One alert of a digest as rich text: what it is, where (in code style), its page."""
     summary = a.annotations.get("summary") or _name(a)
-    line = f"{_emoji(a)} *{_status(a)}* {escape(clip(_name(a), 100))}: {escape(clip(summary, 300))}"
+    line = [_emoji_element(_emoji(a)), _text(" "), _text(_status(a), bold=True),
+            _text(f" {clip(_name(a), 100)}: {clip(summary, 300)}")]  # fmt: skip
     where = _ident(a)
+    if where:
+        line += [_text(" ("), _text(where, code=True), _text(")")]
     url = alert_url(n.external_url, a)
-    return (
-        line
-        + (f" (`{escape(where.replace('`', GRAVE))}`)" if where else "")  # code: unformatted
-        + (f" {link(url, 'details', max_url=300)}" if url else "")
-    )
+    details = _link_element(url, "details", max_url=300) if url else None
+    if details is not None:
+        line += [_text(" "), details]
+    return line
 
 
-def _pack(lines: list[str], used: int) -> tuple[list[str], int]:
-    """Lines joined into section texts within the block and text limits; also how many
+def _pack(lines: list[list[dict[str, Any]]], used: int) -> tuple[list[list[dict[str, Any]]], int]:
+    """Lines joined into paragraphs within the block and text limits; also how many
     lines made it (the first ones)."""
-    texts: list[str] = []
+    paragraphs: list[list[dict[str, Any]]] = []
+    sizes: list[int] = []
     for shown, line in enumerate(lines):
-        cost = units(line) + 1
+        cost = _text_units(line) + 1
         if used + cost > BLOCKS_BUDGET - 300:
-            return texts, shown
-        if texts and units(texts[-1]) + cost <= MAX_SECTION:
-            texts[-1] += "\n" + line
-        elif len(texts) < MAX_BLOCKS - 2:
-            texts.append(line)
+            return paragraphs, shown
+        if paragraphs and sizes[-1] + cost <= MAX_SECTION:
+            paragraphs[-1] += [_text("\n"), *line]
+            sizes[-1] += cost
+        elif len(paragraphs) < MAX_BLOCKS - 2:
+            paragraphs.append(list(line))
+            sizes.append(cost)
         else:
-            return texts, shown
+            return paragraphs, shown
         used += cost
-    return texts, len(lines)
+    return paragraphs, len(lines)
 
 
 def _message(text: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:

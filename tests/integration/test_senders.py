@@ -35,6 +35,7 @@ from tests.fakes import (
     SlowServer,
     block_problems,
     closed_port_url,
+    slack_texts,
 )
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -262,13 +263,31 @@ async def test_slack_message_is_block_kit_with_labels_value_hint_and_link(
                 },
             },
             {
+                "type": "rich_text",  # text from telemetry: shown as it is, styled by us
+                "elements": [
+                    {
+                        "type": "rich_text_section",
+                        "elements": [
+                            {"type": "emoji", "name": "red_circle"},
+                            {"type": "text", "text": " "},
+                            {
+                                "type": "text",
+                                "text": "GPU memory leak: rag-worker (pid 4011) on "
+                                "gpu-node-01 GPU 1",
+                                "style": {"bold": True},
+                            },
+                            {"type": "text", "text": "\n"},
+                            {"type": "text", "text": "Value:", "style": {"bold": True}},
+                            {"type": "text", "text": " 1,300,000,000"},
+                            {"type": "text", "text": "  ·  "},
+                            {"type": "text", "text": "Expected:", "style": {"bold": True}},
+                            {"type": "text", "text": " 0"},
+                        ],
+                    }
+                ],
+            },
+            {
                 "type": "section",
-                "text": {
-                    "type": "mrkdwn",
-                    "text": ":red_circle: *GPU memory leak: rag-worker (pid 4011) on gpu-node-01"
-                    " GPU 1*\n*Value:* 1,300,000,000  ·  *Expected:* 0",
-                    "verbatim": True,
-                },
                 "fields": [  # labels as they are: Slack formats nothing in plain_text
                     {"type": "plain_text", "text": "host: gpu-node-01", "emoji": False},
                     {"type": "plain_text", "text": "gpu: 1", "emoji": False},
@@ -277,12 +296,17 @@ async def test_slack_message_is_block_kit_with_labels_value_hint_and_link(
                 ],
             },
             {
-                "type": "section",
-                "text": {
-                    "type": "mrkdwn",
-                    "text": ":mag: *Likely cause:* FAISS index never reset",
-                    "verbatim": True,
-                },
+                "type": "rich_text",
+                "elements": [
+                    {
+                        "type": "rich_text_section",
+                        "elements": [
+                            {"type": "emoji", "name": "mag"},
+                            {"type": "text", "text": " Likely cause: ", "style": {"bold": True}},
+                            {"type": "text", "text": "FAISS index never reset"},
+                        ],
+                    }
+                ],
             },
             {
                 "type": "context",
@@ -299,6 +323,17 @@ async def test_slack_message_is_block_kit_with_labels_value_hint_and_link(
         "unfurl_links": False,
         "unfurl_media": False,
     }
+
+
+def split_lines(elements: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A rich text paragraph's elements, line by line (a line break is its own element)."""
+    lines: list[list[dict[str, Any]]] = [[]]
+    for e in elements:
+        if e == {"type": "text", "text": "\n"}:
+            lines.append([])
+        else:
+            lines[-1].append(e)
+    return lines
 
 
 async def test_slack_token_bucket_holds_one_message_per_second(
@@ -321,9 +356,17 @@ async def test_slack_burst_of_ten_becomes_one_digest(session: aiohttp.ClientSess
     assert all(isinstance(o, Delivered) and "digest of 10" in o.detail for o in out)
     (msg,) = slack.bodies()
     assert msg["text"] == ":red_circle: 10 alerts: 10 firing, 0 resolved"
-    lines = msg["blocks"][1]["text"]["text"].split("\n")
-    assert len(lines) == 4 and lines[0].startswith(":red_circle: *FIRING* GpuMemoryLeak: ")
-    assert f"<{STATUS_PAGE}/alerts/fp0|details>" in lines[0] and "(`host=h0`)" in lines[0]
+    (paragraph,) = msg["blocks"][1]["elements"]
+    lines = split_lines(paragraph["elements"])
+    assert len(lines) == 4
+    assert lines[0][:3] == [
+        {"type": "emoji", "name": "red_circle"},
+        {"type": "text", "text": " "},
+        {"type": "text", "text": "FIRING", "style": {"bold": True}},
+    ]
+    assert lines[0][3]["text"].startswith(" GpuMemoryLeak: ")
+    assert {"type": "text", "text": "host=h0", "style": {"code": True}} in lines[0]
+    assert lines[0][-1] == {"type": "link", "url": f"{STATUS_PAGE}/alerts/fp0", "text": "details"}
     assert msg["blocks"][-1]["elements"][0]["text"] == "… and 6 more"
     assert sender.stats.digests == 1 and sender.stats.sent == 1
 
@@ -373,47 +416,52 @@ async def test_slack_without_retry_after_waits_thirty_seconds(
 
 
 async def test_slack_escapes_hostile_labels_and_annotations(session: aiohttp.ClientSession) -> None:
+    """Nothing from telemetry is parsed as mrkdwn: labels are plain_text, annotations (which
+    rules template from labels) and digest lines rich text, so neither a mention, a link
+    nor ``*`` / ``_`` / ``~`` / a backtick can ping, link or format."""
+    fmt = "*URGENT* _all_ ~ok~ `rm`"
     hostile = alert(
         labels={
             "alertname": "GpuMemoryLeak",
             "host": "<!channel>",
             "service": "<http://evil.example|click me>",
             "instance": "<@U024BE7LH> & <#C024BE7LR>",
-            "team": "*URGENT* _all_ ~ok~ `rm`",
+            "team": fmt,
         },
-        annotations={"summary": "<!here> leak", "hint": "see <https://evil.example|this>"},
+        annotations={
+            "summary": f"<!here> leak on {fmt}",
+            "description": f"grows on {fmt}",
+            "hint": "see <https://evil.example|this>",
+            "runbook": f"https://wiki/{fmt}",
+        },
     )
     with FakeSlack() as slack:
         sender = SlackSender(SlackConfig.from_mapping("chat", {"url": slack.url}), session)
         assert await sender.send([note(hostile)]) == [Delivered("HTTP 200")]
         assert all(isinstance(o, Delivered) for o in await drain(sender, [note(hostile), *many(2)]))
     for msg in slack.bodies():
-        for text in texts(msg, plain=False):  # what Slack parses: only our links
+        for text in slack_texts(msg["blocks"], parsed=True):  # what Slack parses: ours only
             ours = re.sub(rf"<{re.escape(STATUS_PAGE)}[^|<>\s]*\|[^<>]*>", "", text)
             assert "<" not in ours and ">" not in ours, text
-            assert "*URGENT*" not in text and "_all_" not in text and "~ok~" not in text
+            assert not any(c in ours for c in "*~`") and "_all_" not in ours, text
     single = slack.bodies()[0]
     shown = [f["text"] for b in single["blocks"] for f in b.get("fields", [])]
-    assert "host: <!channel>" in shown and "team: *URGENT* _all_ ~ok~ `rm`" in shown
+    assert "host: <!channel>" in shown and f"team: {fmt}" in shown
     assert all(f["type"] == "plain_text" for b in single["blocks"] for f in b.get("fields", []))
-    assert "&lt;!here&gt; leak" in str(single)
-    digest = slack.bodies()[1]  # the labels that say where, in code: unformatted
-    assert "(`host=&lt;!channel&gt; service=&lt;http://evil.example|click me&gt;" in str(digest)
-
-
-def texts(node: Any, *, plain: bool = True) -> list[str]:
-    """Every ``text`` string in a Slack message; with ``plain=False`` only those Slack
-    parses (not ``plain_text`` objects, which it shows as they are)."""
-    out: list[str] = []
-    if isinstance(node, dict):
-        if not plain and node.get("type") == "plain_text":
-            return out
-        for k, v in node.items():
-            out += [v] if k == "text" and isinstance(v, str) else texts(v, plain=plain)
-    elif isinstance(node, list):
-        for v in node:
-            out += texts(v, plain=plain)
-    return out
+    rich = [
+        e
+        for b in single["blocks"]
+        if b["type"] == "rich_text"
+        for e in b["elements"][0]["elements"]
+    ]
+    assert {"type": "text", "text": f"<!here> leak on {fmt}", "style": {"bold": True}} in rich
+    assert {"type": "text", "text": f"grows on {fmt}"} in rich
+    assert {"type": "text", "text": "see <https://evil.example|this>"} in rich
+    assert "&lt;!here&gt; leak" in single["text"]  # the fallback: escaped
+    digest = slack.bodies()[1]  # the labels that say where, in code style: unformatted
+    where = [e for b in digest["blocks"] if b["type"] == "rich_text"
+             for e in b["elements"][0]["elements"] if e.get("style") == {"code": True}]  # fmt: skip
+    assert where[0]["text"].startswith("host=<!channel> service=<http://evil.example|click me>")
 
 
 async def test_slack_keeps_to_block_kit_limits_for_a_huge_group(
@@ -430,7 +478,7 @@ async def test_slack_keeps_to_block_kit_limits_for_a_huge_group(
         assert await sender.send([note(*alerts)]) == [Delivered("HTTP 200")]  # FakeSlack checks
     (msg,) = slack.bodies()
     assert block_problems(msg["blocks"]) == [] and len(msg["blocks"]) <= 50
-    assert sum(len(t) for t in texts(msg["blocks"])) <= 12_000
+    assert sum(len(t) for t in slack_texts(msg["blocks"])) <= 12_000
     assert "more alerts not shown" in msg["blocks"][-1]["elements"][0]["text"]
 
 

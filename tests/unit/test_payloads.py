@@ -25,7 +25,7 @@ from ragwatch.streams.notifier.notification import Notification
 from ragwatch.streams.notifier.pagerduty import PagerDutyConfig, dedup_key, pagerduty_event
 from ragwatch.streams.notifier.slack import SlackConfig, slack_digest, slack_message
 from ragwatch.streams.notifier.webhook import WebhookConfig, webhook_body
-from tests.fakes import block_problems, utf16
+from tests.fakes import block_problems, slack_texts, utf16
 
 FUZZ = settings(
     derandomize=True,
@@ -80,21 +80,6 @@ def strict_json(obj: Any) -> None:
     json.dumps(obj, allow_nan=False)
 
 
-def texts(node: Any, *, plain: bool = True) -> list[str]:
-    """Every ``text`` string in ``node``; with ``plain=False`` only those Slack parses
-    (not ``plain_text`` objects, which it shows as they are)."""
-    out: list[str] = []
-    if isinstance(node, dict):
-        if not plain and node.get("type") == "plain_text":
-            return out
-        for k, v in node.items():
-            out += [v] if k == "text" and isinstance(v, str) else texts(v, plain=plain)
-    elif isinstance(node, list):
-        for v in node:
-            out += texts(v, plain=plain)
-    return out
-
-
 OUR_LINK = re.compile(r"<https?://[^\s<>|]+\|[^<>]*>")
 
 
@@ -103,10 +88,14 @@ def check_slack(msg: dict[str, Any]) -> None:
     blocks = msg["blocks"]
     assert block_problems(blocks) == []
     assert 1 <= len(blocks) <= 50
-    assert sum(utf16(t) for t in texts(blocks)) <= 12_000
+    assert sum(utf16(t) for t in slack_texts(blocks)) <= 12_000
     assert 0 < utf16(msg["text"]) <= 40_000
-    for t in [msg["text"], *texts(blocks, plain=False)]:  # only our links: no <!channel>
+    for t in [msg["text"], *slack_texts(blocks, parsed=True)]:  # only our links: no <!channel>
         assert "<" not in OUR_LINK.sub("", t) and ">" not in OUR_LINK.sub("", t), t
+    for t in slack_texts(blocks, parsed=True):  # mrkdwn is ours alone: no telemetry formats
+        ours = OUR_LINK.sub("", t)
+        ours = ours[1:-1] if ours[:1] == ours[-1:] == "_" else ours  # our italic notes
+        assert not any(c in ours for c in "*_~`"), t
 
 
 @FUZZ
