@@ -70,6 +70,7 @@ bench: setup ## run the benchmarks, write bench/results/*.json
 	$(PY) bench/pipeline.py
 	$(PY) bench/banks.py
 	$(PY) bench/columnar.py
+	$(PY) bench/requests.py
 	$(PY) bench/agents.py
 	$(PY) bench/throughput.py
 	$(PY) bench/latency.py
