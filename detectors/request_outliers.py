@@ -42,9 +42,10 @@ value raises ValueError and changes nothing. Other keys are ignored.
 Parameters: ``eps`` (128.0), ``min_samples`` (3), ``window`` (2000), ``warmup`` (50),
 ``features`` (None).
 
-Cost: ``learn_one`` is O(1) plus the ``3**d`` cell look-ups; ``score_one`` stops after
-``min_samples`` neighbours for normal points, and for outliers searches the cached core
-points (refreshed only in the cells touched since the last refresh).
+Cost: ``learn_one`` is O(1) (the cell it changes is noted; the ``3**d`` cells around the
+cells changed since are marked stale only when core points are next looked for);
+``score_one`` stops after ``min_samples`` neighbours for normal points, and for outliers
+searches the cached core points (refreshed only in the stale cells it visits).
 
 >>> import random
 >>> rng = random.Random(0)
@@ -150,11 +151,16 @@ class RequestOutliers:
                 cell = self._cells[self._key(p)] = array("d")
             cell.extend(p)
         # cell -> which of its points are core points (a byte each, 1 for a core point),
-        # for the clean cells that have any (a cell changes only through _touch: dirty)
+        # for the clean cells that have any
         self._core: dict[Key, bytes] = {}
         self._learnt = 0  # points learnt since (un)pickling: when the window last moved
         self._spread_cache: tuple[int, list[float], list[float]] | None = None
         self._dirty: set[Key] = set(self._cells)  # occupied cells whose cache is stale
+        # Cells that gained or lost a point since the last _flush: the core points of every
+        # occupied cell around them may have changed. Marking those dirty waits until a
+        # core point is looked for (an outlier, or clusters()), so a stream of normal
+        # points landing in the same few cells costs one set insertion each.
+        self._changed: set[Key] = set()
         self._offsets, self._far_offsets = self._make_offsets(d)
 
     @property
@@ -265,10 +271,11 @@ class RequestOutliers:
             self._offsets, self._far_offsets = self._make_offsets(len(features))
         self.learn_point(p)
 
-    def learn_point(self, p: Point) -> None:
+    def learn_point(self, p: Point, key: Key | None = None) -> None:
         """:meth:`learn_one` for a point already read: finite values in ``features`` order
         (the features known: given, or picked by a first :meth:`learn_one`). For a caller
-        that has validated its input (the request pipeline's records)."""
+        that has validated its input (the request pipeline's records); ``key``, if given,
+        is ``cell(p)``."""
         ring, d = self._ring, len(p)
         if len(ring) >= self.window * d:  # full: the oldest point's slot takes the new one
             i = self._head
@@ -278,12 +285,13 @@ class RequestOutliers:
         else:
             ring.extend(p)
         self._learnt += 1
-        key = self._key(p)
+        if key is None:
+            key = self._key(p)
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = array("d")
         cell.extend(p)
-        self._touch(key)
+        self._changed.add(key)
 
     def _evict(self, old: Point) -> None:
         key = self._key(old)
@@ -293,14 +301,18 @@ class RequestOutliers:
             del self._cells[key]
             self._core.pop(key, None)
             self._dirty.discard(key)
-        self._touch(key)
+        self._changed.add(key)
 
-    def _touch(self, key: Key) -> None:
-        """Core status may change in every occupied cell around ``key``."""
+    def _flush(self) -> None:
+        """Core status may have changed in every occupied cell around a changed one."""
+        if not self._changed:
+            return
         cells, dirty = self._cells, self._dirty
-        for k in self._around(key):
-            if k in cells:
-                dirty.add(k)
+        for key in self._changed:
+            for k in self._around(key):
+                if k in cells:
+                    dirty.add(k)
+        self._changed.clear()
 
     def _around(self, key: Key) -> Sequence[Key]:
         """The cell keys next to ``key`` (itself first), in ``_offsets`` order."""
@@ -310,10 +322,10 @@ class RequestOutliers:
 
     # -- density queries -----------------------------------------------------------------
 
-    def _neighbours(self, q: Point, need: int) -> int:
-        """How many window points lie within eps of ``q``, counting up to ``need``."""
+    def _neighbours(self, q: Point, need: int, key: Key) -> int:
+        """How many window points lie within eps of ``q`` (in cell ``key``), counting up to
+        ``need``."""
         eps, cells, dist, d = self.eps, self._cells, math.dist, len(q)
-        key = self._key(q)
         n = 0
         for k in self._around(key):
             cell = cells.get(k)
@@ -350,6 +362,7 @@ class RequestOutliers:
 
     def _refresh(self) -> None:
         """Recompute the core points of every cell touched since the last refresh."""
+        self._flush()
         for key in sorted(self._dirty):
             self._refresh_cell(key)
         self._dirty.clear()
@@ -362,6 +375,7 @@ class RequestOutliers:
 
         A stale cell is refreshed only when visited, so far-away churn costs nothing.
         """
+        self._flush()
         if (2 * FAR_EPS + 3) ** len(q) < len(self._cells):  # cheaper to look around q
             return self._nearest_core_around(q)
         eps, dirty = self.eps, self._dirty
@@ -421,11 +435,13 @@ class RequestOutliers:
         _, q = self._point(x)
         return self.score_point(q)
 
-    def score_point(self, q: Point) -> float:
+    def score_point(self, q: Point, key: Key | None = None) -> float:
         """:meth:`score_one` for a point already read (see :meth:`learn_point`)."""
-        if self._features is None or len(self) < max(self.warmup, 1):
+        if self._features is None or len(self._ring) < max(self.warmup, 1) * len(q):
             return 0.0
-        if self._neighbours(q, self.min_samples) >= self.min_samples:
+        if key is None:
+            key = self._key(q)
+        if self._neighbours(q, self.min_samples, key) >= self.min_samples:
             return 0.0
         d = self._nearest_core(q)
         if math.isinf(d):
