@@ -101,7 +101,7 @@ import math
 import random
 from array import array
 from collections import Counter, deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -207,6 +207,39 @@ class Bucket:
             self._sample("ttft", rec.ttft_ms)
         if rec.queue_ms is not None:
             self._sample("queue", rec.queue_ms)
+
+    def add_run(self, recs: Sequence[RequestRecord], clustered: Sequence[bool] = ()) -> None:
+        """:meth:`add` of each record of ``recs`` in turn (``clustered[i]`` for record i;
+        none if empty), a column at a time: the latencies of a name appended together,
+        the counts summed. Where a reservoir would fill within the run, record by record
+        (sampling then draws from the shared rng in the records' order)."""
+        if clustered and len(clustered) != len(recs):
+            raise ValueError(f"{len(clustered)} clustered flags for {len(recs)} records")
+        cols = _latency_columns(recs)
+        lat, cap = self.latencies, self.reservoir
+        if any(len(lat[k].values) + len(v) > cap for k, v in cols.items() if k in lat) or any(
+            len(v) > cap for k, v in cols.items() if k not in lat
+        ):
+            for i, rec in enumerate(recs):
+                self.add(rec, bool(clustered) and clustered[i])
+            return
+        for name, values in cols.items():
+            r = lat.get(name)
+            if r is None:
+                r = lat[name] = Reservoir(cap, self.rng)
+            r.values.extend(values)
+            r.seen += len(values)
+        counted = (
+            [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
+        )
+        self.clustered += len(recs) - len(counted)
+        self.n += len(counted)
+        self.errors += sum(1 for r in counted if r.status != "ok")
+        for r in counted:
+            out = r.output_tokens
+            self.output_tokens += out
+            self.output_sq += out * out
+            self.context_tokens += r.context_tokens
 
     def _sample(self, name: str, v: float) -> None:
         r = self.latencies.get(name)
@@ -422,8 +455,7 @@ class RequestPipeline:
             first = min((r.ts for r in records), default=env.ts)
             s.next_bucket = math.floor(first / self.bucket_s)
         self._advance(s, newest)
-        for i, rec in enumerate(records):
-            self._add(s, svc, rec, scored=i < MAX_SCORED_PER_ENVELOPE)
+        self._add(s, svc, records)
         self.stats.unscored_records += max(0, len(records) - MAX_SCORED_PER_ENVELOPE)
         out += self._close_ready(s, svc)
         return out + self._sweep()
@@ -568,41 +600,67 @@ class RequestPipeline:
         s.watermark = ts
         self._watermark = max(self._watermark, ts)
 
-    def _add(self, s: ServiceSeries, svc: _Service, rec: RequestRecord, scored: bool) -> None:
-        b = math.floor(rec.ts / self.bucket_s)
-        if s.next_bucket is not None and b < s.next_bucket:
-            self.stats.late_dropped += 1
-            return
-        bucket = s.buckets.get(b)
-        if bucket is None:
-            bucket = s.buckets[b] = Bucket(self.reservoir, self._rng)
-        if rec.status != "ok" or not scored:
-            bucket.add(rec)
-            return
-        det = svc.detector
-        p = (float(rec.context_tokens), float(rec.output_tokens))
-        cell = det.cell(p)
-        bucket.add(rec, cell in svc.active_cells)
-        self._score_outlier(det, p, rec, bucket)
-        if cell not in svc.dense:
-            svc.novel += 1
-            bucket.novel += 1
+    def _add(self, s: ServiceSeries, svc: _Service, records: Sequence[RequestRecord]) -> None:
+        """The records into their buckets, a run of consecutive records of one bucket at a
+        time; the first ``MAX_SCORED_PER_ENVELOPE`` are scored by the outlier detector."""
+        bs, floor = self.bucket_s, math.floor
+        ids = [floor(r.ts / bs) for r in records]
+        i = 0
+        while i < len(ids):
+            b = ids[i]
+            j = i + 1
+            while j < len(ids) and ids[j] == b:
+                j += 1
+            if s.next_bucket is not None and b < s.next_bucket:
+                self.stats.late_dropped += j - i
+            else:
+                bucket = s.buckets.get(b)
+                if bucket is None:
+                    bucket = s.buckets[b] = Bucket(self.reservoir, self._rng)
+                run = records[i:j]
+                flags = self._outliers_of(svc, bucket, run[: max(0, MAX_SCORED_PER_ENVELOPE - i)])
+                bucket.add_run(run, flags + [False] * (len(run) - len(flags)))
+            i = j
+
+    def _outliers_of(
+        self, svc: _Service, bucket: Bucket, records: Sequence[RequestRecord]
+    ) -> list[bool]:
+        """Score and learn the ``ok`` records in turn; which of them land in the service's
+        active outlier cluster (``Bucket.add``'s ``clustered``)."""
+        det, active, dense = svc.detector, svc.active_cells, svc.dense
+        clustered = []
+        for rec in records:
+            if rec.status != "ok":
+                clustered.append(False)
+                continue
+            p = (float(rec.context_tokens), float(rec.output_tokens))
+            cell = det.cell(p)
+            clustered.append(cell in active)
+            self._score_outlier(det, p, cell, rec, bucket)
+            if cell not in dense:
+                svc.novel += 1
+                bucket.novel += 1
+        return clustered
 
     @staticmethod
     def _score_outlier(
-        det: RequestOutliers, p: tuple[float, float], rec: RequestRecord, bucket: Bucket
+        det: RequestOutliers,
+        p: tuple[float, float],
+        cell: tuple[int, ...],
+        rec: RequestRecord,
+        bucket: Bucket,
     ) -> None:
-        """Score a record's point before it is learnt: read from the record as the
-        detector's features once its first point picked them (records are valid)."""
+        """Score a record's point (in ``cell``) before it is learnt: read from the record as
+        the detector's features once its first point picked them (records are valid)."""
         x = None if det.features == REQUEST_FEATURES else _point_of(rec)
-        if (det.score_point(p) if x is None else det.score_one(x)) >= 0.5:
+        if (det.score_point(p, cell) if x is None else det.score_one(x)) >= 0.5:
             bucket.outliers += 1
             if bucket.outliers <= MAX_LABELS_PER_BUCKET:
                 label = det.label_one(x or _point_of(rec))
                 if label is not None:
                     bucket.labels[label] += 1
         if x is None:
-            det.learn_point(p)
+            det.learn_point(p, cell)
         else:
             det.learn_one(x)
 
@@ -949,6 +1007,25 @@ class RequestPipeline:
                 self.swept.add(key[0])
             out += self.engine.clear(s.labels, now)
         return out
+
+
+def _latency_columns(recs: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    """The latencies of ``recs`` by name, in the order :meth:`Bucket.add` samples them."""
+    cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in recs]}
+    for r in recs:
+        for stage, ms in r.stages.items():
+            if stage in STAGES:
+                col = cols.get(stage)
+                if col is None:
+                    col = cols[stage] = []
+                col.append(ms)
+    ttft = [r.ttft_ms for r in recs if r.ttft_ms is not None]
+    queue = [r.queue_ms for r in recs if r.queue_ms is not None]
+    if ttft:
+        cols["ttft"] = ttft
+    if queue:
+        cols["queue"] = queue
+    return cols
 
 
 def _point_of(rec: RequestRecord) -> dict[str, Any]:
