@@ -224,22 +224,22 @@ class Bucket:
                 self.add(rec, bool(clustered) and clustered[i])
             return
         for name, values in cols.items():
-            r = lat.get(name)
-            if r is None:
-                r = lat[name] = Reservoir(cap, self.rng)
-            r.values.extend(values)
-            r.seen += len(values)
+            res = lat.get(name)
+            if res is None:
+                res = lat[name] = Reservoir(cap, self.rng)
+            res.values.extend(values)
+            res.seen += len(values)
         counted = (
             [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
         )
         self.clustered += len(recs) - len(counted)
         self.n += len(counted)
         self.errors += sum(1 for r in counted if r.status != "ok")
-        for r in counted:
-            out = r.output_tokens
+        for rec in counted:
+            out = rec.output_tokens
             self.output_tokens += out
             self.output_sq += out * out
-            self.context_tokens += r.context_tokens
+            self.context_tokens += rec.context_tokens
 
     def _sample(self, name: str, v: float) -> None:
         r = self.latencies.get(name)
