@@ -224,6 +224,8 @@ class Bucket:
                 self.add(rec, bool(clustered) and clustered[i])
             return
         for name, values in cols.items():
+            if not values:
+                continue
             res = lat.get(name)
             if res is None:
                 res = lat[name] = Reservoir(cap, self.rng)

@@ -13,11 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import Condition, Rule
-from ragwatch.streams.pipelines.requests import MAX_SCORED_PER_ENVELOPE, RequestPipeline
+from ragwatch.streams.pipelines.requests import MAX_SCORED_PER_ENVELOPE, Bucket, RequestPipeline
 
 T0 = 1_699_999_980.0  # a multiple of 60: bucket boundaries at T0 + k * 60
 MIN = 60.0
@@ -464,3 +466,45 @@ def test_errors_are_judged_against_their_usual_share_binomially() -> None:
     assert isinstance(hot, dict)
     assert hot["errors_ratio"] is not None and hot["errors_ratio"] > 0.1
     assert hot["errors_z"] is not None and hot["errors_z"] > 5
+
+
+@st.composite
+def _runs(draw: st.DrawFn) -> tuple[list[RequestRecord], list[bool]]:
+    n = draw(st.integers(0, 40))
+    latency = st.floats(0.0, 1e4, allow_nan=False)
+    stage_names = st.sampled_from(["retriever", "reranker", "llm", "other"])
+    recs = [
+        RequestRecord(
+            ts=T0 + i,
+            status=draw(st.sampled_from(["ok", "ok", "error"])),
+            e2e_ms=draw(latency),
+            context_tokens=draw(st.integers(0, 10**6)),
+            output_tokens=draw(st.integers(0, 10**5)),
+            stages=draw(st.dictionaries(stage_names, latency, max_size=3)),
+            queue_ms=draw(st.none() | latency),
+            ttft_ms=draw(st.none() | latency),
+        )
+        for i in range(n)
+    ]
+    clustered = draw(st.just([]) | st.lists(st.booleans(), min_size=n, max_size=n))
+    return recs, clustered
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(st.lists(_runs(), max_size=4), st.integers(1, 30))
+def test_a_run_of_records_adds_what_adding_them_one_by_one_adds(
+    runs: list[tuple[list[RequestRecord], list[bool]]], cap: int
+) -> None:
+    """Bucket.add_run (the pipeline's path) against Bucket.add record by record: the same
+    counts, the same reservoir values (sampling draws from the rng in the same order once a
+    reservoir fills), the same rng state after."""
+    a, b = Bucket(cap, random.Random(1)), Bucket(cap, random.Random(1))
+    for recs, clustered in runs:
+        a.add_run(recs, clustered)
+        for i, r in enumerate(recs):
+            b.add(r, bool(clustered) and clustered[i])
+    assert a.counts() == b.counts()
+    assert {k: (list(r.values), r.seen) for k, r in a.latencies.items()} == {
+        k: (list(r.values), r.seen) for k, r in b.latencies.items()
+    }
+    assert a.rng.getstate() == b.rng.getstate()
