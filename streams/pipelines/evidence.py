@@ -201,25 +201,43 @@ class CountRing:
         )
 
 
+TRIM_MIN = 64  # values: what may sit before a window's start before it is dropped ...
+TRIM_SHARE = 4  # ... or this fraction of the values held, whichever is more
+
+
 @dataclass
 class TailWindow:
     """Latency values of the newest buckets, by name (e2e, retriever, ..., ttft, queue).
 
-    Per name, the values in arrival order with the index of the bucket each came in, so a
-    window is a suffix found by bisection, whatever the traffic: the last ``min_values``
-    values (whole buckets) or the last ``min_s`` seconds, whichever holds more, never a
-    bucket ``max_s`` old or older."""
+    Per name, the values in arrival order, in runs of one bucket each (the run's bucket and
+    the index of its first value), so a window is a suffix found by bisection, whatever the
+    traffic: the last ``min_values`` values (whole buckets) or the last ``min_s`` seconds,
+    whichever holds more, never a bucket ``max_s`` old or older. Values no window can reach
+    again are dropped once they are ``TRIM_MIN`` or a ``TRIM_SHARE``-th of those held."""
 
     min_values: int = 200
     min_s: float = 120.0
     max_s: float = 3 * 3600.0
     bucket_s: float = 60.0
     _vals: dict[str, array[float]] = field(default_factory=dict)
-    _buckets: dict[str, array[int]] = field(default_factory=dict)  # bucket end / bucket_s
+    _runs: dict[str, array[int]] = field(default_factory=dict)  # each run's bucket (end / bucket_s)
+    _starts: dict[str, array[int]] = field(default_factory=dict)  # each run's first value
     seen: dict[str, int] = field(default_factory=dict)  # values ever added, by name
     version: int = 0  # changes whenever values are added or dropped
     cache: tuple[int, bool, dict[str, float | None]] | None = None  # tail_signals'
     newest: float = -math.inf  # end of the newest bucket that added values
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        buckets = state.pop("_buckets", None)
+        self.__dict__.update(state)
+        if isinstance(buckets, dict):  # snapshot version 5: each value's bucket
+            self._runs, self._starts = {}, {}
+            for name, each in buckets.items():
+                runs, starts = self._runs[name], self._starts[name] = array("q"), array("q")
+                for i, b in enumerate(each):
+                    if not runs or runs[-1] != b:
+                        runs.append(b)
+                        starts.append(i)
 
     def push(self, end: float, values: dict[str, Iterable[float]]) -> None:
         """Add one closed bucket's values (an empty bucket adds nothing), then drop what
@@ -229,10 +247,15 @@ class TailWindow:
             a = array("d", vs)
             if not a:
                 continue
-            if name not in self._vals:
-                self._vals[name], self._buckets[name] = array("d"), array("i")
-            self._vals[name].extend(a)
-            self._buckets[name].extend(array("i", [b]) * len(a))
+            vals = self._vals.get(name)
+            if vals is None:
+                vals = self._vals[name] = array("d")
+                self._runs[name], self._starts[name] = array("q"), array("q")
+            runs = self._runs[name]
+            if not runs or runs[-1] != b:
+                runs.append(b)
+                self._starts[name].append(len(vals))
+            vals.extend(a)
             self.seen[name] = self.seen.get(name, 0) + len(a)
             self.version += 1
             self.newest = end
@@ -249,26 +272,37 @@ class TailWindow:
             return array("d")
         return vals[self._start(name, now) :]
 
+    def _after(self, name: str, bucket: int) -> int:
+        """The index of the first value of ``name`` from a bucket after ``bucket``."""
+        runs, starts = self._runs[name], self._starts[name]
+        r = bisect.bisect_right(runs, bucket)
+        return starts[r] if r < len(starts) else len(self._vals[name])
+
     def _start(self, name: str, now: float) -> int:
-        vals, buckets = self._vals[name], self._buckets[name]
-        n, bs = len(vals), self.bucket_s
-        young = bisect.bisect_right(buckets, math.floor((now - self.min_s) / bs + 1e-9))
+        n, bs = len(self._vals[name]), self.bucket_s
+        young = self._after(name, math.floor((now - self.min_s) / bs + 1e-9))
         if n > self.min_values:  # the whole bucket of the min_values-th newest value
-            start = min(young, bisect.bisect_left(buckets, buckets[n - self.min_values]))
+            starts = self._starts[name]
+            start = min(young, starts[bisect.bisect_right(starts, n - self.min_values) - 1])
         else:
             start = 0
-        return max(start, bisect.bisect_right(buckets, math.floor((now - self.max_s) / bs + 1e-9)))
+        return max(start, self._after(name, math.floor((now - self.max_s) / bs + 1e-9)))
 
     def _trim(self, now: float) -> None:
-        """Drop the values no window can reach again (in chunks: arrays shift on delete)."""
+        """Drop the values no window can reach again (windows only move forward; a cut is
+        always where a run starts)."""
         for name in list(self._vals):
-            cut = self._start(name, now)  # windows only move forward
-            if cut >= max(256, len(self._vals[name]) // 2):
-                del self._vals[name][:cut]
-                del self._buckets[name][:cut]
+            vals, runs, starts = self._vals[name], self._runs[name], self._starts[name]
+            cut = self._start(name, now)
+            if cut >= max(TRIM_MIN, len(vals) // TRIM_SHARE):
+                del vals[:cut]
+                r = bisect.bisect_left(starts, cut)
+                del runs[:r], starts[:r]
+                for i in range(len(starts)):
+                    starts[i] -= cut
                 self.version += 1
-            if not self._vals[name]:
-                del self._vals[name], self._buckets[name]
+            if not vals:
+                del self._vals[name], self._runs[name], self._starts[name]
 
 
 def tail_signals(window: TailWindow, now: float, out: dict[str, float | None]) -> None:

@@ -55,9 +55,13 @@ from ragwatch.streams.pipelines.fleet import Pipelines
 
 # 2: GPU series keep raw values; 3: request series keep evidence windows and seasonal
 # baselines; 4: request buckets count an outlier cluster's records apart; 5: seasonal
-# baselines keep a row per day seen and count rings grow as buckets arrive (a snapshot
-# of another version is not used: its hosts and services learn again, once)
-SNAPSHOT_VERSION = 5
+# baselines keep a row per day seen and count rings grow as buckets arrive; 6: tail
+# windows keep runs of one bucket, outlier windows doubles (a worker reads 5 and 6 and
+# writes 6, so a worker of the version before relearns what it reads from this one
+# instead of failing on it; a snapshot of another version is not used: its hosts and
+# services learn again, once)
+SNAPSHOT_VERSION = 6
+READABLE_VERSIONS = frozenset({5, 6})
 
 # (module, names) the unpickler may rebuild besides ragwatch's own classes
 _STDLIB: dict[str, frozenset[str]] = {
@@ -115,7 +119,7 @@ def _loads(kind: str, key: str, data: bytes) -> dict[str, Any]:
         raise
     except Exception as exc:  # pickle raises many types on corrupt input
         raise SnapshotError(f"unreadable {kind} snapshot of {key!r}: {exc}") from None
-    if not isinstance(state, dict) or state.get("v") != SNAPSHOT_VERSION:
+    if not isinstance(state, dict) or state.get("v") not in READABLE_VERSIONS:
         raise SnapshotError(f"{kind} snapshot of {key!r} has another version")
     if state.get("kind") != kind or state.get("key") != key:
         raise SnapshotError(
