@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from ragwatch.codec import decode_gpu_wire
+from ragwatch.gpu_wire import from_mapping
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.pipelines.gpu import COLUMNS
@@ -48,7 +49,8 @@ TARGET_BYTES = 4096
 
 
 def fleet(hosts: int, gpus: int, procs: int, seed: int = 7) -> Callable[[int], list[dict]]:
-    """The envelopes of tick ``t``, as wire dicts (what ``decode_gpu_wire`` returns)."""
+    """The envelopes of tick ``t``, as the dicts their JSON holds (``from_mapping`` makes
+    them what ``decode_gpu_wire`` returns)."""
     rng = random.Random(seed)
     noise = [rng.random() for _ in range(4096)]
 
@@ -106,7 +108,7 @@ def batches(envs: list[Any], n: int) -> Iterator[list[Any]]:
 def warm(pipes: Pipelines, tick: Callable[[int], list[dict]], ticks: int, batch: int) -> None:
     for t in range(ticks):
         for b in batches(tick(t), batch):
-            pipes.gpu_batch(b)
+            pipes.gpu_batch([from_mapping(e) for e in b])
 
 
 def cpu(fn: Callable[[], None]) -> float:
@@ -122,7 +124,7 @@ def timing(args: argparse.Namespace, tick: Callable[[int], list[dict]]) -> dict[
     bank = pipes.gpus.bank
     full = int(bank.count[: pipes.gpus.index.size].min())
     t1 = args.warm_ticks
-    decoded = [e for t in range(t1, t1 + args.ticks) for e in tick(t)]
+    decoded = [from_mapping(e) for t in range(t1, t1 + args.ticks) for e in tick(t)]
     raw = [orjson.dumps(e) for t in range(t1 + args.ticks, t1 + 2 * args.ticks) for e in tick(t)]
     n = len(raw)
     per_env = args.gpus * (args.procs + 1)
@@ -160,7 +162,7 @@ def memory(args: argparse.Namespace, tick: Callable[[int], list[dict]]) -> dict[
     base = tracemalloc.get_traced_memory()[0]
     pipes = Pipelines(load_rules(), max_series=1_000_000)
     for t in range(args.warm_ticks):
-        envs = tick(t)
+        envs = [from_mapping(e) for e in tick(t)]
         for b in batches(envs, args.batch):
             pipes.gpu_batch(b)
         del envs

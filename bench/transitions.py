@@ -27,7 +27,7 @@ healthy day and the leak until the OOM kill (13 h) with a GPU a host; ``all`` fo
 its request faults healed after 30 min and the leak (1.5 h of 10 s samples) with two.
 ``tests/unit/test_same_alerts.py`` plays it against ``tests/data/transitions/ci.json``.
 
-Feeding. Consecutive GPU envelopes go to ``Pipelines.gpu_batch`` as wire dicts
+Feeding. Consecutive GPU envelopes go to ``Pipelines.gpu_batch`` as decoded messages
 (``codec.gpu_wire``), in runs of up to 256, a run flushed before any other envelope (so the
 order of the stream is kept); ``--one-at-a-time``, or code without ``gpu_batch``, feeds
 ``Pipelines.process`` one envelope at a time.

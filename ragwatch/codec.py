@@ -194,16 +194,18 @@ def _gpu_wire_ok(d: dict[str, Any]) -> bool:
     return True
 
 
-def decode_gpu_wire(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
-    """Parse and validate one ``gpu`` message, but keep it a plain dict (the hot path of
-    the worker: building ~90 frozen records per host envelope cost more than the whole
-    analysis). Accepts and rejects exactly what :func:`decode_as` does for
-    :class:`GpuEnvelope`; raises SchemaError with the same reason. Bytes in the plain form
-    agents write go through msgspec's typed decoding first (:mod:`ragwatch.gpu_wire`);
+def decode_gpu_wire(
+    data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES
+) -> gpu_wire_types.GpuMessage:
+    """Parse and validate one ``gpu`` message into the structs the GPU pipeline reads
+    (:class:`~ragwatch.gpu_wire.GpuMessage`; building ~90 frozen records per host envelope
+    cost more than the whole analysis). Accepts and rejects exactly what :func:`decode_as`
+    does for :class:`GpuEnvelope`; raises SchemaError with the same reason. Bytes in the
+    plain form agents write go through msgspec's typed decoding (:mod:`ragwatch.gpu_wire`);
     what it cannot vouch for goes through orjson and the checks here.
 
-    >>> d = decode_gpu_wire(b'{"v":1,"kind":"gpu","host":"h1","ts":10.0,"gpus":[]}')
-    >>> d["host"], d["gpus"]
+    >>> m = decode_gpu_wire(b'{"v":1,"kind":"gpu","host":"h1","ts":10.0,"gpus":[]}')
+    >>> m.host, m.gpus
     ('h1', [])
     """
     if type(data) is bytes and len(data) <= max_bytes:
@@ -213,16 +215,15 @@ def decode_gpu_wire(data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES) ->
     d = loads(data, max_bytes=max_bytes)
     if not _gpu_wire_ok(d):
         GpuEnvelope.from_dict(d)  # raises the precise error; if not, the dict is valid
-    return d
+    return gpu_wire_types.from_mapping(d)
 
 
-def gpu_wire(env: GpuEnvelope) -> dict[str, Any]:
-    """The wire dict of a GpuEnvelope (what :func:`decode_gpu_wire` returns for its bytes)."""
-    d: dict[str, Any] = orjson.loads(encode(env))
-    return d
+def gpu_wire(env: GpuEnvelope) -> gpu_wire_types.GpuMessage:
+    """The structs of a GpuEnvelope (what :func:`decode_gpu_wire` returns for its bytes)."""
+    return decode_gpu_wire(encode(env))
 
 
-# kinds with a typed pass that builds their record (the GPU one keeps dicts: decode_gpu_wire)
+# kinds with a typed pass that builds their record (the GPU one: decode_gpu_wire)
 _TYPED: dict[type[Any], Callable[[bytes], Any]] = {RequestsEnvelope: request_wire_types.decode}
 
 

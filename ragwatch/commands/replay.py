@@ -5,7 +5,7 @@ Replay reads JSONL files of envelopes (one encoded envelope per line, as ``ragwa
 record`` or ``ragwatch agent --source sim --once --json`` write them; ``.gz`` too) and
 CSV series (``timestamp,value``, NAB's shape). Envelopes go through
 :class:`~ragwatch.streams.pipelines.fleet.Pipelines` with the worker's rules, so they give the
-worker's transitions (GPU envelopes decoded to wire dicts and consecutive ones processed
+worker's transitions (GPU envelopes decoded to structs and consecutive ones processed
 together, as the worker does: :class:`~ragwatch.streams.pipelines.fleet.GpuRun`); a CSV
 series has no rule, so each file is scored by one detector (score, then learn) and its
 score crossing the threshold fires (up) or resolves (down) an ``AnomalyScore`` alert.
@@ -57,6 +57,7 @@ from ragwatch.config import Settings
 from ragwatch.detectors import Detector, make, score_then_learn
 from ragwatch.errors import ConfigError, SchemaError
 from ragwatch.event_order import Item, sort_items
+from ragwatch.gpu_wire import GpuMessage
 from ragwatch.otlp import decode_traces
 from ragwatch.schema import (
     Alert,
@@ -95,15 +96,15 @@ class Traces:
 @dataclass(frozen=True, slots=True)
 class GpuWire:
     """One GPU envelope as the worker decodes it (``codec.decode_gpu_wire``): its validated
-    wire dict, with its host and event time."""
+    message, with its host and event time."""
 
     host: str
     ts: float
-    env: dict[str, Any]
+    env: GpuMessage
 
     @classmethod
-    def of(cls, env: dict[str, Any]) -> GpuWire:
-        return cls(env["host"], float(env["ts"]), env)
+    def of(cls, env: GpuMessage) -> GpuWire:
+        return cls(env.host, float(env.ts), env)
 
 
 Telemetry = GpuWire | RequestsEnvelope | EventEnvelope | MetricsEnvelope | Traces
@@ -291,7 +292,7 @@ def _decoded(items: Iterator[Item], paths: Sequence[Path], tally: Tally) -> Iter
 
 
 def _decode(raw: bytes) -> Telemetry | Alert:
-    """One line's envelope; a GPU one as its wire dict: straight from the bytes where the
+    """One line's envelope; a GPU one as its decoded message: straight from the bytes where the
     line starts as ``encode`` writes it (as the worker decodes it), else through its record
     (as :meth:`Pipelines.gpu` does)."""
     if raw.startswith(GPU_LINE):

@@ -26,6 +26,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from ragwatch.codec import gpu_wire
+from ragwatch.gpu_wire import GpuMessage
 from ragwatch.schema import (
     Envelope,
     EventEnvelope,
@@ -114,13 +115,13 @@ class Pipelines:
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
         return self.gpu_wire(gpu_wire(env))
 
-    def gpu_wire(self, env: dict[str, Any]) -> list[Transition]:
-        """:meth:`gpu` for a validated wire dict (``codec.decode_gpu_wire``): the worker's
+    def gpu_wire(self, env: GpuMessage) -> list[Transition]:
+        """:meth:`gpu` for a validated message (``codec.decode_gpu_wire``): the worker's
         hot path, without building records."""
         return self.gpu_batch([env])
 
-    def gpu_batch(self, envs: list[dict[str, Any]]) -> list[Transition]:
-        """:meth:`gpu_wire` for a batch of validated wire dicts, in order: the GPU pipeline
+    def gpu_batch(self, envs: list[GpuMessage]) -> list[Transition]:
+        """:meth:`gpu_wire` for a batch of validated messages, in order: the GPU pipeline
         updates their series together (:meth:`GpuPipeline.process_batch`), with the same
         transitions as one envelope at a time."""
         return self.gpus.process_batch(envs, self._gpu_wave_done)
@@ -178,15 +179,15 @@ class Pipelines:
 
 
 class GpuRun:
-    """Consecutive GPU envelopes (validated wire dicts, at most ``size``), processed
+    """Consecutive GPU envelopes (validated messages, at most ``size``), processed
     together by :meth:`Pipelines.gpu_batch`: the transitions of one at a time, in order.
     Whoever feeds it flushes it before anything that is not a GPU envelope."""
 
     def __init__(self, pipes: Pipelines, size: int) -> None:
         self.pipes, self.size = pipes, size
-        self.envs: list[dict[str, Any]] = []
+        self.envs: list[GpuMessage] = []
 
-    def add(self, env: dict[str, Any]) -> list[Transition]:
+    def add(self, env: GpuMessage) -> list[Transition]:
         """Take ``env``; the run's transitions if that filled it."""
         self.envs.append(env)
         return self.flush() if len(self.envs) >= self.size else []

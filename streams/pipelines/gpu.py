@@ -56,6 +56,7 @@ from ragwatch.chart_ids import series_prefix
 from ragwatch.codec import gpu_wire
 from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
 from ragwatch.detectors.leak_bank import LeakBank
+from ragwatch.gpu_wire import GpuMessage, GpuSampleWire, ProcessWire
 from ragwatch.schema import GpuEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import OPS, Rule
@@ -131,14 +132,14 @@ def _worth_logging(dropped: int) -> bool:
     return dropped in (1, 10, 100) or dropped % 10_000 == 0
 
 
-def _pod(d: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """The Kubernetes container a GPU (wire dict or series labels) is allocated to."""
-    return d.get("namespace"), d.get("pod"), d.get("container")
+def _pod(labels: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """The Kubernetes container a GPU series (its labels) is allocated to."""
+    return labels.get("namespace"), labels.get("pod"), labels.get("container")
 
 
-def _pod_labels(d: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, str]:
-    """The Kubernetes labels ``names`` of a wire dict, where set."""
-    return {k: d[k] for k in names if d.get(k)}
+def _pod_labels(sample: GpuSampleWire | ProcessWire, names: tuple[str, ...]) -> dict[str, str]:
+    """The Kubernetes labels ``names`` of a sample, where set."""
+    return {k: v for k in names if (v := getattr(sample, k))}
 
 
 def _holds(rule: Rule, signals: Mapping[str, F64], n: int) -> npt.NDArray[np.bool_]:
@@ -440,48 +441,48 @@ class _Wave:
                 getattr(self, name).clear()
         self.seq = 0
 
-    def gpu(self, row: int, ts: float, gpu: dict[str, Any]) -> int:
+    def gpu(self, row: int, ts: float, gpu: GpuSampleWire) -> int:
         """One GPU sample; its index among the wave's GPU samples."""
         self.g_rows.append(row)
         self.g_ts.append(ts)
-        self.g_used.append(gpu["fb_used"])
-        self.g_total.append(gpu["fb_total"])
-        self.g_util.append(gpu.get("gpu_util"))
-        self.g_copy.append(gpu.get("mem_copy_util"))
-        self.g_temp.append(gpu.get("temp_c"))
-        self.g_power.append(gpu.get("power_w"))
+        self.g_used.append(gpu.fb_used)
+        self.g_total.append(gpu.fb_total)
+        self.g_util.append(gpu.gpu_util)
+        self.g_copy.append(gpu.mem_copy_util)
+        self.g_temp.append(gpu.temp_c)
+        self.g_power.append(gpu.power_w)
         self.g_pos.append(self.seq)
         self.seq += 1
         return len(self.g_rows) - 1
 
-    def process(self, row: int, ts: float, proc: dict[str, Any], gpu_at: int) -> None:
+    def process(self, row: int, ts: float, proc: ProcessWire, gpu_at: int) -> None:
         self.p_rows.append(row)
         self.p_ts.append(ts)
-        self.p_mem.append(proc["gpu_mem"])
-        self.p_rss.append(proc.get("rss"))
+        self.p_mem.append(proc.gpu_mem)
+        self.p_rss.append(proc.rss)
         self.p_gpu.append(gpu_at)
         self.p_pos.append(self.seq)
         self.seq += 1
 
-    def layout(self, lay: _Layout, ts: float, gpus: list[dict[str, Any]]) -> None:
+    def layout(self, lay: _Layout, ts: float, gpus: list[GpuSampleWire]) -> None:
         """A whole envelope of a known layout: its rows from the layout, its values by
         column."""
         base, gbase = self.seq, len(self.g_rows)
         n_g, n_p = len(lay.g_rows), len(lay.p_rows)
         self.g_rows += lay.g_rows
         self.g_ts += [ts] * n_g
-        self.g_used += [g["fb_used"] for g in gpus]
-        self.g_total += [g["fb_total"] for g in gpus]
-        self.g_util += [g.get("gpu_util") for g in gpus]
-        self.g_copy += [g.get("mem_copy_util") for g in gpus]
-        self.g_temp += [g.get("temp_c") for g in gpus]
-        self.g_power += [g.get("power_w") for g in gpus]
+        self.g_used += [g.fb_used for g in gpus]
+        self.g_total += [g.fb_total for g in gpus]
+        self.g_util += [g.gpu_util for g in gpus]
+        self.g_copy += [g.mem_copy_util for g in gpus]
+        self.g_temp += [g.temp_c for g in gpus]
+        self.g_power += [g.power_w for g in gpus]
         self.g_pos += [base + o for o in lay.g_pos]
         self.p_rows += lay.p_rows
         self.p_ts += [ts] * n_p
-        procs = [p for g in gpus for p in g.get("procs", ())]
-        self.p_mem += [p["gpu_mem"] for p in procs]
-        self.p_rss += [p.get("rss") for p in procs]
+        procs = [p for g in gpus for p in g.procs]
+        self.p_mem += [p.gpu_mem for p in procs]
+        self.p_rss += [p.rss for p in procs]
         gpu_at = [gbase + j for j in lay.p_gpu]
         self.p_gpu += gpu_at
         self.p_pos += [base + o for o in lay.p_pos]
@@ -505,16 +506,9 @@ class _Layout:
     p_pos: list[int]
 
 
-def _shape(gpus: list[dict[str, Any]]) -> tuple[Any, ...]:
+def _shape(gpus: list[GpuSampleWire]) -> tuple[Any, ...]:
     return tuple(
-        (
-            g["index"],
-            g.get("mig"),
-            g.get("namespace"),
-            g.get("pod"),
-            g.get("container"),
-            tuple([p["pid"] for p in g.get("procs", ())]),
-        )
+        (g.index, g.mig, g.namespace, g.pod, g.container, tuple([p.pid for p in g.procs]))
         for g in gpus
     )
 
@@ -619,14 +613,14 @@ class GpuPipeline:
         """Update every series of one host envelope; return the alert transitions."""
         return self.process_batch([gpu_wire(env)])
 
-    def process_wire(self, env: dict[str, Any]) -> list[Transition]:
-        """:meth:`process` for a validated wire dict (``codec.decode_gpu_wire``)."""
+    def process_wire(self, env: GpuMessage) -> list[Transition]:
+        """:meth:`process` for a validated message (``codec.decode_gpu_wire``)."""
         return self.process_batch([env])
 
     def process_batch(
-        self, envs: Iterable[dict[str, Any]], then: WaveDone | None = None
+        self, envs: Iterable[GpuMessage], then: WaveDone | None = None
     ) -> list[Transition]:
-        """Every envelope of a batch of validated wire dicts, in order: the transitions of
+        """Every envelope of a batch of validated messages, in order: the transitions of
         processing them one at a time, computed a wave of distinct hosts at once.
 
         ``then`` is called as each wave is done, with the (host, ts) of its envelopes and
@@ -637,11 +631,11 @@ class GpuPipeline:
         self._then = then
         try:
             for env in envs:
-                host: str = env["host"]
+                host = env.host
                 if host in wave.hosts:
                     self._flush()
-                ts = float(env["ts"])
-                self._gather(host, ts, env["gpus"])
+                ts = float(env.ts)
+                self._gather(host, ts, env.gpus)
                 wave.after.append((host, ts))
                 if ts > self._watermark:
                     self._watermark = ts
@@ -664,7 +658,7 @@ class GpuPipeline:
             transitions = self._then(envs, transitions)
         self._done += transitions
 
-    def _gather(self, host: str, ts: float, gpus: list[dict[str, Any]]) -> None:
+    def _gather(self, host: str, ts: float, gpus: list[GpuSampleWire]) -> None:
         """One envelope's samples into the wave: by its host's layout when it has the
         same shape as the last one, else sample by sample."""
         stats, wave = self.stats, self._wave
@@ -687,7 +681,7 @@ class GpuPipeline:
             self._layouts[host] = lay
 
     def _gather_samples(
-        self, host: str, ts: float, gpus: list[dict[str, Any]], shape: tuple[Any, ...]
+        self, host: str, ts: float, gpus: list[GpuSampleWire], shape: tuple[Any, ...]
     ) -> _Layout | None:
         """:meth:`_gather` sample by sample: new series, duplicates, a pod change, a pid
         listed twice (the wave is flushed first where a sample would meet one of its own
@@ -699,12 +693,13 @@ class GpuPipeline:
         base = wave.seq
         in_wave: set[int] = set()  # this envelope's process rows
         for gi, gpu in enumerate(gpus):
-            mig = gpu.get("mig") or ""
-            index = gpu["index"]
-            procs = gpu.get("procs", ())
+            mig = gpu.mig or ""
+            index = gpu.index
+            procs = gpu.procs
             key = (host, index, mig, -1)
             row = get(key)
-            if row is not None and gpu.get("pod") and _pod(gpu) != _pod(self._labels[row] or {}):
+            pod = (gpu.namespace, gpu.pod, gpu.container)
+            if row is not None and gpu.pod and pod != _pod(self._labels[row] or {}):
                 if row in wave.g_rows:
                     self._flush()
                     wave.hosts.add(host)
@@ -722,7 +717,7 @@ class GpuPipeline:
                 continue
             else:
                 last_seen[row] = ts
-            rows = [get((host, index, mig, p["pid"])) for p in procs]
+            rows = [get((host, index, mig, p.pid)) for p in procs]
             g = wave.gpu(-1 if row is None else row, ts, gpu)
             lay.g_rows.append(-1 if row is None else row)
             lay.g_pos.append(wave.seq - 1 - base)
@@ -732,7 +727,7 @@ class GpuPipeline:
             for proc, prow in zip(procs, rows, strict=True):
                 if prow is None:
                     plain = False
-                    pkey = (host, index, mig, proc["pid"])
+                    pkey = (host, index, mig, proc.pid)
                     prow = get(pkey)  # listed twice in this envelope: new the first time
                     if prow is None:
                         prow = self._new(pkey, gpu, proc, ts)
@@ -923,7 +918,7 @@ class GpuPipeline:
         return min(self.max_series - len(self.index), self.budget.room())
 
     def _new(
-        self, key: SeriesKey, gpu: dict[str, Any], proc: dict[str, Any] | None, ts: float
+        self, key: SeriesKey, gpu: GpuSampleWire, proc: ProcessWire | None, ts: float
     ) -> int | None:
         if self._room() <= 0:
             self.stats.dropped_samples += 1
@@ -948,15 +943,15 @@ class GpuPipeline:
                     self.stats.dropped_host_cap,
                 )
             return None
-        labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu["uuid"], "mig": key[2]}
+        labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu.uuid, "mig": key[2]}
         if proc is None:
-            labels["gpu_name"] = gpu["name"]
+            labels["gpu_name"] = gpu.name
             labels.update(_pod_labels(gpu, POD_LABELS))
         else:
             labels.update(
-                pid=str(proc["pid"]),
-                process=proc["name"],
-                container=proc.get("container") or "none",
+                pid=str(proc.pid),
+                process=proc.name,
+                container=proc.container or "none",
             )
             labels.update(_pod_labels(proc, PROCESS_POD_LABELS))
         return self._add(key, labels, ts, gpu=proc is None)

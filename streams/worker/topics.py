@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from ragwatch.codec import decode_as, decode_gpu_wire
+from ragwatch.gpu_wire import GpuMessage
 from ragwatch.schema import EventEnvelope, MetricsEnvelope, RequestsEnvelope, Transition
 from ragwatch.streams.pipelines.base import Domain  # what an input topic's key names
 from ragwatch.streams.pipelines.fleet import Pipelines
@@ -49,8 +50,8 @@ def _ts(env: Any) -> float:
     return float(env.ts)
 
 
-def _gpu_ts(env: dict[str, Any]) -> float:
-    return float(env["ts"])
+def _gpu_ts(env: GpuMessage) -> float:
+    return float(env.ts)
 
 
 def _requests_ts(env: RequestsEnvelope) -> float:
@@ -58,12 +59,12 @@ def _requests_ts(env: RequestsEnvelope) -> float:
 
 
 def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
-    """The worker's input topics. GPU envelopes stay plain dicts (``decode_gpu_wire``
-    validates them as strictly): building ~90 frozen records per host envelope cost more
-    than the analysis."""
+    """The worker's input topics. GPU envelopes are decoded into msgspec structs
+    (``decode_gpu_wire`` validates them as strictly): building ~90 frozen records per host
+    envelope cost more than the analysis."""
     return (
         InputTopic(
-            "gpu", "host", decode_gpu_wire, operator.itemgetter("host"), _gpu_ts,
+            "gpu", "host", decode_gpu_wire, operator.attrgetter("host"), _gpu_ts,
             pipes.gpu_wire, pipes.gpus, pipes.gpu_batch,
         ),
         InputTopic("events", "host", partial(decode_as, EventEnvelope), _key, _ts, pipes.event),

@@ -1,5 +1,5 @@
 """The worker's hot paths: request records decoded without the field readers when well typed;
-the GPU path: ``codec.decode_gpu_wire`` (plain dicts, checked as strictly as
+the GPU path: ``codec.decode_gpu_wire`` (msgspec structs, checked as strictly as
 ``decode_as(GpuEnvelope)``) and ``GpuPipeline.process_wire`` (rules that read only the leak
 estimate evaluated when it changes), held to the strict decoder and to evaluating every
 rule on every sample."""
@@ -92,7 +92,7 @@ def test_decode_gpu_wire_fails_exactly_like_decode_as(d: dict[str, Any]) -> None
         return
     reason = _strict(orjson.loads(data))
     if reason is None:
-        assert decode_gpu_wire(data) == orjson.loads(data)
+        assert decode_gpu_wire(data) == gpu_wire.from_mapping(orjson.loads(data))
         decode_as(GpuEnvelope, data)
     else:
         with pytest.raises(SchemaError) as fast:
@@ -139,7 +139,7 @@ def test_typed_decoding_accepts_only_what_the_strict_decoder_accepts_alike(
     typed = gpu_wire.decode(data)
     if typed is not None:
         assert _strict(orjson.loads(data)) is None
-        assert typed == orjson.loads(data)
+        assert typed == gpu_wire.from_mapping(orjson.loads(data))
         assert decode_gpu_wire(data) == typed
 
 
@@ -171,7 +171,7 @@ def test_typed_decoding_of_edge_cases_agrees_with_the_checked_path(raw: bytes) -
             decode_gpu_wire(data)
         assert got.value.reason == want
     else:
-        assert decode_gpu_wire(data)["host"] == want.host
+        assert decode_gpu_wire(data).host == want.host
 
 
 def test_what_agents_write_takes_the_typed_path() -> None:
@@ -207,8 +207,8 @@ def test_the_fast_check_sends_edge_cases_to_the_strict_decoder(
 def test_a_valid_envelope_takes_the_fast_path_and_round_trips() -> None:
     assert _gpu_wire_ok(VALID)
     env = GpuEnvelope.from_dict(VALID)
-    assert decode_gpu_wire(encode(env)) == gpu_wire_of(env)
-    assert _gpu_wire_ok(gpu_wire_of(env))
+    assert decode_gpu_wire(encode(env)) == gpu_wire_of(env) == gpu_wire.from_mapping(VALID)
+    assert gpu_wire.decode(encode(env)) is not None
 
 
 def _transitions(pipe: GpuPipeline, scenario: str, hours: float) -> list[tuple[Any, ...]]:
@@ -308,7 +308,7 @@ def test_a_host_cannot_take_more_than_its_share_of_series() -> None:
             "ts": 1.0,
             "gpus": [{**gpu, "procs": procs[:n]}],
         }
-        pipe.process_wire(env)
+        pipe.process_wire(gpu_wire.from_mapping(env))
     assert len(pipe.host_series("churny")) == 5  # the GPU and its first 4 processes
     assert pipe.stats.dropped_host_cap == 6
     assert len(pipe.host_series("calm")) == 3  # another host is not affected

@@ -14,10 +14,12 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import msgspec
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ragwatch.gpu_wire import GpuMessage, from_mapping
 from ragwatch.schema import Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import load_rules, parse_rule
@@ -53,7 +55,7 @@ RULES = [
 
 
 @st.composite
-def streams(draw: st.DrawFn) -> list[dict[str, Any]]:
+def streams(draw: st.DrawFn) -> list[GpuMessage]:
     """Envelopes of up to three hosts: memory that grows, jumps or stays, pids that come
     and go, now and then a duplicate, a late envelope, a pid listed twice, a pod change,
     a host falling silent for longer than the sweeps wait."""
@@ -61,7 +63,7 @@ def streams(draw: st.DrawFn) -> list[dict[str, Any]]:
     n = draw(st.integers(20, 160))
     rate = {h: draw(st.sampled_from([0.0, 2e6, 8e6])) for h in hosts}  # bytes per second
     silent = {h: draw(st.sampled_from([None, (40, 80)])) for h in hosts}
-    out: list[dict[str, Any]] = []
+    out: list[GpuMessage] = []
     for i in range(n):
         for h in hosts:
             if silent[h] and silent[h][0] <= i < silent[h][1]:
@@ -96,7 +98,7 @@ def streams(draw: st.DrawFn) -> list[dict[str, Any]]:
                     pod = "a" if i < n // 2 or kind != "pod" else "b"
                     gpu.update(namespace="rag", pod=pod, container="server")
                 gpus.append(gpu)
-            out.append({"host": h, "ts": ts, "gpus": gpus})
+            out.append(from_mapping({"host": h, "ts": ts, "gpus": gpus}))
     return out
 
 
@@ -106,7 +108,7 @@ def _key(t: Transition) -> tuple[Any, ...]:
 
 
 def _run(
-    envs: list[dict[str, Any]], cuts: list[int], **kw: Any
+    envs: list[GpuMessage], cuts: list[int], **kw: Any
 ) -> tuple[list[tuple[Any, ...]], GpuPipeline]:
     pipe = GpuPipeline(RULES, AlertEngine(), leak=LEAK, stale_s=60.0, **kw)
     out: list[Transition] = []
@@ -125,7 +127,7 @@ def _state(pipe: GpuPipeline) -> Any:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(envs=streams(), data=st.data())
 def test_any_batches_give_the_transitions_of_one_envelope_at_a_time(
-    envs: list[dict[str, Any]], data: st.DataObject
+    envs: list[GpuMessage], data: st.DataObject
 ) -> None:
     cuts = data.draw(st.lists(st.integers(0, len(envs)), max_size=8))
     one, one_pipe = _run(envs, list(range(len(envs))))
@@ -137,7 +139,7 @@ def test_any_batches_give_the_transitions_of_one_envelope_at_a_time(
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(envs=streams())
 def test_rule_masks_give_the_transitions_of_evaluating_every_rule_on_every_sample(
-    envs: list[dict[str, Any]],
+    envs: list[GpuMessage],
 ) -> None:
     masked, _ = _run(envs, [])
     reference, _ = _run(envs, list(range(len(envs))), every_sample=True)
@@ -146,7 +148,7 @@ def test_rule_masks_give_the_transitions_of_evaluating_every_rule_on_every_sampl
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(envs=streams(), cut=st.integers(0, 400))
-def test_signals_in_floats_are_the_signals_in_arrays(envs: list[dict[str, Any]], cut: int) -> None:
+def test_signals_in_floats_are_the_signals_in_arrays(envs: list[GpuMessage], cut: int) -> None:
     _, pipe = _run(envs[:cut], [])
     rows = np.array(sorted(pipe.index.get(k) for k in pipe.index), dtype=np.intp)
     if not len(rows):
@@ -160,7 +162,7 @@ def test_the_status_of_many_hosts_is_the_status_of_each() -> None:
     """The worker writes the status and charts of every changed host at once (one array
     per signal for all their rows): the same as asking host by host (a few rows: floats)."""
     fixed = _fixed_stream()
-    again = [{**e, "host": e["host"] + "2"} for e in fixed]  # two hosts more, the same
+    again = [msgspec.structs.replace(e, host=e.host + "2") for e in fixed]  # two hosts more
     _, pipe = _run([e for pair in zip(fixed, again, strict=True) for e in pair], [])
     hosts = sorted({k[0] for k in pipe.index})
     assert len(pipe) > SCALAR_ROWS and len(hosts) > 1
@@ -189,8 +191,8 @@ def test_the_streams_exercise_every_path() -> None:
     assert pipe.stats.evicted_series > 0
 
 
-def _fixed_stream() -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _fixed_stream() -> list[GpuMessage]:
+    out: list[GpuMessage] = []
     for i in range(300):
         for h, rate in (("a", 8e6), ("b", 0.0)):
             if h == "b" and 100 <= i < 150:
@@ -209,7 +211,7 @@ def _fixed_stream() -> list[dict[str, Any]]:
                 "container": "c",
             }
             ts = T0 + 10.0 * i - (25.0 if i % 37 == 0 else 0.0)
-            out.append({"host": h, "ts": ts, "gpus": [gpu]})
+            out.append(from_mapping({"host": h, "ts": ts, "gpus": [gpu]}))
             if i % 41 == 0:
                 out.append(out[-1])
     return out

@@ -28,6 +28,7 @@ from ragwatch.commands.replay import (
 )
 from ragwatch.errors import ConfigError
 from ragwatch.event_order import sort_items
+from ragwatch.gpu_wire import GpuMessage
 from ragwatch.schema import EventEnvelope, GpuEnvelope
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
@@ -351,9 +352,9 @@ class RecordingPipelines(Pipelines):
         super().__init__(rules)
         self.seen: list[tuple[str, float]] = []
 
-    def gpu_batch(self, envs: list[dict[str, Any]]) -> list[Any]:
+    def gpu_batch(self, envs: list[GpuMessage]) -> list[Any]:
         RecordingPipelines.batches.append(len(envs))
-        self.seen += [(e["host"], float(e["ts"])) for e in envs]
+        self.seen += [(e.host, float(e.ts)) for e in envs]
         return super().gpu_batch(envs)
 
     def process(self, env: Any) -> list[Any]:

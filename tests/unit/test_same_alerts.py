@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from ragwatch.gpu_wire import GpuMessage
 from ragwatch.streams.alerting.rules import load_rules
 from tests.bench_modules import load
 
@@ -75,8 +76,8 @@ def test_gpu_envelopes_go_in_ordered_runs_of_at_most_256(tool: ModuleType) -> No
             super().__init__(load_rules())
             self.runs: list[list[float]] = []
 
-        def gpu_batch(self, envs: list[dict[str, Any]]) -> list[Any]:
-            self.runs.append([float(e["ts"]) for e in envs])
+        def gpu_batch(self, envs: list[GpuMessage]) -> list[Any]:
+            self.runs.append([float(e.ts) for e in envs])
             out: list[Any] = super().gpu_batch(envs)
             return out
 

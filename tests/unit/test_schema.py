@@ -416,7 +416,7 @@ def test_pod_labels_round_trip_on_gpus_and_processes() -> None:
     gpu = env.gpus[0]
     assert (gpu.namespace, gpu.pod, gpu.container) == ("rag", "retriever-7d9f", "worker")
     assert (gpu.procs[0].namespace, gpu.procs[0].pod) == ("rag", "retriever-7d9f")
-    assert codec.decode_gpu_wire(dumps(d))["gpus"][0]["pod"] == "retriever-7d9f"
+    assert codec.decode_gpu_wire(dumps(d)).gpus[0].pod == "retriever-7d9f"
     d["gpus"][0]["procs"][0]["pod"] = 7
     with pytest.raises(SchemaError, match=r"gpus\[0\]\.procs\[0\]\.pod"):
         codec.decode_gpu_wire(dumps(d))

@@ -21,6 +21,7 @@ from typing import Any
 from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.codec import encode
 from ragwatch.config import Settings
+from ragwatch.gpu_wire import GpuMessage
 from ragwatch.schema import (
     DLQ_HEADER_OFFSET,
     DLQ_HEADER_REASON,
@@ -160,17 +161,17 @@ class Pipes(Pipelines):
         self.failing = failing
         self.batches: list[list[tuple[str, float]]] = []
 
-    def gpu_batch(self, envs: list[dict[str, Any]]) -> list[Transition]:
+    def gpu_batch(self, envs: list[GpuMessage]) -> list[Transition]:
         self._check(envs)
-        self.batches.append([(e["host"], float(e["ts"])) for e in envs])
+        self.batches.append([(e.host, float(e.ts)) for e in envs])
         return super().gpu_batch(envs)
 
-    def gpu_wire(self, env: dict[str, Any]) -> list[Transition]:
+    def gpu_wire(self, env: GpuMessage) -> list[Transition]:
         self._check([env])
         return super().gpu_wire(env)
 
     def _check(self, envs: list[dict[str, Any]]) -> None:
-        if any((e["host"], float(e["ts"])) == self.failing for e in envs):
+        if any((e.host, float(e.ts)) == self.failing for e in envs):
             raise RuntimeError("boom")
 
 
