@@ -27,7 +27,8 @@ neighbour's load shows there), then per shape a cProfile of the in-process hot p
 + ``Pipelines.gpu_wire``, no Kafka) over the same envelopes, and writes
 ``bench/results/throughput.json`` (``shapes.<N>_series``: each shape's rounds, ratios,
 target, in-process rate and profile; ``requests``; ``in_process``: request path, memory).
-Run: ``make bench`` or ``python bench/throughput.py`` (``--ticks 60`` for a shorter run).
+Run: ``make bench`` or ``python bench/throughput.py`` (``--ticks 150`` for a shorter run,
+if the worker still takes more than two of its once-a-second counter writes).
 """
 
 from __future__ import annotations
@@ -541,7 +542,7 @@ def main() -> None:
         default=[10, 4],
         help="processes per GPU, one envelope shape each (GPUs x (procs + 1) series)",
     )
-    ap.add_argument("--ticks", type=int, default=150, help="10 s ticks of the whole fleet")
+    ap.add_argument("--ticks", type=int, default=400, help="10 s ticks of the whole fleet")
     ap.add_argument("--services", type=int, default=4)
     ap.add_argument("--instances", type=int, default=4, help="per service")
     ap.add_argument("--request-ticks", type=int, default=300, help="1 s request batches")
