@@ -5,7 +5,7 @@ Measures, in one process over the same pre-encoded simulated telemetry (host env
 
 1. ``orjson.loads`` alone (the floor any JSON consumer pays);
 2. ``codec.decode_as`` (parse + strict validation into frozen records: replay and tests);
-3. ``codec.decode_gpu_wire`` (parse + the same validation, kept as dicts: the worker);
+3. ``codec.decode_gpu_wire`` (parse + the same validation, into msgspec structs: the worker);
 4. ``decode_gpu_wire`` + ``GpuPipeline.process_batch`` in batches of ``--batch`` (leak
    detectors on every GPU and process series, the rules), the worker's GPU path.
 
