@@ -146,9 +146,10 @@ class RequestOutliers:
         d = self._dim
         self._cells: dict[Key, array[float]] = {}  # cell -> its points, oldest first
         for p in self.points():
-            cell = self._cells.get(self._key(p))
+            key = self._key(p)
+            cell = self._cells.get(key)
             if cell is None:
-                cell = self._cells[self._key(p)] = array("d")
+                cell = self._cells[key] = array("d")
             cell.extend(p)
         # cell -> which of its points are core points (a byte each, 1 for a core point),
         # for the clean cells that have any
@@ -169,8 +170,7 @@ class RequestOutliers:
 
     def points(self) -> list[Point]:
         """The window's points, oldest first (in ``features`` order)."""
-        ring, h = self._ring, self._head
-        return list(_tuples(ring[h:] + ring[:h], self._dim))
+        return list(_tuples(self._ordered(), self._dim))
 
     @staticmethod
     @functools.cache  # one copy per dimension, shared by every detector (they are many)
@@ -194,8 +194,9 @@ class RequestOutliers:
         }
 
     def _ordered(self) -> array[float]:
+        """The ring's doubles, oldest point first (a copy)."""
         ring, h = self._ring, self._head
-        return ring[h:] + ring[:h] if h else array("d", ring)
+        return ring[h:] + ring[:h]
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.eps = state["eps"]

@@ -160,6 +160,13 @@ class Reservoir:
     values: array[float] = field(default_factory=lambda: array("d"))
     seen: int = 0
 
+    def extend(self, vs: Sequence[float]) -> None:
+        """Values that fit as they are (no sampling: nothing is drawn from the rng)."""
+        if len(self.values) + len(vs) > self.cap:
+            raise ValueError(f"{len(vs)} values do not fit ({len(self.values)} of {self.cap})")
+        self.values.extend(vs)
+        self.seen += len(vs)
+
     def add(self, v: float) -> None:
         self.seen += 1
         if len(self.values) < self.cap:
@@ -217,9 +224,7 @@ class Bucket:
             raise ValueError(f"{len(clustered)} clustered flags for {len(recs)} records")
         cols = _latency_columns(recs)
         lat, cap = self.latencies, self.reservoir
-        if any(len(lat[k].values) + len(v) > cap for k, v in cols.items() if k in lat) or any(
-            len(v) > cap for k, v in cols.items() if k not in lat
-        ):
+        if any((len(lat[k].values) if k in lat else 0) + len(v) > cap for k, v in cols.items()):
             for i, rec in enumerate(recs):
                 self.add(rec, bool(clustered) and clustered[i])
             return
@@ -229,8 +234,7 @@ class Bucket:
             res = lat.get(name)
             if res is None:
                 res = lat[name] = Reservoir(cap, self.rng)
-            res.values.extend(values)
-            res.seen += len(values)
+            res.extend(values)
         counted = (
             [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
         )
