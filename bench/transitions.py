@@ -28,8 +28,9 @@ its request faults healed after 30 min and the leak (1.5 h of 10 s samples) with
 ``tests/unit/test_same_alerts.py`` plays it against ``tests/data/transitions/ci.json``.
 
 Feeding. Consecutive GPU envelopes go to ``Pipelines.gpu_batch`` as decoded messages
-(``codec.gpu_wire``), in runs of up to 256, a run flushed before any other envelope (so the
-order of the stream is kept); ``--one-at-a-time``, or code without ``gpu_batch``, feeds
+(``codec.gpu_wire``), and consecutive request envelopes to ``Pipelines.request_batch``, in
+runs of up to 256, a run flushed before any envelope of another kind (so the order of the
+stream is kept); ``--one-at-a-time``, or code without those seams, feeds
 ``Pipelines.process`` one envelope at a time.
 
 A transition is recorded as rule, status, previous, labels, ``starts_at``, ``ends_at``,
@@ -179,26 +180,24 @@ def feed(
     pipes: Pipelines, stream: Iterable[Envelope], *, one_at_a_time: bool = False
 ) -> Iterator[Transition]:
     """Every transition of ``stream``: consecutive GPU envelopes in ``gpu_batch`` runs of
-    up to :data:`BATCH` (where the code has it and ``one_at_a_time`` is false), the rest
-    one at a time."""
-    batch = None if one_at_a_time else getattr(pipes, "gpu_batch", None)
-    if batch is None:
-        for env in stream:
-            yield from pipes.process(env)
-        return
-    run: list[dict[str, Any]] = []
+    up to :data:`BATCH`, consecutive request envelopes in ``request_batch`` runs (where
+    the code has them and ``one_at_a_time`` is false), the rest one at a time."""
+    gpu = None if one_at_a_time else getattr(pipes, "gpu_batch", None)
+    requests = None if one_at_a_time else getattr(pipes, "request_batch", None)
+    run: list[Any] = []
+    kind = ""
     for env in stream:
-        if isinstance(env, GpuEnvelope):
-            run.append(gpu_wire(env))
-            if len(run) < BATCH:
-                continue
-        if run:
-            yield from batch(run)
+        batched = (env.kind == "gpu" and gpu) or (env.kind == "requests" and requests)
+        if run and (not batched or env.kind != kind or len(run) >= BATCH):
+            yield from (gpu if kind == "gpu" else requests)(run)  # type: ignore[misc]
             run = []
-        if not isinstance(env, GpuEnvelope):
+        if not batched:
             yield from pipes.process(env)
+            continue
+        kind = env.kind
+        run.append(gpu_wire(env) if isinstance(env, GpuEnvelope) else env)
     if run:
-        yield from batch(run)
+        yield from (gpu if kind == "gpu" else requests)(run)  # type: ignore[misc]
 
 
 def row(t: Transition) -> Row:
@@ -459,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", choices=("full", "ci"), default="full", help="with --write")
     ap.add_argument("--scenarios", help="a comma-separated subset (default: all)")
     ap.add_argument(
-        "--one-at-a-time", action="store_true", help="Pipelines.process, never gpu_batch"
+        "--one-at-a-time",
+        action="store_true",
+        help="Pipelines.process, never gpu_batch or request_batch",
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--code", type=Path, metavar="DIR", help="import ragwatch from DIR")
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         return with_code(args.code, sys.argv[1:] if argv is None else argv)
 
     version = code_version()
-    feed_mode = "one_at_a_time" if args.one_at_a_time else "gpu_batch"
+    feed_mode = "one_at_a_time" if args.one_at_a_time else "batches"
     print(
         f"ragwatch from {version['root']} at {version['commit'][:12]}"
         f"{' (dirty)' if version['dirty'] else ''}; feeding {feed_mode}",

@@ -6,7 +6,7 @@ record`` or ``ragwatch agent --source sim --once --json`` write them; ``.gz`` to
 CSV series (``timestamp,value``, NAB's shape). Envelopes go through
 :class:`~ragwatch.streams.pipelines.fleet.Pipelines` with the worker's rules, so they give the
 worker's transitions (GPU envelopes decoded to structs and consecutive ones processed
-together, as the worker does: :class:`~ragwatch.streams.pipelines.fleet.GpuRun`); a CSV
+together, as the worker does: :class:`~ragwatch.streams.pipelines.fleet.Run`); a CSV
 series has no rule, so each file is scored by one detector (score, then learn) and its
 score crossing the threshold fires (up) or resolves (down) an ``AnomalyScore`` alert.
 Every input is played in event-time order: the envelopes of all JSONL files are sorted
@@ -71,7 +71,7 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.alerting.engine import fingerprint
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.fleet import GpuRun, Pipelines
+from ragwatch.streams.pipelines.fleet import Pipelines, Run
 from ragwatch.streams.pipelines.traces import TraceAssembler
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 SUFFIXES = (".jsonl", ".jsonl.gz", ".csv")
 SCORE_RULE = "AnomalyScore"
 KEEP_BAD = 100  # bad lines kept for the report (all are counted)
-GPU_RUN = 512  # consecutive GPU envelopes processed together at most (Pipelines.gpu_batch)
+BATCH_RUN = 512  # consecutive GPU (or request) envelopes processed together at most
 GPU_LINE = b'{"v":1,"kind":"gpu",'  # how encode() starts a GPU envelope
 REQUESTS_LINE = b'{"v":1,"kind":"requests",'  # ... and a requests one
 
@@ -464,24 +464,25 @@ class Replay:
         """The traces still open at the end of the input: they are done."""
         return self._requests(self.traces.advance(math.inf))
 
-    def _requests(self, envelopes: Iterable[RequestsEnvelope]) -> list[Transition]:
-        return [t for env in envelopes for t in self.pipes.process(env)]
+    def _requests(self, envelopes: Sequence[RequestsEnvelope]) -> list[Transition]:
+        return self.pipes.request_batch(envelopes) if envelopes else []
 
     def run(self, items: Iterable[Telemetry | Point]) -> Iterator[Transition]:
         """Every transition of ``items``, then of the traces still open, in order: those of
-        :meth:`process` one item at a time, consecutive GPU envelopes processed together."""
-        gpu = GpuRun(self.pipes, GPU_RUN)
+        :meth:`process` one item at a time, consecutive GPU envelopes processed together,
+        and consecutive request envelopes together."""
+        run = Run(self.pipes, BATCH_RUN)
         for item in items:
-            if not isinstance(item, GpuWire):
-                yield from gpu.flush()
+            if not isinstance(item, GpuWire | RequestsEnvelope):
+                yield from run.flush()
                 yield from self.process(item)
                 continue
             done = self._done(item.ts)  # between the run so far and this envelope
             if done:
-                yield from gpu.flush()
+                yield from run.flush()
                 yield from self._requests(done)
-            yield from gpu.add(item.env)
-        yield from gpu.flush()
+            yield from run.add(item.env if isinstance(item, GpuWire) else item)
+        yield from run.flush()
         yield from self.finish()
 
 

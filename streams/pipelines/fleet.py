@@ -22,7 +22,7 @@ before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ragwatch.codec import gpu_wire
@@ -43,7 +43,7 @@ from ragwatch.streams.pipelines.events import EventPipeline
 from ragwatch.streams.pipelines.gpu import GpuPipeline
 from ragwatch.streams.pipelines.hints import Correlator
 from ragwatch.streams.pipelines.metrics import MetricsPipeline
-from ragwatch.streams.pipelines.requests import RequestPipeline
+from ragwatch.streams.pipelines.requests import RequestPipeline, RequestsMessage
 
 
 class Pipelines:
@@ -135,8 +135,14 @@ class Pipelines:
             transitions += self.events.advance(host, ts)
         return self.correlator.annotate(transitions)
 
-    def request(self, env: RequestsEnvelope) -> list[Transition]:
-        return self.correlator.annotate(self.requests.process(env))
+    def request(self, env: RequestsMessage) -> list[Transition]:
+        return self.request_batch([env])
+
+    def request_batch(self, envs: Sequence[RequestsMessage]) -> list[Transition]:
+        """:meth:`request` of each envelope in turn: the request pipeline closes the buckets
+        of envelopes of distinct services together (:meth:`RequestPipeline.process_batch`),
+        with the transitions of one envelope at a time, each wave's with its hints."""
+        return self.requests.process_batch(envs, self.correlator.annotate)
 
     def event(self, env: EventEnvelope) -> list[Transition]:
         return self.correlator.annotate(self.events.process(env))
@@ -167,34 +173,43 @@ class Pipelines:
 
     def run(self, envelopes: Iterable[Envelope], *, batch: int = 256) -> Iterator[Transition]:
         """Every transition of a stream of envelopes, in order: runs of up to ``batch``
-        consecutive GPU envelopes go through :meth:`gpu_batch` together."""
-        run = GpuRun(self, batch)
+        consecutive GPU envelopes go through :meth:`gpu_batch` together, and runs of
+        request envelopes through :meth:`request_batch`."""
+        run = Run(self, batch)
         for env in envelopes:
             if isinstance(env, GpuEnvelope):
                 yield from run.add(gpu_wire(env))
-                continue
-            yield from run.flush()
-            yield from self.process(env)
+            elif isinstance(env, RequestsEnvelope):
+                yield from run.add(env)
+            else:
+                yield from run.flush()
+                yield from self.process(env)
         yield from run.flush()
 
 
-class GpuRun:
-    """Consecutive GPU envelopes (validated messages, at most ``size``), processed
-    together by :meth:`Pipelines.gpu_batch`: the transitions of one at a time, in order.
-    Whoever feeds it flushes it before anything that is not a GPU envelope."""
+class Run:
+    """Consecutive envelopes of one kind that has a batch seam (GPU: validated messages;
+    requests), at most ``size``, processed together (:meth:`Pipelines.gpu_batch`,
+    :meth:`Pipelines.request_batch`): the transitions of one at a time, in order. An
+    envelope of the other kind flushes the run first; whoever feeds it flushes it before
+    anything of a third kind."""
 
     def __init__(self, pipes: Pipelines, size: int) -> None:
         self.pipes, self.size = pipes, size
-        self.envs: list[GpuMessage] = []
+        self.envs: list[Any] = []
+        self.gpu = True
 
-    def add(self, env: GpuMessage) -> list[Transition]:
-        """Take ``env``; the run's transitions if that filled it."""
+    def add(self, env: GpuMessage | RequestsMessage) -> list[Transition]:
+        """Take ``env``; the transitions of the run it ended or filled, if any."""
+        gpu = isinstance(env, GpuMessage)
+        out = self.flush() if self.envs and gpu != self.gpu else []
+        self.gpu = gpu
         self.envs.append(env)
-        return self.flush() if len(self.envs) >= self.size else []
+        return out + self.flush() if len(self.envs) >= self.size else out
 
     def flush(self) -> list[Transition]:
         """The run's transitions, in order; the run is empty after."""
         if not self.envs:
             return []
         envs, self.envs = self.envs, []
-        return self.pipes.gpu_batch(envs)
+        return self.pipes.gpu_batch(envs) if self.gpu else self.pipes.request_batch(envs)

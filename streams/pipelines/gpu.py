@@ -58,8 +58,9 @@ from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
 from ragwatch.detectors.leak_bank import LeakBank
 from ragwatch.gpu_wire import GpuMessage, GpuSampleWire, ProcessWire
 from ragwatch.schema import GpuEnvelope, Transition
+from ragwatch.streams.alerting import masks
 from ragwatch.streams.alerting.engine import AlertEngine
-from ragwatch.streams.alerting.rules import OPS, Rule
+from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.rows import RowIndex
@@ -140,19 +141,6 @@ def _pod(labels: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 def _pod_labels(sample: GpuSampleWire | ProcessWire, names: tuple[str, ...]) -> dict[str, str]:
     """The Kubernetes labels ``names`` of a sample, where set."""
     return {k: v for k in names if (v := getattr(sample, k))}
-
-
-def _holds(rule: Rule, signals: Mapping[str, F64], n: int) -> npt.NDArray[np.bool_]:
-    """:meth:`Rule.holds` of ``n`` rows at once (NaN: not known, never holds)."""
-    out = np.ones(n, dtype=np.bool_)
-    for c in rule.conditions:
-        v = signals.get(c.signal)
-        if v is None:  # a signal this kind of series does not have
-            return np.zeros(n, dtype=np.bool_)
-        op: Any = OPS[c.op]  # the scalar operator, on arrays
-        with np.errstate(invalid="ignore"):
-            out &= ~np.isnan(v) & op(v, c.threshold)
-    return out
 
 
 @dataclass(slots=True)
@@ -818,7 +806,7 @@ class GpuPipeline:
                 continue
             rows = r[at]
             signals = self.signal_arrays(rows, gpu)
-            holds = [_holds(rule, signals, len(rows)) for rule in rules]
+            holds = [masks.holds(rule, signals, len(rows)) for rule in rules]
             hit = np.logical_or.reduce([*holds, self.watch[rows]])
             for j in np.flatnonzero(hit).tolist():
                 picked.append((int(at[j]), int(rows[j]), rules, [h[j] for h in holds]))

@@ -50,7 +50,7 @@ from ragwatch.schema import Alert, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.gpu import GpuPipeline
-from ragwatch.streams.pipelines.requests import RequestPipeline, ServiceSeries
+from ragwatch.streams.pipelines.requests import RequestPipeline, ServiceView
 
 LEAK_MIN_BYTES = 0.25 * GB  # grown over the leak window, steadily
 LEAK_MIN_STEADINESS = 0.7
@@ -294,7 +294,7 @@ class Correlator:
         return out
 
     @staticmethod
-    def _symptoms(s: ServiceSeries, own: set[str]) -> list[str]:
+    def _symptoms(s: ServiceView, own: set[str]) -> list[str]:
         out = []
         for signal, limit, phrase in _SYMPTOMS:
             v = s.signals.get(signal)

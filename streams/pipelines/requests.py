@@ -1,7 +1,20 @@
 """From ``ragwatch.requests`` envelopes to per-service signals and alert transitions.
 
-Plain Python (no Faust): a Faust agent feeds decoded envelopes into
-:meth:`RequestPipeline.process`, and so can a test or a replay.
+Plain Python (no Faust): the worker feeds batches of decoded messages into
+:meth:`RequestPipeline.process_batch` (``ragwatch replay`` too), a test or the SDK one
+envelope at a time into :meth:`RequestPipeline.process`.
+
+**Columns.** Every series is a row of :class:`~.service_rows.ServiceRows`: its baselines,
+count ring, scalars and signals in arrays. A batch is processed in *waves*, runs of
+envelopes of distinct services (a service's instances share its outlier detector, so an
+envelope of a service waits for the closes of the one before it). A wave's records go to
+their buckets at once, a run of records of one bucket at a time; then the buckets they
+closed are closed in *rounds*, the k-th close of every row of the wave in one set of array
+operations (:mod:`~.request_close`), and the rules are masks over the round's signals: only
+rows where a rule holds or an alert is active reach the alert engine. The transitions are
+those of one envelope at a time, in the same order
+(``tests/unit/test_requests_columnar.py`` holds every signal of every close to the object
+version this replaced, ``tests/reference/requests_objects.py``).
 
 Series ``service``: one per (service, instance), labels ``service`` and ``instance``,
 kept in event time. Each record goes to the fixed ``bucket_s`` bucket of its own ``ts``.
@@ -99,256 +112,69 @@ from __future__ import annotations
 import logging
 import math
 import random
-from array import array
-from collections import Counter, deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-from ragwatch.detectors.request_outliers import REQUEST_FEATURES, RequestOutliers
-from ragwatch.detectors.seasonal import Forecast, SeasonalBaseline
-from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
+import numpy as np
+import numpy.typing as npt
+
+from ragwatch.detectors.request_outliers import RequestOutliers
+from ragwatch.schema import Transition
 from ragwatch.streams.alerting.engine import AlertEngine
+from ragwatch.streams.alerting.masks import holds
 from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines import service_snapshot as snapshots
 from ragwatch.streams.pipelines.base import ChartSeries, Domain
+from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir
 from ragwatch.streams.pipelines.budget import SeriesBudget
-from ragwatch.streams.pipelines.evidence import (
-    BucketCounts,
-    CountRing,
-    CountWindow,
-    LatencyBaseline,
-    TailWindow,
-    count_z,
-    quantile,
-    tail_signals,
-)
+from ragwatch.streams.pipelines.evidence import quantile
+from ragwatch.streams.pipelines.request_close import CloseParams, close_round
+from ragwatch.streams.pipelines.service_clusters import ScoredRun, ServiceClusters
+from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS, SeriesKey, ServiceRows
 
 log = logging.getLogger(__name__)
 
 SERIES = "service"
 LABELS = ("service", "instance")
-STAGES = ("retriever", "reranker", "llm")
-MAX_LABELS_PER_BUCKET = 20  # label_one sorts the window: label the first few outliers only
-SeriesKey = tuple[str, str]  # service, instance
 MAX_SENDERS = 64  # per instance: processes whose last envelope ts is remembered
-RECENT_BUCKETS = 5  # recent_outliers: over this many buckets
 # What one envelope may cost (a sender batches seconds of records, a few hundred): records
 # more than an hour older than their envelope are dropped, and the outlier detector scores
 # at most its window's worth of an envelope's records (the rest are counted, not scored).
 MAX_RECORD_AGE_S = 3600.0
 MAX_INSTANCES = 1024  # per service: beyond, a new instance's records are dropped (counted)
 MAX_SCORED_PER_ENVELOPE = 2000
-CLUSTER_RESCAN = 60  # buckets between scans of a service's clusters without novelty
-CLUSTER_ACTIVE_RESCAN = 5  # ... while a flagged cluster lasts (is it still there?)
-NOVEL_DECAY = 0.9  # per bucket: which instance's records a new cluster is made of
-CLUSTER_SHARE = 0.01  # of the window's points: the smallest cluster that is news
-CLUSTER_WARMUP = 200  # points the outlier window holds before a cluster is news
-TOKEN_CV2 = 0.05  # tokens per request: variance / mean^2 until the series has measured it
-RATE_PRECISION = 0.08  # the relative excess noise a rate window averages bursts down to
-ERROR_PRIOR = 0.005  # the share of failed requests assumed before a series has measured it
+SILENT_SERVICE_FACTOR = 6  # a service silent for 6 x stale_s of the pipeline's event time
+Rows = npt.NDArray[np.intp]
+WaveDone = Callable[[list[Transition]], list[Transition]]
 
-__all__ = ["Bucket", "RequestPipeline", "Reservoir", "ServiceSeries", "quantile"]
-
-
-@dataclass
-class Reservoir:
-    """At most ``cap`` values, a uniform sample of all added (Algorithm R), as doubles
-    (8 bytes a value; a snapshot written before kept a list, which reads the same)."""
-
-    cap: int
-    rng: random.Random
-    values: array[float] = field(default_factory=lambda: array("d"))
-    seen: int = 0
-
-    def extend(self, vs: Sequence[float]) -> None:
-        """Values that fit as they are (no sampling: nothing is drawn from the rng)."""
-        if len(self.values) + len(vs) > self.cap:
-            raise ValueError(f"{len(vs)} values do not fit ({len(self.values)} of {self.cap})")
-        self.values.extend(vs)
-        self.seen += len(vs)
-
-    def add(self, v: float) -> None:
-        self.seen += 1
-        if len(self.values) < self.cap:
-            self.values.append(v)
-        else:
-            j = self.rng.randrange(self.seen)
-            if j < self.cap:
-                self.values[j] = v
+__all__ = [
+    "STAGES",
+    "Bucket",
+    "RequestPipeline",
+    "RequestsMessage",
+    "Reservoir",
+    "ServiceView",
+    "quantile",
+]
 
 
-@dataclass
-class Bucket:
-    """What one bucket of one series accumulates until it closes."""
-
-    reservoir: int
-    rng: random.Random
-    n: int = 0
-    errors: int = 0
-    output_tokens: int = 0
-    output_sq: float = 0.0
-    context_tokens: int = 0
-    latencies: dict[str, Reservoir] = field(default_factory=dict)
-    outliers: int = 0
-    novel: int = 0  # ok records away from the service's known clusters
-    labels: Counter[str] = field(default_factory=Counter)
-    clustered: int = 0  # records of the service's active outlier cluster (in none of the above)
-
-    def add(self, rec: RequestRecord, clustered: bool = False) -> None:
-        """One record; one of an active outlier cluster is counted apart (``clustered``):
-        it is the fault RequestOutlierCluster pages for, not the service's usual traffic,
-        so the traffic baselines neither learn it nor test it. Its latencies count."""
-        if clustered:
-            self.clustered += 1
-        else:
-            self.n += 1
-            self.errors += rec.status != "ok"
-            self.output_tokens += rec.output_tokens
-            self.output_sq += rec.output_tokens * rec.output_tokens
-            self.context_tokens += rec.context_tokens
-        self._sample("e2e", rec.e2e_ms)
-        for stage, ms in rec.stages.items():
-            if stage in STAGES:
-                self._sample(stage, ms)
-        if rec.ttft_ms is not None:
-            self._sample("ttft", rec.ttft_ms)
-        if rec.queue_ms is not None:
-            self._sample("queue", rec.queue_ms)
-
-    def add_run(self, recs: Sequence[RequestRecord], clustered: Sequence[bool] = ()) -> None:
-        """:meth:`add` of each record of ``recs`` in turn (``clustered[i]`` for record i;
-        none if empty), a column at a time: the latencies of a name appended together,
-        the counts summed. Where a reservoir would fill within the run, record by record
-        (sampling then draws from the shared rng in the records' order)."""
-        if clustered and len(clustered) != len(recs):
-            raise ValueError(f"{len(clustered)} clustered flags for {len(recs)} records")
-        cols = _latency_columns(recs)
-        lat, cap = self.latencies, self.reservoir
-        if any((len(lat[k].values) if k in lat else 0) + len(v) > cap for k, v in cols.items()):
-            for i, rec in enumerate(recs):
-                self.add(rec, bool(clustered) and clustered[i])
-            return
-        for name, values in cols.items():
-            if not values:
-                continue
-            res = lat.get(name)
-            if res is None:
-                res = lat[name] = Reservoir(cap, self.rng)
-            res.extend(values)
-        counted = (
-            [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
-        )
-        self.clustered += len(recs) - len(counted)
-        self.n += len(counted)
-        self.errors += sum(1 for r in counted if r.status != "ok")
-        for rec in counted:
-            out = rec.output_tokens
-            self.output_tokens += out
-            self.output_sq += out * out
-            self.context_tokens += rec.context_tokens
-
-    def _sample(self, name: str, v: float) -> None:
-        r = self.latencies.get(name)
-        if r is None:
-            r = self.latencies[name] = Reservoir(self.reservoir, self.rng)
-        if len(r.values) < r.cap:  # Reservoir.add, inline: a call less per value
-            r.seen += 1
-            r.values.append(v)
-        else:
-            r.add(v)
-
-    def counts(self) -> BucketCounts:
-        return BucketCounts(
-            self.n,
-            self.errors,
-            self.output_tokens,
-            self.output_sq,
-            self.context_tokens,
-            clustered=self.clustered,
-        )
-
-
-@dataclass
-class _Pending:
-    """Buckets gathered into one observation for a baseline (until it holds enough)."""
-
-    start: float | None = None
-    end: float = 0.0
-    n: int = 0
-    tokens: float = 0.0
-    tokens_sq: float = 0.0
-    expected: float = 0.0
-
-    def add(self, end: float, bucket_s: float, c: BucketCounts, expected: float) -> None:
-        if self.start is None:
-            self.start = end - bucket_s
-        self.end = end
-        self.n += c.n
-        self.tokens += c.tokens
-        self.tokens_sq += c.tokens_sq
-        self.expected += expected
+class RequestsMessage(Protocol):
+    """A requests envelope as the pipeline reads it: :class:`~ragwatch.schema.
+    RequestsEnvelope` or the worker's typed :class:`~ragwatch.request_wire.RequestsWire`."""
 
     @property
-    def span_s(self) -> float:
-        return 0.0 if self.start is None else self.end - self.start
-
-
-@dataclass
-class ServiceSeries:
-    """One (service, instance): open buckets, evidence windows, baselines, signals."""
-
-    labels: dict[str, str]
-    rps: SeasonalBaseline  # log requests per second
-    tpr: SeasonalBaseline  # log output tokens per request
-    retriever_p99: LatencyBaseline
-    e2e_p95: LatencyBaseline
-    counts: CountRing
-    tail: TailWindow
-    buckets: dict[int, Bucket] = field(default_factory=dict)
-    next_bucket: int | None = None  # the oldest bucket not closed yet
-    watermark: float = -math.inf
-    gaps: deque[tuple[int, int]] = field(default_factory=deque)  # unobserved buckets [a, b]
-    bucket_end: float | None = None  # end of the last closed bucket
-    signals: dict[str, float | None] = field(default_factory=dict)
-    outlier_label: str | None = None  # its outlier cluster's, or its outliers' (_close)
-    cluster_size: float | None = None  # its latest outlier cluster's size when it appeared
-    recent_outliers: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_BUCKETS))
-    host: str | None = None  # where the instance runs (its envelopes' ``host``), if known
-    # the newest envelope ts per sending process (pid; None if not sent): each process
-    # sends in order, several processes of one instance interleave
-    last_envelope_ts: dict[int | None, float] = field(default_factory=dict)
-    requests_total: int = 0
-    errors_total: int = 0  # failed requests (counters: /metrics exports them as _total)
-    output_tokens_total: float = 0.0
-    error_base: float = ERROR_PRIOR  # the usual share of failed requests (slow average)
-    novel_score: float = 0.0  # novel records, decaying by NOVEL_DECAY per bucket
-    token_cv2: float = TOKEN_CV2
-    pending_rps: _Pending = field(default_factory=_Pending)
-    pending_tpr: _Pending = field(default_factory=_Pending)
-    relearned: dict[str, tuple[float, float]] = field(default_factory=dict)  # family: at, from
-
-
-SILENT_SERVICE_FACTOR = 6  # a service silent for 6 x stale_s of the pipeline's event time
-
-
-@dataclass
-class _Service:
-    """Per-service state shared by its instances: the outlier detector and its clusters."""
-
-    detector: RequestOutliers
-    name: str = ""
-    instances: set[str] = field(default_factory=set)
-    known: list[tuple[float, ...]] = field(default_factory=list)  # previous check's centroids
-    checked: int | None = None  # bucket of the previous cluster check
-    flag: float = 0.0
-    size: float = 0.0  # the new cluster's size, when flagged
-    scanned: int | None = None  # bucket of the previous scan of the clusters
-    dense: frozenset[tuple[int, ...]] = frozenset()  # the detector's dense cells at that scan
-    novel: int = 0  # records outside them since
-    active: tuple[float, ...] | None = None  # centroid of the flagged cluster, while it lasts
-    active_instance: str | None = None  # the instance it was raised on
-    active_label: str | None = None  # what its requests look like ("long context, ...")
-    active_cells: frozenset[tuple[int, ...]] = frozenset()  # its cells and their neighbours
+    def service(self) -> str: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def ts(self) -> float: ...
+    @property
+    def records(self) -> Sequence[Record]: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def pid(self) -> int | None: ...
 
 
 @dataclass
@@ -362,6 +188,88 @@ class PipelineStats:
     duplicates: int = 0  # records of envelopes not newer than the instance's last one
     too_old: int = 0  # records more than MAX_RECORD_AGE_S older than their envelope
     unscored_records: int = 0  # records beyond MAX_SCORED_PER_ENVELOPE: not seen by outliers
+
+
+class ServiceView:
+    """One request series as readers outside the pipeline see it (hints, charts, status):
+    its labels, host, newest signals (read from its row when asked) and outlier label."""
+
+    __slots__ = ("_row", "_rows", "_signals", "labels")
+
+    def __init__(self, rows: ServiceRows, row: int, key: SeriesKey) -> None:
+        self._rows, self._row = rows, row
+        self.labels = {"service": key[0], "instance": key[1]}
+        self._signals: dict[str, float | None] | None = None
+
+    @property
+    def signals(self) -> dict[str, float | None]:
+        """Its newest signals (read from the row once: a view is read, then dropped)."""
+        if self._signals is None:
+            self._signals = self._rows.signal_dict(self._row)
+        return self._signals
+
+    @property
+    def bucket_end(self) -> float | None:
+        return self._rows.bucket_end(self._row)
+
+    @property
+    def host(self) -> str | None:
+        return self._rows.host[self._row]
+
+    @property
+    def outlier_label(self) -> str | None:
+        return self._rows.label[self._row]
+
+    @property
+    def buckets(self) -> dict[int, Bucket]:
+        """Its open buckets, by bucket number."""
+        return self._rows.buckets[self._row]
+
+    @property
+    def row(self) -> int:
+        return self._row
+
+
+class _Views(Mapping[SeriesKey, ServiceView]):
+    """The pipeline's series by key, as views (``RequestPipeline.series``)."""
+
+    def __init__(self, rows: ServiceRows) -> None:
+        self._rows = rows
+
+    def __getitem__(self, key: SeriesKey) -> ServiceView:
+        row = self._rows.index.get(key)
+        if row is None:
+            raise KeyError(key)
+        return ServiceView(self._rows, row, key)
+
+    def __iter__(self) -> Iterator[SeriesKey]:
+        return iter(self._rows.index)
+
+    def __len__(self) -> int:
+        return len(self._rows.index)
+
+
+@dataclass
+class _Close:
+    """A bucket to close: the envelope that closed it (its place in the batch), the row,
+    the bucket number and what it gathered."""
+
+    at: int
+    row: int
+    b: int
+    bucket: Bucket
+
+
+@dataclass
+class _Wave:
+    """Envelopes of distinct services, their records in: the closes they made wait."""
+
+    services: set[str] = field(default_factory=set)
+    closes: list[list[_Close]] = field(default_factory=list)  # per row, in bucket order
+
+    def clear(self) -> None:
+        self.services.clear()
+        self.closes.clear()
 
 
 class RequestPipeline:
@@ -411,62 +319,102 @@ class RequestPipeline:
         self.gap_s = float(gap_s)
         self.max_series, self.max_instances = max_series, max_instances
         self.budget = budget or SeriesBudget(max_series)
-        self.budget.watch(lambda: len(self.series))
+        self.budget.watch(self.__len__)
         self.swept: set[str] = set()  # services whose last instance went silent
         self.reservoir = reservoir
-        self.tail = (tail_requests, float(tail_s), float(tail_max_s))
-        self.rate_target, self.rate_min, self.rate_max_s = rate_target, rate_min, rate_max_s
-        self.observation = (observation_requests, observation_max_s)
-        self.hold_band, self.hold_z, self.hold_max_s = hold_band, hold_z, hold_max_s
-        self.min_baseline = min_baseline
-        self.new_cluster_size = new_cluster_size
+        self.params = CloseParams(
+            self.bucket_s, rate_target, rate_min, rate_max_s, observation_requests,
+            observation_max_s, hold_band, hold_z, new_cluster_size,
+        )  # fmt: skip
+        self.rows = ServiceRows(
+            bucket_s=self.bucket_s,
+            rate_max_s=rate_max_s,
+            tail=(tail_requests, float(tail_s), float(tail_max_s)),
+            min_baseline=min_baseline,
+            hold_max_s=hold_max_s,
+            reservoir=reservoir,
+        )
         self._outliers = outliers if outliers is not None else RequestOutliers()
         self._rng = random.Random(seed)
-        self._baseline = SeasonalBaseline(step_s=self.bucket_s, hold_max_s=hold_max_s)
-        self.series: dict[SeriesKey, ServiceSeries] = {}
-        self._services: dict[str, _Service] = {}
+        self._services: dict[str, ServiceClusters] = {}
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
         self._watermark = -math.inf
         self._last_sweep = -math.inf
+        self._wave = _Wave()
+        self._out: list[tuple[int, int, Transition]] = []  # (envelope, round, transition)
         self.stats = PipelineStats()
+
+    def __len__(self) -> int:
+        """The series tracked."""
+        return len(self.rows)
 
     @property
     def watermark(self) -> float:
         """The newest event time seen (0 before any)."""
         return max(0.0, self._watermark)
 
-    def process(self, env: RequestsEnvelope) -> list[Transition]:
+    @property
+    def series(self) -> Mapping[SeriesKey, ServiceView]:
+        """Every series, by (service, instance), as views of their rows."""
+        return _Views(self.rows)
+
+    # ------------------------------------------------------------------ processing
+
+    def process(self, env: RequestsMessage) -> list[Transition]:
         """Add one envelope's records; return the transitions of the buckets it closed."""
+        return self.process_batch([env])
+
+    def process_batch(
+        self, envs: Sequence[RequestsMessage], then: WaveDone | None = None
+    ) -> list[Transition]:
+        """:meth:`process` of each envelope in turn, the transitions in that order; the
+        envelopes of distinct services are processed together (waves). ``then``, if
+        given, gets each wave's transitions once it is done and hands back what to keep
+        (the fleet adds hints while the state is the wave's)."""
+        out: list[Transition] = []
+        for i, env in enumerate(envs):
+            if env.service in self._wave.services:
+                out += self._flush(then)
+            self._envelope(i, env)
+            if self._watermark - self._last_sweep >= self.bucket_s:
+                out += self._flush(then)
+                swept = self._sweep()
+                out += then(swept) if then is not None and swept else swept
+        return out + self._flush(then)
+
+    def _envelope(self, at: int, env: RequestsMessage) -> None:
+        """One envelope's records into their buckets; its closes join the wave."""
         self.stats.envelopes += 1
         self.stats.records += len(env.records)
-        out: list[Transition] = []
-        s = self._series(env.service, env.instance)
-        if s is not None and env.ts <= s.last_envelope_ts.get(env.pid, -math.inf):
+        row = self._row(env.service, env.instance)
+        rows = self.rows
+        if row is not None and env.ts <= rows.senders[row].get(env.pid, -math.inf):
             # Seen already (Kafka redelivers after a crash, producers retry): a process
             # sends its envelopes in order, so an older one cannot be new.
             self.stats.duplicates += len(env.records)
-            return self._sweep()
-        if s is None:
+            return
+        if row is None:
             self.stats.dropped_records += len(env.records)
-            return self._sweep()
-        s.last_envelope_ts[env.pid] = env.ts
-        if len(s.last_envelope_ts) > MAX_SENDERS:  # forget the longest-silent process
-            del s.last_envelope_ts[min(s.last_envelope_ts, key=s.last_envelope_ts.__getitem__)]
+            return
+        senders = rows.senders[row]
+        senders[env.pid] = env.ts
+        if len(senders) > MAX_SENDERS:  # forget the longest-silent process
+            del senders[min(senders, key=senders.__getitem__)]
         if env.host:
-            s.host = env.host
+            rows.host[row] = env.host
         svc = self._services[env.service]
         records = self._recent(env)
         newest = max(env.ts, max((r.ts for r in records), default=env.ts))
-        if s.next_bucket is None:  # a new series starts at its first record's bucket
+        if rows.next_bucket[row] is None:  # a new series starts at its first record's bucket
             first = min((r.ts for r in records), default=env.ts)
-            s.next_bucket = math.floor(first / self.bucket_s)
-        self._advance(s, newest)
-        self._add(s, svc, records)
+            rows.next_bucket[row] = math.floor(first / self.bucket_s)
+        self._advance(row, newest)
+        self._add(row, svc, records)
         self.stats.unscored_records += max(0, len(records) - MAX_SCORED_PER_ENVELOPE)
-        out += self._close_ready(s, svc)
-        return out + self._sweep()
+        self._wave.services.add(env.service)
+        self._wave.closes.append(self._ready(at, row))
 
-    def _recent(self, env: RequestsEnvelope) -> tuple[RequestRecord, ...]:
+    def _recent(self, env: RequestsMessage) -> Sequence[Record]:
         """The envelope's records from ``MAX_RECORD_AGE_S`` before it was sent on; older
         ones are dropped and counted (``too_old``): a sender batches seconds or minutes,
         and each minute a record reaches back is a bucket to open and close, so one
@@ -474,92 +422,158 @@ class RequestPipeline:
         horizon = env.ts - MAX_RECORD_AGE_S
         if all(r.ts >= horizon for r in env.records):
             return env.records
-        kept = tuple(r for r in env.records if r.ts >= horizon)
+        kept = [r for r in env.records if r.ts >= horizon]
         self.stats.too_old += len(env.records) - len(kept)
         return kept
 
-    def tracks(self, service: str) -> bool:
-        return service in self._services
+    def _advance(self, row: int, ts: float) -> None:
+        """The sender reported up to ``ts``: a silence longer than ``gap_s`` since its
+        previous report is a gap (its buckets are not observed), not zero traffic."""
+        marks = self.rows.col["watermark"]
+        mark = float(marks[row])
+        if ts <= mark:
+            return
+        if mark > -math.inf and ts - mark > self.gap_s:
+            first = math.floor(mark / self.bucket_s) + 1
+            last = math.floor(ts / self.bucket_s) - 1
+            if last >= first:
+                self.rows.gaps[row].append((first, last))
+        marks[row] = ts
+        self._watermark = max(self._watermark, ts)
 
-    def service_snapshot(self, service: str) -> dict[str, Any]:
-        """What ``ragwatch status`` shows about one service: each instance's last bucket."""
-        svc = self._services.get(service)
-        instances = []
-        for inst in sorted(svc.instances if svc else ()):
-            s = self.series[(service, inst)]
-            instances.append(
-                {
-                    "instance": inst,
-                    "host": s.host,
-                    "bucket_end": s.bucket_end,
-                    "signals": dict(s.signals),
-                    "outlier_label": s.outlier_label,
-                    "open_buckets": len(s.buckets),
-                }
-            )
-        return {"service": service, "instances": instances}
+    def _add(self, row: int, svc: ServiceClusters, records: Sequence[Record]) -> None:
+        """The records into their buckets, a run of consecutive records of one bucket at a
+        time; the first ``MAX_SCORED_PER_ENVELOPE`` are scored by the outlier detector."""
+        bs, floor = self.bucket_s, math.floor
+        ids = [floor(r.ts / bs) for r in records]
+        buckets, oldest = self.rows.buckets[row], self.rows.next_bucket[row]
+        i = 0
+        while i < len(ids):
+            b = ids[i]
+            j = i + 1
+            while j < len(ids) and ids[j] == b:
+                j += 1
+            if oldest is not None and b < oldest:
+                self.stats.late_dropped += j - i
+            else:
+                bucket = buckets.get(b)
+                if bucket is None:
+                    bucket = buckets[b] = Bucket(self.reservoir, self._rng)
+                run = records[i:j]
+                flags = self._score(svc, bucket, run[: max(0, MAX_SCORED_PER_ENVELOPE - i)])
+                bucket.add_run(run, flags + [False] * (len(run) - len(flags)))
+            i = j
 
-    def service_state(self, service: str) -> tuple[dict[SeriesKey, ServiceSeries], Any]:
-        """The service's series and shared outlier state (for a snapshot)."""
-        svc = self._services.get(service)
-        keys = sorted(svc.instances) if svc else []
-        return {(service, i): self.series[(service, i)] for i in keys}, svc
+    @staticmethod
+    def _score(svc: ServiceClusters, bucket: Bucket, records: Sequence[Record]) -> list[bool]:
+        """Score and learn the ``ok`` records in turn; which of them land in the service's
+        active outlier cluster (``Bucket.add``'s ``clustered``)."""
+        ok = [k for k, r in enumerate(records) if r.status == "ok"]
+        points = [(float(records[k].context_tokens), float(records[k].output_tokens)) for k in ok]
+        run = svc.score(points, ScoredRun(), labelled=bucket.outliers)
+        bucket.outliers += run.outliers
+        bucket.novel += run.novel
+        bucket.labels.update(run.labels)
+        if len(ok) == len(records):
+            return run.clustered
+        flags = [False] * len(records)
+        for k, c in zip(ok, run.clustered, strict=True):
+            flags[k] = c
+        return flags
 
-    def forget(self, service: str) -> None:
-        """Drop a service's series and outlier state without resolving anything (another
-        worker owns it now)."""
-        self._services.pop(service, None)
-        for k in [k for k in self.series if k[0] == service]:
-            del self.series[k]
+    # ------------------------------------------------------------------ closes
 
-    # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
+    def _ready(self, at: int, row: int) -> list[_Close]:
+        """The buckets of ``row`` the watermark closed (a gap's are skipped: unobserved)."""
+        rows = self.rows
+        limit = math.floor((float(rows.col["watermark"][row]) - self.grace_s) / self.bucket_s)
+        b = rows.next_bucket[row]
+        out: list[_Close] = []
+        if b is None:
+            return out
+        buckets, gaps = rows.buckets[row], rows.gaps[row]
+        while b < limit:
+            bucket = buckets.pop(b, None)
+            if bucket is None:
+                while gaps and gaps[0][1] < b:
+                    gaps.popleft()
+                if gaps and gaps[0][0] <= b:
+                    b = min(limit, gaps[0][1] + 1)  # skip the rest of the gap
+                    continue
+            out.append(_Close(at, row, b, bucket or Bucket(self.reservoir, self._rng)))
+            b += 1
+        rows.next_bucket[row] = b
+        return out
 
-    name: ClassVar[str] = "requests"
-    domain: ClassVar[Domain] = "service"
+    def _flush(self, then: WaveDone | None = None) -> list[Transition]:
+        """Close the wave's buckets, a round at a time (the k-th close of each row), and
+        evaluate the rules; the transitions in the order of one envelope at a time."""
+        pending = [c for c in self._wave.closes if c]
+        self._wave.clear()
+        k = 0
+        while pending:
+            self._round(k, [c[k] for c in pending])
+            k += 1
+            pending = [c for c in pending if len(c) > k]
+        self._out.sort(key=lambda x: (x[0], x[1]))  # stable: rule order kept
+        out = [t for _, _, t in self._out]
+        self._out.clear()
+        return then(out) if then is not None and out else out
 
-    def dump(self, key: str) -> tuple[dict[SeriesKey, ServiceSeries], Any]:
-        return self.service_state(key)
+    def _round(self, k: int, closes: list[_Close]) -> None:
+        rows = np.array([c.row for c in closes], dtype=np.intp)
+        keys = [self.rows.index.key(c.row) for c in closes]
+        services = [self._services[key[0]] for key in keys]
+        self.stats.buckets_closed += len(closes)
+        ends = close_round(
+            self.rows, self.params, rows, [c.b for c in closes], [c.bucket for c in closes],
+            services,
+        )  # fmt: skip
+        if self.rules:
+            self._evaluate(k, closes, rows, ends)
 
-    def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
-        return {k: self.service_snapshot(k) for k in keys}
+    def _evaluate(
+        self, k: int, closes: list[_Close], rows: Rows, ends: npt.NDArray[np.float64]
+    ) -> None:
+        """The rules on the round's rows: only where one holds or an alert is active."""
+        st, engine = self.rows, self.engine
+        signals = {name: st.signals[rows, SIGNAL_AT[name]] for name in SIGNALS}
+        hold = [holds(rule, signals, len(rows)) for rule in self.rules]
+        hit = np.logical_or.reduce([*hold, st.watch[rows]])
+        for i in np.flatnonzero(hit).tolist():
+            row, t = closes[i].row, float(ends[i])
+            sig = st.signal_dict(row)
+            keys = self._alert_keys(row)
+            active = False
+            for n, rule in enumerate(self.rules):
+                labels, fp = keys[rule.name]
+                if hold[n][i] or engine.is_active(fp):
+                    tr = engine.evaluate_key(rule, labels, fp, sig, t)
+                    if tr is not None:
+                        self._out.append((closes[i].at, k, tr))
+                active = active or engine.is_active(fp)
+            st.watch[row] = active
 
-    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
-        for key in keys:
-            series, _ = self.service_state(key)
-            for s in series.values():
-                if s.bucket_end is not None:
-                    yield ChartSeries("service", s.labels, s.bucket_end, s)
+    def _alert_keys(self, row: int) -> dict[str, tuple[dict[str, str], str]]:
+        keys = self.rows.keys[row]
+        if len(keys) < len(self.rules):
+            service, instance = self.rows.index.key(row)
+            labels = {"service": service, "instance": instance}
+            for rule in self.rules:
+                if rule.name not in keys:
+                    keys[rule.name] = self.engine.alert_key(rule, labels)
+        return keys
 
-    def adopt(self, service: str, state: tuple[dict[SeriesKey, ServiceSeries], Any]) -> int:
-        """Take over a service from a snapshot (:meth:`dump`: its series and shared outlier
-        state), unless this pipeline already tracks it (its own state is newer). Returns
-        how many series it adopted."""
-        series, shared = state
-        if service in self._services or not isinstance(shared, _Service):
-            return 0
-        if any(k[0] != service for k in series):
-            return 0
-        keys = sorted(series)[: max(0, self._room())]
-        if not keys:
-            return 0
-        for k in keys:
-            s = self.series[k] = series[k]
-            for bucket in s.buckets.values():
-                bucket.rng = self._rng
-        shared.instances = {k[1] for k in keys}
-        self._services[service] = shared
-        return len(keys)
-
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ series
 
     def _room(self) -> int:
         """How many more series fit: under ``max_series`` and the worker's budget."""
-        return min(self.max_series - len(self.series), self.budget.room())
+        return min(self.max_series - len(self.rows), self.budget.room())
 
-    def _series(self, service: str, instance: str) -> ServiceSeries | None:
-        s = self.series.get((service, instance))
-        if s is not None:
-            return s
+    def _row(self, service: str, instance: str) -> int | None:
+        row = self.rows.index.get((service, instance))
+        if row is not None:
+            return row
         svc = self._services.get(service)
         full = self._room() <= 0
         if full or (svc is not None and len(svc.instances) >= self.max_instances):
@@ -573,416 +587,11 @@ class RequestPipeline:
                     instance,
                 )
             return None
-        tail_requests, tail_s, tail_max_s = self.tail
-        s = ServiceSeries(
-            labels={"service": service, "instance": instance},
-            rps=self._baseline.clone(),
-            tpr=self._baseline.clone(),
-            retriever_p99=self._latency_baseline(),
-            e2e_p95=self._latency_baseline(),
-            counts=CountRing(math.ceil(self.rate_max_s / self.bucket_s), self.bucket_s),
-            tail=TailWindow(tail_requests, tail_s, tail_max_s, bucket_s=self.bucket_s),
-        )
-        self.series[(service, instance)] = s
-        svc = self._services.get(service)
+        row = self.rows.add((service, instance), at=-math.inf)
         if svc is None:
-            svc = self._services[service] = _Service(self._outliers.clone(), service)
+            svc = self._services[service] = ServiceClusters(self._outliers.clone(), service)
         svc.instances.add(instance)
-        return s
-
-    def _latency_baseline(self) -> LatencyBaseline:
-        return LatencyBaseline(min_entries=self.min_baseline, hold_max_s=self.hold_max_s)
-
-    def _advance(self, s: ServiceSeries, ts: float) -> None:
-        """The sender reported up to ``ts``: a silence longer than ``gap_s`` since its
-        previous report is a gap (its buckets are not observed), not zero traffic."""
-        if ts <= s.watermark:
-            return
-        if s.watermark > -math.inf and ts - s.watermark > self.gap_s:
-            first = math.floor(s.watermark / self.bucket_s) + 1
-            last = math.floor(ts / self.bucket_s) - 1
-            if last >= first:
-                s.gaps.append((first, last))
-        s.watermark = ts
-        self._watermark = max(self._watermark, ts)
-
-    def _add(self, s: ServiceSeries, svc: _Service, records: Sequence[RequestRecord]) -> None:
-        """The records into their buckets, a run of consecutive records of one bucket at a
-        time; the first ``MAX_SCORED_PER_ENVELOPE`` are scored by the outlier detector."""
-        bs, floor = self.bucket_s, math.floor
-        ids = [floor(r.ts / bs) for r in records]
-        i = 0
-        while i < len(ids):
-            b = ids[i]
-            j = i + 1
-            while j < len(ids) and ids[j] == b:
-                j += 1
-            if s.next_bucket is not None and b < s.next_bucket:
-                self.stats.late_dropped += j - i
-            else:
-                bucket = s.buckets.get(b)
-                if bucket is None:
-                    bucket = s.buckets[b] = Bucket(self.reservoir, self._rng)
-                run = records[i:j]
-                flags = self._outliers_of(svc, bucket, run[: max(0, MAX_SCORED_PER_ENVELOPE - i)])
-                bucket.add_run(run, flags + [False] * (len(run) - len(flags)))
-            i = j
-
-    def _outliers_of(
-        self, svc: _Service, bucket: Bucket, records: Sequence[RequestRecord]
-    ) -> list[bool]:
-        """Score and learn the ``ok`` records in turn; which of them land in the service's
-        active outlier cluster (``Bucket.add``'s ``clustered``)."""
-        det, active, dense = svc.detector, svc.active_cells, svc.dense
-        clustered = []
-        for rec in records:
-            if rec.status != "ok":
-                clustered.append(False)
-                continue
-            p = (float(rec.context_tokens), float(rec.output_tokens))
-            cell = det.cell(p)
-            clustered.append(cell in active)
-            self._score_outlier(det, p, cell, rec, bucket)
-            if cell not in dense:
-                svc.novel += 1
-                bucket.novel += 1
-        return clustered
-
-    @staticmethod
-    def _score_outlier(
-        det: RequestOutliers,
-        p: tuple[float, float],
-        cell: tuple[int, ...],
-        rec: RequestRecord,
-        bucket: Bucket,
-    ) -> None:
-        """Score a record's point (in ``cell``) before it is learnt: read from the record as
-        the detector's features once its first point picked them (records are valid)."""
-        x = None if det.features == REQUEST_FEATURES else _point_of(rec)
-        if (det.score_point(p, cell) if x is None else det.score_one(x)) >= 0.5:
-            bucket.outliers += 1
-            if bucket.outliers <= MAX_LABELS_PER_BUCKET:
-                label = det.label_one(x or _point_of(rec))
-                if label is not None:
-                    bucket.labels[label] += 1
-        if x is None:
-            det.learn_point(p, cell)
-        else:
-            det.learn_one(x)
-
-    def _close_ready(self, s: ServiceSeries, svc: _Service) -> list[Transition]:
-        out: list[Transition] = []
-        limit = math.floor((s.watermark - self.grace_s) / self.bucket_s)  # buckets < limit
-        b = s.next_bucket
-        if b is None:
-            return out
-        while b < limit:
-            bucket = s.buckets.pop(b, None)
-            if bucket is None and self._unobserved(s, b):
-                b = min(limit, s.gaps[0][1] + 1)  # skip the rest of the gap
-                continue
-            self._close(s, svc, b, bucket or Bucket(self.reservoir, self._rng))
-            end = (b + 1) * self.bucket_s
-            for rule in self.rules:
-                t = self.engine.evaluate(rule, s.labels, s.signals, end)
-                if t is not None:
-                    out.append(t)
-            b += 1
-        s.next_bucket = b
-        return out
-
-    @staticmethod
-    def _unobserved(s: ServiceSeries, b: int) -> bool:
-        while s.gaps and s.gaps[0][1] < b:
-            s.gaps.popleft()
-        return bool(s.gaps) and s.gaps[0][0] <= b
-
-    def _close(self, s: ServiceSeries, svc: _Service, b: int, bucket: Bucket) -> None:
-        self.stats.buckets_closed += 1
-        end = (b + 1) * self.bucket_s
-        counts = bucket.counts()
-        s.requests_total += counts.n + counts.clustered
-        s.errors_total += counts.errors
-        s.output_tokens_total += counts.tokens
-        f = s.rps.forecast(end - self.bucket_s / 2)  # before the bucket is learnt
-        expected = math.exp(f.mean) * self.bucket_s if f is not None else None
-        s.counts.push(end, counts, expected)
-        s.tail.push(end, {name: r.values for name, r in bucket.latencies.items()})
-        sig: dict[str, float | None] = {
-            "requests_total": float(s.requests_total),
-            "errors_total": float(s.errors_total),
-            "output_tokens_total": s.output_tokens_total,
-        }
-        self._traffic(s, end, counts, expected, sig)
-        tail_signals(s.tail, end, sig)
-        self._latency(s, end, sig)
-        sig["outliers"] = float(bucket.outliers)
-        served = bucket.n + bucket.clustered
-        sig["outlier_ratio"] = bucket.outliers / served if served else None
-        s.recent_outliers.append(bucket.outliers)
-        sig["recent_outliers"] = float(sum(s.recent_outliers))
-        s.novel_score = s.novel_score * NOVEL_DECAY + bucket.novel
-        # The cluster detector is per service: the news goes to the instance whose records
-        # landed away from the known clusters most (_new_cluster).
-        new = self._new_cluster(svc, b)
-        mine = svc.active is not None and svc.active_instance == s.labels["instance"]
-        raised = new if mine else 0.0
-        sig["new_outlier_cluster"] = raised
-        if raised:
-            s.cluster_size = svc.size
-        sig["outlier_cluster_size"] = s.cluster_size
-        sig["outlier_cluster_active"] = 1.0 if mine else 0.0
-        if mine and svc.active_label:  # the cluster's own description
-            s.outlier_label = svc.active_label
-        elif bucket.labels:
-            s.outlier_label = bucket.labels.most_common(1)[0][0]
-        elif not sum(s.recent_outliers):
-            s.outlier_label = None
-        s.signals = sig
-        s.bucket_end = end
-
-    # ------------------------------------------------------------------ traffic
-
-    def _traffic(
-        self,
-        s: ServiceSeries,
-        end: float,
-        counts: BucketCounts,
-        expected: float | None,
-        sig: dict[str, float | None],
-    ) -> None:
-        w = s.counts.window(
-            target=self.rate_target, max_s=self.rate_max_s, min_s=self._window_min_s(s, end)
-        )
-        span, n = w.span_s, w.n
-        sig["window_s"], sig["window_requests"] = span, float(n)
-        sig["rps"] = (n + w.clustered) / span if span else None  # all it served
-        sig["clustered_requests"] = float(w.clustered)
-        sig["output_tokens_per_s"] = w.tokens / span if span else None
-        sig["errors_ratio"] = w.errors / n if n else None
-        self._errors(s, w, sig)
-        sig["tokens_per_request"] = w.tokens / n if n else None
-        sig["context_tokens_per_request"] = w.context / n if n else None
-        mid = (w.start + end) / 2
-        rate = self._rate_deviation(s, w, mid, w.unexpected == 0, sig)
-        mean = self._mean_deviation(s, w, mid, sig)
-        self._tps(s, w, rate, mean, sig)
-        self._hold(s, end, w, sig)
-        self._learn(s, end, counts, float(counts.n) if expected is None else expected)
-        for family in ("rps", "tpr", "tps"):
-            at, before = s.relearned.get(family, (None, None))
-            sig[f"{family}_relearned_at"], sig[f"{family}_relearned_from"] = at, before
-        held = max(s.rps.held_s(end), s.tpr.held_s(end))
-        sig["rps_held_s"], sig["tpr_held_s"] = s.rps.held_s(end), s.tpr.held_s(end)
-        sig["tps_held_s"] = held
-
-    def _errors(self, s: ServiceSeries, w: CountWindow, sig: dict[str, float | None]) -> None:
-        """Failed requests against their usual share: a binomial z (a quarter of slack for
-        the baseline itself), learnt slowly while not significant."""
-        p0, n = s.error_base, w.n
-        sig["errors_baseline"] = p0
-        sig["errors_z"] = None
-        if n < self.rate_min:
-            return
-        expected = n * p0
-        var = expected * (1 - p0) + (0.25 * expected) ** 2
-        z = (w.errors - expected) / math.sqrt(var) if var > 0 else 0.0
-        sig["errors_z"] = z
-        if abs(z) < self.hold_z:
-            s.error_base += 0.02 * (w.errors / n - p0)
-
-    def _window_min_s(self, s: ServiceSeries, end: float) -> float:
-        """Bursty traffic needs a longer window: long enough that the baselines' excess
-        noise per bucket, averaged over it, is within ``RATE_PRECISION``."""
-        noise = 0.0
-        for base in (s.rps, s.tpr):
-            f = base.forecast(end)
-            noise += f.noise if f is not None else 0.0
-        buckets = math.ceil(noise / RATE_PRECISION**2)
-        return min(self.rate_max_s, max(1, buckets) * self.bucket_s)
-
-    def _rate_deviation(
-        self,
-        s: ServiceSeries,
-        w: CountWindow,
-        mid: float,
-        ready: bool,
-        sig: dict[str, float | None],
-    ) -> float | None:
-        """Requests against the baseline's expectation; returns the forecast's variance."""
-        sig["rps_forecast"] = sig["rps_deviation"] = sig["rps_z"] = None
-        if not ready or w.expected < self.rate_min or not w.span_s:
-            return None
-        f = s.rps.forecast(mid)
-        var = _window_var(f, w.span_s / self.bucket_s)
-        sig["rps_forecast"] = w.expected / w.span_s
-        sig["rps_deviation"] = w.n / w.expected - 1
-        sig["rps_z"] = count_z(w.n, w.expected, 1.0, var)
-        return var
-
-    def _mean_deviation(
-        self, s: ServiceSeries, w: CountWindow, mid: float, sig: dict[str, float | None]
-    ) -> float | None:
-        """Tokens per request against its baseline; returns the forecast's variance."""
-        sig["tpr_forecast"] = sig["tpr_deviation"] = sig["tpr_z"] = sig["tpr_score"] = None
-        f = s.tpr.forecast(mid)
-        if f is None:
-            return None
-        forecast = math.exp(f.mean)
-        sig["tpr_forecast"] = forecast
-        if w.n < self.rate_min:
-            return _window_var(f, w.span_s / self.bucket_s)
-        mean = w.tokens / w.n
-        spread = max(0.0, w.tokens_sq / w.n - mean * mean)
-        var = _window_var(f, w.span_s / self.bucket_s)
-        se2 = spread / w.n + forecast * forecast * var
-        d = mean / forecast - 1
-        z = (mean - forecast) / math.sqrt(se2) if se2 > 0 else 0.0
-        sig["tpr_deviation"], sig["tpr_z"] = d, z
-        sig["tpr_score"] = _drop_score(d, z, self.hold_z)
-        return var
-
-    def _tps(
-        self,
-        s: ServiceSeries,
-        w: CountWindow,
-        rate_var: float | None,
-        mean_var: float | None,
-        sig: dict[str, float | None],
-    ) -> None:
-        """Output tokens per second against requests x tokens per request expected."""
-        sig["tps_forecast"] = sig["tps_deviation"] = sig["tps_z"] = sig["tps_score"] = None
-        tpr = sig["tpr_forecast"]
-        if rate_var is None or mean_var is None or tpr is None:
-            return
-        expected = w.expected * tpr
-        size = tpr * (1 + s.token_cv2)  # E[tokens^2] / E[tokens] of one request
-        d = w.tokens / expected - 1 if expected > 0 else 0.0
-        z = count_z(w.tokens, expected, size, rate_var + mean_var)
-        sig["tps_forecast"] = expected / w.span_s
-        sig["tps_deviation"], sig["tps_z"] = d, z
-        sig["tps_score"] = _drop_score(d, z, self.hold_z)
-
-    def _hold(
-        self, s: ServiceSeries, end: float, w: CountWindow, sig: dict[str, float | None]
-    ) -> None:
-        """Hold each baseline whose window deviates significantly; maybe accept a new
-        level (and remember when, and from what, for the alerts' resolutions)."""
-        tps_before = sig["tps_forecast"]
-        for family, base, observed in (
-            ("rps", s.rps, math.log((w.n + 0.5) / w.span_s) if w.span_s else None),
-            ("tpr", s.tpr, math.log(max(w.tokens / w.n, 0.5)) if w.n else None),
-        ):
-            d, z = sig[f"{family}_deviation"], sig[f"{family}_z"]
-            # enter the hold on a significant deviation; stay in it while the deviation is
-            # larger than the band (noisy traffic makes z waver during a real fault)
-            deviating = (
-                d is not None
-                and z is not None
-                and abs(d) > self.hold_band
-                and (base.holding or abs(z) > self.hold_z)
-            )
-            before = sig[f"{family}_forecast"]
-            if base.hold(end, deviating, observed) and before is not None:
-                s.relearned[family] = (end, before)
-                if tps_before is not None:
-                    s.relearned["tps"] = (end, tps_before)
-
-    def _learn(self, s: ServiceSeries, end: float, c: BucketCounts, expected: float) -> None:
-        """Gather buckets into observations that hold enough requests, then learn them."""
-        want, max_s = self.observation
-        bs = self.bucket_s
-        if s.rps.holding:  # a held bucket is never learnt
-            s.pending_rps = _Pending()
-        else:
-            s.pending_rps.add(end, bs, c, expected)
-        if s.tpr.holding:
-            s.pending_tpr = _Pending()
-        else:
-            s.pending_tpr.add(end, bs, c, expected)
-        p = s.pending_rps
-        if p.start is not None and (p.expected >= want or p.span_s >= max_s):
-            z = math.log((p.n + 0.5) / p.span_s)
-            s.rps.learn((p.start + p.end) / 2, z, 1 / (p.n + 0.5), p.span_s / bs)
-            s.pending_rps = _Pending()
-        p = s.pending_tpr
-        if p.start is not None and (p.n >= want or p.span_s >= max_s):
-            if p.n:
-                mean = p.tokens / p.n
-                cv2 = max(0.0, p.tokens_sq / p.n / (mean * mean) - 1) if mean > 0 else 0.0
-                if p.n >= 10:
-                    s.token_cv2 += 0.1 * (cv2 - s.token_cv2)
-                z = math.log(max(mean, 0.5))
-                s.tpr.learn((p.start + p.end) / 2, z, max(cv2, 1e-4) / p.n, p.span_s / bs)
-            s.pending_tpr = _Pending()
-
-    # ------------------------------------------------------------------ latency
-
-    def _latency(self, s: ServiceSeries, end: float, sig: dict[str, float | None]) -> None:
-        for name, stage, base in (
-            ("retriever_p99", "retriever", s.retriever_p99),
-            ("e2e_p95", "e2e", s.e2e_p95),
-        ):
-            value = sig[f"{name}_ms"]
-            baseline = base.update(end, value, s.tail.seen.get(stage, 0))
-            sig[f"{name}_baseline_ms"] = baseline
-            sig[f"{name}_ratio"] = value / baseline if value is not None and baseline else None
-            sig[f"{name}_held_s"] = base.held_s(end)
-            sig[f"{name}_relearned_at"] = base.relearned_at
-            sig[f"{name}_relearned_from"] = base.relearned_before
-
-    # ------------------------------------------------------------------ outliers, sweeps
-
-    def _new_cluster(self, svc: _Service, b: int) -> float:
-        """Whether a sizeable cluster appeared far from the known ones (once per bucket).
-
-        Scanning the clusters is the costliest step of the pipeline, so it runs only once
-        ``min_samples`` records landed outside the dense cells of the last scan (a new
-        cluster far from the known ones is made of such records), every
-        ``CLUSTER_ACTIVE_RESCAN`` buckets while a flagged cluster lasts, and every
-        ``CLUSTER_RESCAN`` buckets to keep the known clusters current."""
-        if svc.checked == b:
-            return svc.flag
-        svc.checked, svc.flag = b, 0.0
-        since = math.inf if svc.scanned is None else b - svc.scanned
-        due = since >= (CLUSTER_ACTIVE_RESCAN if svc.active is not None else CLUSTER_RESCAN)
-        if not (svc.novel >= svc.detector.min_samples or due):
-            return 0.0
-        svc.scanned, svc.novel = b, 0
-        det = svc.detector
-        far = 4 * det.eps
-        # A cluster must hold 1 % of the window: a fragment of the usual traffic's tail is
-        # a few points; before CLUSTER_WARMUP points nothing is news.
-        size = max(self.new_cluster_size, math.ceil(len(det) * CLUSTER_SHARE))
-        clusters = [c for c in det.clusters() if c.size >= size]
-        if len(det) < CLUSTER_WARMUP:
-            svc.known = [c.centroid for c in clusters]
-            return 0.0
-        svc.dense = det.around(cell for c in clusters for cell in c.cells)
-        known = svc.known
-        new = [c for c in clusters if known and all(math.dist(c.centroid, k) > far for k in known)]
-        svc.flag = 1.0 if new else 0.0
-        svc.size = float(max(c.size for c in new)) if new else 0.0
-        svc.known = [c.centroid for c in clusters]
-        if new:
-            biggest = max(new, key=lambda c: c.size)
-            svc.active, svc.active_cells = biggest.centroid, det.around(biggest.cells)
-            svc.active_instance = self._novel_instance(svc)
-            svc.active_label = det.describe(svc.active)
-        elif svc.active is not None:  # the flagged cluster lasts while one stays near it
-            near = [c for c in clusters if math.dist(c.centroid, svc.active) <= far]
-            svc.active = near[0].centroid if near else None
-            svc.active_cells = det.around(near[0].cells) if near else frozenset()
-        return svc.flag
-
-    def _novel_instance(self, svc: _Service) -> str | None:
-        """The instance whose recent records landed away from the known clusters most."""
-        best, name = 0.0, None
-        for inst in sorted(svc.instances):
-            s = self.series.get((svc.name, inst))
-            if s is not None and s.novel_score > best:
-                best, name = s.novel_score, inst
-        return name
+        return row
 
     def _sweep(self) -> list[Transition]:
         """Forget series without envelopes for ``stale_s``; resolve their alerts."""
@@ -994,58 +603,109 @@ class RequestPipeline:
         # A service's instances share its partition (key = service), so an instance is stale
         # against its service's newest record; a whole service only against the pipeline's
         # watermark with a wide margin, since partitions are consumed at different paces.
+        index, marks = self.rows.index, self.rows.col["watermark"]
+        keys = list(index)
+        at = np.array([index.get(k) for k in keys], dtype=np.intp)
+        seen = marks[at].tolist() if keys else []
         newest: dict[str, float] = {}
-        for (service, _), s in self.series.items():
-            newest[service] = max(newest.get(service, -math.inf), s.watermark)
-        stale = [
-            k
-            for k, s in self.series.items()
-            if newest[k[0]] - s.watermark > self.stale_s
-            or now - newest[k[0]] > SILENT_SERVICE_FACTOR * self.stale_s
-        ]
-        for key in stale:
-            s = self.series.pop(key)
-            self.stats.evicted_series += 1
-            svc = self._services[key[0]]
-            svc.instances.discard(key[1])
-            if not svc.instances:
-                del self._services[key[0]]
-                self.swept.add(key[0])
-            out += self.engine.clear(s.labels, now)
+        for (service, _), mark in zip(keys, seen, strict=True):
+            newest[service] = max(newest.get(service, -math.inf), mark)
+        for key, mark in zip(keys, seen, strict=True):
+            top = newest[key[0]]
+            if top - mark > self.stale_s or now - top > SILENT_SERVICE_FACTOR * self.stale_s:
+                self.rows.remove(key)
+                self.stats.evicted_series += 1
+                svc = self._services[key[0]]
+                svc.instances.discard(key[1])
+                if not svc.instances:
+                    del self._services[key[0]]
+                    self.swept.add(key[0])
+                out += self.engine.clear({"service": key[0], "instance": key[1]}, now)
         return out
 
+    # ------------------------------------------------------------------ reads
 
-def _latency_columns(recs: Sequence[RequestRecord]) -> dict[str, list[float]]:
-    """The latencies of ``recs`` by name, in the order :meth:`Bucket.add` samples them."""
-    cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in recs]}
-    for r in recs:
-        for stage, ms in r.stages.items():
-            if stage in STAGES:
-                col = cols.get(stage)
-                if col is None:
-                    col = cols[stage] = []
-                col.append(ms)
-    ttft = [r.ttft_ms for r in recs if r.ttft_ms is not None]
-    queue = [r.queue_ms for r in recs if r.queue_ms is not None]
-    if ttft:
-        cols["ttft"] = ttft
-    if queue:
-        cols["queue"] = queue
-    return cols
+    def tracks(self, service: str) -> bool:
+        return service in self._services
 
+    def _instances(self, service: str) -> list[tuple[str, int]]:
+        svc = self._services.get(service)
+        index = self.rows.index
+        return [
+            (i, r)
+            for i in sorted(svc.instances if svc else ())
+            if (r := index.get((service, i))) is not None
+        ]
 
-def _point_of(rec: RequestRecord) -> dict[str, Any]:
-    return {"context_tokens": rec.context_tokens, "output_tokens": rec.output_tokens, "t": rec.ts}
+    def service_snapshot(self, service: str) -> dict[str, Any]:
+        """What ``ragwatch status`` shows about one service: each instance's last bucket."""
+        rows = self.rows
+        instances = [
+            {
+                "instance": inst,
+                "host": rows.host[row],
+                "bucket_end": rows.bucket_end(row),
+                "signals": rows.signal_dict(row),
+                "outlier_label": rows.label[row],
+                "open_buckets": len(rows.buckets[row]),
+            }
+            for inst, row in self._instances(service)
+        ]
+        return {"service": service, "instances": instances}
 
+    def service_state(self, service: str) -> tuple[dict[SeriesKey, ServiceView], Any]:
+        """The service's series (views) and shared outlier state."""
+        views = {
+            (service, i): ServiceView(self.rows, r, (service, i))
+            for i, r in self._instances(service)
+        }
+        return views, self._services.get(service)
 
-def _window_var(f: Forecast | None, steps: float) -> float:
-    """A baseline's relative variance over a window of ``steps`` buckets: its own
-    uncertainty, and its excess noise per bucket averaged over the window."""
-    return 0.0 if f is None else f.var + f.noise / max(1.0, steps)
+    # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------
 
+    name: ClassVar[str] = "requests"
+    domain: ClassVar[Domain] = "service"
 
-def _drop_score(d: float, z: float, z_min: float) -> float:
-    """[0, 1]: how far below its forecast (0.5 at -25 %), if significantly so."""
-    if z > -z_min or d >= 0:
-        return 0.0
-    return min(1.0, -d / 0.5)
+    def dump(self, key: str) -> dict[str, Any]:
+        """A service's rows and shared outlier state, as plain data (a snapshot)."""
+        svc = self._services.get(key)
+        return snapshots.dump(self.rows, key, self._instances(key), svc)
+
+    def adopt(self, service: str, state: Any) -> int:
+        """Take over a service from a snapshot (:meth:`dump`, or the previous format's
+        objects), unless this pipeline already tracks it (its own state is newer).
+        Returns how many series it adopted."""
+        if service in self._services:
+            return 0
+        got = snapshots.adopt(self.rows, service, state, self._room(), self._rng)
+        if got is None:
+            return 0
+        shared, rows = got
+        if not rows:
+            return 0
+        shared.instances = {self.rows.index.key(r)[1] for r in rows}
+        self._services[service] = shared
+        self.rows.watch[rows] = True  # the engine may restore its alerts next
+        return len(rows)
+
+    def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
+        return {k: self.service_snapshot(k) for k in keys}
+
+    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]:
+        for key in keys:
+            for inst, row in self._instances(key):
+                end = self.rows.bucket_end(row)
+                if end is not None:
+                    yield ChartSeries(
+                        "service",
+                        {"service": key, "instance": inst},
+                        end,
+                        ServiceView(self.rows, row, (key, inst)),
+                    )
+
+    def forget(self, service: str) -> None:
+        """Drop a service's series and outlier state without resolving anything (another
+        worker owns it now)."""
+        self._services.pop(service, None)
+        for k in [k for k in self.rows.index if k[0] == service]:
+            self.rows.remove(k)

@@ -20,13 +20,24 @@ its series' last, an envelope not newer than its sender's last, a device event s
 before), replaying Kafka from the last committed offset after a crash changes nothing, and
 the alert that was pending or firing stays so without paging again.
 
-Snapshots are pickles, read with an allow-list: only classes of ragwatch's own detectors,
+**Format (version 7).** :data:`MAGIC` and a version byte, then msgpack
+(:mod:`msgspec.msgpack`) of plain data: ``{"v": 7, "kind": "host" | "service", "key": ...,
+"parts": {pipeline name: its dump}, "alerts": [state, ...]}``. Every pipeline's ``dump`` is
+plain data (str keys; str, int, float, bool, None, bytes, lists): series as typed arrays
+(raw little-endian bytes per column, the banks' rows) and their keys and labels as lists;
+each alert state holds its alert in the wire form (:meth:`AlertEngine.export_plain`). It
+is decoded into plain Python only (no class is ever built from the data) and each
+pipeline checks its part before it changes anything. The magic cannot be a pickle (whose
+first byte is 0x80).
+
+**The previous format.** Snapshots of version 6 and 5 were pickles. While
+``RAGWATCH_SNAPSHOT_LEGACY`` is on (the default in this release: for the rolling upgrade),
+they are read once with an allow-list unpickler (only classes of ragwatch's own detectors,
 streams and schema, and a few containers from the standard library, can be rebuilt, and
-nothing can be called. A host's GPU and process series are typed arrays in it (raw
-little-endian bytes per column, keys and labels as plain tuples and dicts:
-``GpuPipeline.dump``), so they rebuild no class at all; GPU series in the previous form
-(a ``Series`` object each) are still adopted. A snapshot that fails to load (another
-version, corrupt) is counted and skipped: the worker starts that key from scratch.
+nothing can be called), logged once per key, and the key's next snapshot is version 7;
+with it off, nothing is ever unpickled and such a snapshot is refused. A snapshot that
+fails to load (another version, corrupt, of other shapes) raises :class:`SnapshotError`:
+the worker counts it and starts that key from scratch (nothing of it adopted).
 
 >>> from ragwatch.agents.scenario import build
 >>> from ragwatch.streams.pipelines.fleet import Pipelines
@@ -36,6 +47,8 @@ version, corrupt) is counted and skipped: the worker starts that key from scratc
 >>> for env in build("leak", hosts=1, gpus=1, services=0, interval_s=60.0).envelopes(hours=2):
 ...     _ = first.process(env)
 >>> data = dump_host(first, "gpu-node-01")
+>>> data.startswith(MAGIC)
+True
 >>> second = Pipelines(rules)                     # a restarted worker
 >>> load_host(second, "gpu-node-01", data)
 3
@@ -46,22 +59,133 @@ version, corrupt) is counted and skipped: the worker starts that key from scratc
 from __future__ import annotations
 
 import io
+import logging
 import pickle
+from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from ragwatch.errors import RagwatchError
+from ragwatch.streams.alerting.engine import AlertState, states_of
 from ragwatch.streams.pipelines.base import Domain, owns
 from ragwatch.streams.pipelines.fleet import Pipelines
+
+log = logging.getLogger(__name__)
 
 # 2: GPU series keep raw values; 3: request series keep evidence windows and seasonal
 # baselines; 4: request buckets count an outlier cluster's records apart; 5: seasonal
 # baselines keep a row per day seen and count rings grow as buckets arrive; 6: tail
-# windows keep runs of one bucket, outlier windows doubles (a worker reads 5 and 6 and
-# writes 6, so a worker of the version before relearns what it reads from this one
-# instead of failing on it; a snapshot of another version is not used: its hosts and
-# services learn again, once)
-SNAPSHOT_VERSION = 6
-READABLE_VERSIONS = frozenset({5, 6})
+# windows keep runs of one bucket, outlier windows doubles; 7: msgpack of plain data, not
+# a pickle (a worker writes 7 and reads 7, and 6 and 5 while RAGWATCH_SNAPSHOT_LEGACY is
+# on; a worker of version 6 counts a 7 as unreadable and relearns that key, once)
+SNAPSHOT_VERSION = 7
+MAGIC = b"ragwatch-snapshot\x00"  # then the version byte, then msgpack
+LEGACY_VERSIONS = frozenset({5, 6})  # pickles, read only while the setting allows it
+LEGACY_DEFAULT = True  # RAGWATCH_SNAPSHOT_LEGACY's default (ragwatch.config)
+_PICKLE = b"\x80"  # the PROTO opcode every pickle of protocol 2 and later starts with
+_ENCODER = msgspec.msgpack.Encoder()
+_LOGGED_MAX = 100_000  # legacy snapshots logged (once per key): forgotten beyond
+
+
+class SnapshotError(RagwatchError):
+    """A snapshot that cannot be used: corrupt, another version, or not allowed."""
+
+
+def dump_host(p: Pipelines, host: str) -> bytes:
+    """The host's state in every host pipeline and the engine state of its alerts."""
+    return _dump(p, "host", host)
+
+
+def dump_service(p: Pipelines, service: str) -> bytes:
+    """The service's state in every service pipeline and the engine state of its alerts."""
+    return _dump(p, "service", service)
+
+
+def load_host(p: Pipelines, host: str, data: bytes, *, legacy: bool = LEGACY_DEFAULT) -> int:
+    """Adopt a host snapshot (what ``p`` already knows wins); returns the series adopted.
+    ``legacy``: whether a snapshot of the previous format (a pickle) may be read."""
+    return _load(p, "host", host, data, legacy)
+
+
+def load_service(p: Pipelines, service: str, data: bytes, *, legacy: bool = LEGACY_DEFAULT) -> int:
+    """Adopt a service snapshot (what ``p`` already knows wins); returns the series adopted.
+    ``legacy``: whether a snapshot of the previous format (a pickle) may be read."""
+    return _load(p, "service", service, data, legacy)
+
+
+def _dump(p: Pipelines, domain: Domain, key: str) -> bytes:
+    body = {
+        "v": SNAPSHOT_VERSION,
+        "kind": domain,
+        "key": key,
+        "parts": p.dump(domain, key),
+        "alerts": p.engine.export_plain(lambda lab: owns(domain, key, lab)),
+    }
+    return MAGIC + bytes([SNAPSHOT_VERSION]) + _ENCODER.encode(body)
+
+
+def _load(p: Pipelines, domain: Domain, key: str, data: bytes, legacy: bool) -> int:
+    if data.startswith(MAGIC):
+        parts, alerts = _decode(domain, key, data)
+    elif data.startswith(_PICKLE) and legacy:
+        parts, alerts = _unpickle(domain, key, data)
+    elif data.startswith(_PICKLE):
+        raise SnapshotError(
+            f"{domain} snapshot of {key!r} is of the previous format, not read "
+            "(RAGWATCH_SNAPSHOT_LEGACY=false)"
+        )
+    else:
+        raise SnapshotError(f"{domain} snapshot of {key!r} is not a snapshot (no header)")
+    pipes = p.of(domain)
+    fresh = not any(pipe.tracks(key) for pipe in pipes)
+    try:
+        n = p.adopt(domain, key, parts)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError, ArithmeticError) as exc:
+        if fresh:  # a part adopted before the one that failed goes too: from scratch
+            for pipe in pipes:
+                pipe.forget(key)
+        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc}") from None
+    p.engine.restore(alerts, {r.name for r in p.rules})
+    return n
+
+
+def _decode(domain: Domain, key: str, data: bytes) -> tuple[dict[str, Any], dict[str, AlertState]]:
+    """A version-7 snapshot's parts and alert states (checked: SnapshotError)."""
+    version = data[len(MAGIC)] if len(data) > len(MAGIC) else None
+    if version != SNAPSHOT_VERSION:
+        raise SnapshotError(f"{domain} snapshot of {key!r} has another version ({version})")
+    try:
+        state = msgspec.msgpack.decode(data[len(MAGIC) + 1 :])
+    except Exception as exc:  # DecodeError, RecursionError (a deep nest), MemoryError, ...
+        raise SnapshotError(f"unreadable {domain} snapshot of {key!r}: {exc}") from None
+    _check_header(domain, key, state, {SNAPSHOT_VERSION})
+    parts = state.get("parts")
+    if not isinstance(parts, dict) or not all(isinstance(k, str) for k in parts):
+        raise SnapshotError(f"{domain} snapshot of {key!r}: its parts are not a map by name")
+    try:
+        alerts = states_of(state.get("alerts"))
+    except ValueError as exc:
+        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc}") from None
+    # only the key's own alerts (those its dump exported)
+    owned = {fp: s for fp, s in alerts.items() if owns(domain, key, s.alert.labels)}
+    return parts, owned
+
+
+def _check_header(
+    domain: Domain, key: str, state: Any, versions: set[int] | frozenset[int]
+) -> None:
+    if not isinstance(state, dict) or state.get("v") not in versions:
+        raise SnapshotError(f"{domain} snapshot of {key!r} has another version")
+    if state.get("kind") != domain or state.get("key") != key:
+        raise SnapshotError(
+            f"snapshot under {domain} {key!r} is of {state.get('kind')} {state.get('key')!r}"
+        )
+
+
+# ---------------------------------------------------------------------- versions 5 and 6
+# Pickles, read with an allow-list while RAGWATCH_SNAPSHOT_LEGACY is on (the next version
+# drops this part and the setting).
 
 # (module, names) the unpickler may rebuild besides ragwatch's own classes
 _STDLIB: dict[str, frozenset[str]] = {
@@ -92,13 +216,26 @@ MOVED = {
 }
 
 
-class SnapshotError(RagwatchError):
-    """A snapshot that cannot be used: corrupt, another version, or not allowed."""
+# classes of version-6 snapshots that live elsewhere now (the request series became rows;
+# their objects are read once, into rows: service_snapshot.adopt): (module, name) -> new
+RENAMED = {
+    ("ragwatch.streams.pipelines.requests", name): (f"ragwatch.streams.pipelines.{mod}", new)
+    for name, (mod, new) in {
+        "ServiceSeries": ("legacy_series", "ServiceSeries"),
+        "_Pending": ("legacy_series", "_Pending"),
+        "_Service": ("service_clusters", "ServiceClusters"),
+        "Bucket": ("buckets", "Bucket"),
+        "Reservoir": ("buckets", "Reservoir"),
+    }.items()
+}
+
+_logged: set[tuple[str, str]] = set()  # keys whose legacy snapshot was logged
 
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         module = MOVED.get(module, module)
+        module, name = RENAMED.get((module, name), (module, name))
         if name in _STDLIB.get(module, ()):
             return super().find_class(module, name)
         if module.startswith(_OWN) or module == "ragwatch.schema":
@@ -108,31 +245,42 @@ class _Unpickler(pickle.Unpickler):
         raise SnapshotError(f"snapshot refers to {module}.{name}, which is not allowed")
 
 
-def _dumps(kind: str, key: str, body: dict[str, Any]) -> bytes:
-    return pickle.dumps({"v": SNAPSHOT_VERSION, "kind": kind, "key": key, **body}, protocol=5)
-
-
-def _loads(kind: str, key: str, data: bytes) -> dict[str, Any]:
+def _unpickle(
+    domain: Domain, key: str, data: bytes
+) -> tuple[dict[str, Any], dict[str, AlertState]]:
+    """A version-5 or 6 snapshot's parts and alert states (SnapshotError if unusable)."""
     try:
         state = _Unpickler(io.BytesIO(data)).load()
     except SnapshotError:
         raise
     except Exception as exc:  # pickle raises many types on corrupt input
-        raise SnapshotError(f"unreadable {kind} snapshot of {key!r}: {exc}") from None
-    if not isinstance(state, dict) or state.get("v") not in READABLE_VERSIONS:
-        raise SnapshotError(f"{kind} snapshot of {key!r} has another version")
-    if state.get("kind") != kind or state.get("key") != key:
-        raise SnapshotError(
-            f"snapshot under {kind} {key!r} is of {state.get('kind')} {state.get('key')!r}"
+        raise SnapshotError(f"unreadable {domain} snapshot of {key!r}: {exc}") from None
+    _check_header(domain, key, state, LEGACY_VERSIONS)
+    try:
+        parts = _legacy_parts(domain, state)
+        alerts = state["alerts"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc!r}") from None
+    if not isinstance(alerts, Mapping) or not all(
+        isinstance(s, AlertState) for s in alerts.values()
+    ):
+        raise SnapshotError(f"{domain} snapshot of {key!r}: its alerts are not alert states")
+    if (domain, key) not in _logged:
+        if len(_logged) >= _LOGGED_MAX:
+            _logged.clear()
+        _logged.add((domain, key))
+        log.info(
+            "%s %s: read a snapshot of the previous format (version %s); its next one is "
+            "version %d (RAGWATCH_SNAPSHOT_LEGACY=false once every worker is upgraded)",
+            domain,
+            key,
+            state["v"],
+            SNAPSHOT_VERSION,
         )
-    return state
+    return parts, dict(alerts)
 
 
-def _rule_names(p: Pipelines) -> set[str]:
-    return {r.name for r in p.rules}
-
-
-def _parts(kind: str, state: dict[str, Any]) -> dict[str, Any]:
+def _legacy_parts(kind: str, state: dict[str, Any]) -> dict[str, Any]:
     """The pipelines' parts of a snapshot, by pipeline name. Snapshots written before the
     pipelines had names held the same parts under fixed keys."""
     if "parts" in state:
@@ -140,38 +288,3 @@ def _parts(kind: str, state: dict[str, Any]) -> dict[str, Any]:
     if kind == "host":
         return {"gpu": state["series"], "events": state["events"], "engines": state["engines"]}
     return {"requests": (state["series"], state["shared"])}
-
-
-def dump_host(p: Pipelines, host: str) -> bytes:
-    """The host's state in every host pipeline and the engine state of its alerts."""
-    return _dump(p, "host", host)
-
-
-def dump_service(p: Pipelines, service: str) -> bytes:
-    """The service's state in every service pipeline and the engine state of its alerts."""
-    return _dump(p, "service", service)
-
-
-def load_host(p: Pipelines, host: str, data: bytes) -> int:
-    """Adopt a host snapshot (what ``p`` already knows wins); returns the series adopted."""
-    return _load(p, "host", host, data)
-
-
-def load_service(p: Pipelines, service: str, data: bytes) -> int:
-    """Adopt a service snapshot (what ``p`` already knows wins); returns the series adopted."""
-    return _load(p, "service", service, data)
-
-
-def _dump(p: Pipelines, domain: Domain, key: str) -> bytes:
-    alerts = p.engine.export(lambda lab: owns(domain, key, lab))
-    return _dumps(domain, key, {"parts": p.dump(domain, key), "alerts": alerts})
-
-
-def _load(p: Pipelines, domain: Domain, key: str, data: bytes) -> int:
-    state = _loads(domain, key, data)
-    try:
-        n = p.adopt(domain, key, _parts(domain, state))
-        p.engine.restore(state["alerts"], _rule_names(p))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc}") from None
-    return n

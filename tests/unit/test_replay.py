@@ -29,7 +29,7 @@ from ragwatch.commands.replay import (
 from ragwatch.errors import ConfigError
 from ragwatch.event_order import sort_items
 from ragwatch.gpu_wire import GpuMessage
-from ragwatch.schema import EventEnvelope, GpuEnvelope
+from ragwatch.schema import EventEnvelope, GpuEnvelope, RequestsEnvelope
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
 
@@ -344,7 +344,8 @@ def test_csv_series_are_named_by_file_or_by_path_where_names_clash(tmp_path: Pat
 
 class RecordingPipelines(Pipelines):
     """The worker's pipelines, with the size of every GPU batch recorded (``batches``, of
-    every instance) and the envelopes each instance processed, in order (``seen``)."""
+    every instance) and the envelopes each instance processed, in order (``seen``; request
+    envelopes go through ``request_batch``, alone or in runs)."""
 
     batches: list[int] = []
 
@@ -357,8 +358,13 @@ class RecordingPipelines(Pipelines):
         self.seen += [(e.host, float(e.ts)) for e in envs]
         return super().gpu_batch(envs)
 
+    def request_batch(self, envs: Any) -> list[Any]:
+        self.seen += [(e.key, e.ts) for e in envs]
+        return super().request_batch(envs)
+
     def process(self, env: Any) -> list[Any]:
-        self.seen.append((env.key, env.ts))
+        if not isinstance(env, RequestsEnvelope):  # (recorded by request_batch)
+            self.seen.append((env.key, env.ts))
         return super().process(env)
 
 
@@ -389,7 +395,7 @@ def test_a_mixed_replay_batches_gpu_runs_and_gives_the_transitions_one_at_a_time
     assert summary["envelopes"] == len(envelopes)
     batches = RecordingPipelines.batches
     assert sum(batches) == sum(e.kind == "gpu" for e in envelopes)
-    assert 4 in batches and max(batches) == replay_mod.GPU_RUN
+    assert 4 in batches and max(batches) == replay_mod.BATCH_RUN
 
 
 def test_gpu_lines_not_as_encode_writes_them_replay_the_same(tmp_path: Path) -> None:

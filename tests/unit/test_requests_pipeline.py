@@ -429,15 +429,19 @@ def test_memory_is_bounded() -> None:
     play(pipe, T0, 100 * MIN, Traffic(random.Random(8)), rps=4, instances=instances, batch_s=10)
     assert len(pipe.series) == 3
     assert pipe.stats.dropped_records == 2 * 100 * 60 * 4
+    rows = pipe.rows
     for s in pipe.series.values():
         assert len(s.buckets) <= 30 / 60 + 2
-        assert len(s.counts) == s.counts.capacity == 90  # rate_max_s of buckets
+        ring = rows.counts.export(s.row)
+        assert len(ring) == ring.capacity == 90  # rate_max_s of buckets
         # the tail window: 2 minutes of 50 sampled values a bucket (>= 100 requests)
-        assert len(s.tail.values("e2e", s.bucket_end or 0.0)) == 100
-        assert all(len(v) <= 2 * 100 + 256 for v in s.tail._vals.values())
-        assert s.retriever_p99.model is not None and s.retriever_p99.model.late == 0
+        tail = rows.tails[s.row]
+        assert len(tail.values("e2e", s.bucket_end or 0.0)) == 100
+        assert all(len(v) <= 2 * 100 + 256 for v in tail._vals.values())
+        latency = rows.retriever_p99.export(s.row).model
+        assert latency is not None and latency.late == 0
         assert all(len(r.values) <= 50 for b in s.buckets.values() for r in b.latencies.values())
-        assert s.tpr.late == 0 and s.rps.late == 0
+        assert rows.tpr.export(s.row).late == 0 and rows.rps.export(s.row).late == 0
     sig = signals(pipe, "rag", "i0")["signals"]
     assert isinstance(sig, dict)
     assert sig["e2e_p50_ms"] == pytest.approx(750.0, rel=0.05)  # from 100 of 480 values

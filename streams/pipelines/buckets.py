@@ -1,0 +1,191 @@
+"""What one bucket of one request series accumulates until it closes.
+
+A request series (a service instance) keeps its records in fixed event-time buckets
+(``bucket_s``, a minute by default) until the bucket closes: counts and sums for the rates
+and means (requests, errors, output tokens and their squares, context tokens, the records
+of an active outlier cluster apart) and, per latency (end to end, each stage, time to first
+token, queueing), a :class:`Reservoir` of at most ``reservoir`` values, a uniform sample of
+all that came. At its close the counts go to the series' count ring and the values to its
+tail window (:mod:`~ragwatch.streams.pipelines.evidence`).
+
+>>> import random
+>>> from ragwatch.schema import RequestRecord
+>>> b = Bucket(reservoir=100, rng=random.Random(0))
+>>> b.add_run([RequestRecord(ts=1.0, status="ok", e2e_ms=640.0, context_tokens=2750,
+...                          output_tokens=178, stages={"llm": 410.0})])
+>>> b.counts().n, list(b.latencies["llm"].values)
+(1, [410.0])
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ragwatch.streams.pipelines.evidence import BucketCounts
+
+STAGES = ("retriever", "reranker", "llm")
+
+
+class Record(Protocol):
+    """A request record as the pipeline reads it: :class:`~ragwatch.schema.RequestRecord`
+    (the checked decode, tests) or :class:`~ragwatch.request_wire.RecordWire` (the worker's
+    typed decode) alike."""
+
+    @property
+    def ts(self) -> float: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def e2e_ms(self) -> float: ...
+    @property
+    def context_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def stages(self) -> dict[str, float]: ...
+    @property
+    def queue_ms(self) -> float | None: ...
+    @property
+    def ttft_ms(self) -> float | None: ...
+
+
+@dataclass
+class Reservoir:
+    """At most ``cap`` values, a uniform sample of all added (Algorithm R), as doubles
+    (8 bytes a value; a snapshot written before kept a list, which reads the same)."""
+
+    cap: int
+    rng: random.Random
+    values: array[float] = field(default_factory=lambda: array("d"))
+    seen: int = 0
+
+    def extend(self, vs: Sequence[float]) -> None:
+        """Values that fit as they are (no sampling: nothing is drawn from the rng)."""
+        if len(self.values) + len(vs) > self.cap:
+            raise ValueError(f"{len(vs)} values do not fit ({len(self.values)} of {self.cap})")
+        self.values.extend(vs)
+        self.seen += len(vs)
+
+    def add(self, v: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.cap:
+            self.values.append(v)
+        else:
+            j = self.rng.randrange(self.seen)
+            if j < self.cap:
+                self.values[j] = v
+
+
+@dataclass
+class Bucket:
+    """What one bucket of one series accumulates until it closes."""
+
+    reservoir: int
+    rng: random.Random
+    n: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    output_sq: float = 0.0
+    context_tokens: int = 0
+    latencies: dict[str, Reservoir] = field(default_factory=dict)
+    outliers: int = 0
+    novel: int = 0  # ok records away from the service's known clusters
+    labels: Counter[str] = field(default_factory=Counter)
+    clustered: int = 0  # records of the service's active outlier cluster (in none of the above)
+
+    def add(self, rec: Record, clustered: bool = False) -> None:
+        """One record; one of an active outlier cluster is counted apart (``clustered``):
+        it is the fault RequestOutlierCluster pages for, not the service's usual traffic,
+        so the traffic baselines neither learn it nor test it. Its latencies count."""
+        if clustered:
+            self.clustered += 1
+        else:
+            self.n += 1
+            self.errors += rec.status != "ok"
+            self.output_tokens += rec.output_tokens
+            self.output_sq += rec.output_tokens * rec.output_tokens
+            self.context_tokens += rec.context_tokens
+        self._sample("e2e", rec.e2e_ms)
+        for stage, ms in rec.stages.items():
+            if stage in STAGES:
+                self._sample(stage, ms)
+        if rec.ttft_ms is not None:
+            self._sample("ttft", rec.ttft_ms)
+        if rec.queue_ms is not None:
+            self._sample("queue", rec.queue_ms)
+
+    def add_run(self, recs: Sequence[Record], clustered: Sequence[bool] = ()) -> None:
+        """:meth:`add` of each record of ``recs`` in turn (``clustered[i]`` for record i;
+        none if empty), a column at a time: the latencies of a name appended together,
+        the counts summed. Where a reservoir would fill within the run, record by record
+        (sampling then draws from the shared rng in the records' order)."""
+        if clustered and len(clustered) != len(recs):
+            raise ValueError(f"{len(clustered)} clustered flags for {len(recs)} records")
+        cols = _latency_columns(recs)
+        lat, cap = self.latencies, self.reservoir
+        if any((len(lat[k].values) if k in lat else 0) + len(v) > cap for k, v in cols.items()):
+            for i, rec in enumerate(recs):
+                self.add(rec, bool(clustered) and clustered[i])
+            return
+        for name, values in cols.items():
+            if not values:
+                continue
+            res = lat.get(name)
+            if res is None:
+                res = lat[name] = Reservoir(cap, self.rng)
+            res.extend(values)
+        counted = (
+            [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
+        )
+        self.clustered += len(recs) - len(counted)
+        self.n += len(counted)
+        self.errors += sum(1 for r in counted if r.status != "ok")
+        for rec in counted:
+            out = rec.output_tokens
+            self.output_tokens += out
+            self.output_sq += out * out
+            self.context_tokens += rec.context_tokens
+
+    def _sample(self, name: str, v: float) -> None:
+        r = self.latencies.get(name)
+        if r is None:
+            r = self.latencies[name] = Reservoir(self.reservoir, self.rng)
+        if len(r.values) < r.cap:  # Reservoir.add, inline: a call less per value
+            r.seen += 1
+            r.values.append(v)
+        else:
+            r.add(v)
+
+    def counts(self) -> BucketCounts:
+        return BucketCounts(
+            self.n,
+            self.errors,
+            self.output_tokens,
+            self.output_sq,
+            self.context_tokens,
+            clustered=self.clustered,
+        )
+
+
+def _latency_columns(recs: Sequence[Record]) -> dict[str, list[float]]:
+    """The latencies of ``recs`` by name, each in the order :meth:`Bucket.add` samples
+    them (the records' order); a name no record has is left out."""
+    cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in recs]}
+    stages = [r.stages for r in recs]
+    if any(stages):
+        for stage in STAGES:
+            col = [v for st in stages if (v := st.get(stage)) is not None]
+            if col:
+                cols[stage] = col
+    ttft = [v for r in recs if (v := r.ttft_ms) is not None]
+    queue = [v for r in recs if (v := r.queue_ms) is not None]
+    if ttft:
+        cols["ttft"] = ttft
+    if queue:
+        cols["queue"] = queue
+    return cols

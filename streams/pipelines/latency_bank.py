@@ -1,0 +1,186 @@
+"""Many latency baselines in arrays: :class:`LatencyBank` runs
+:class:`~ragwatch.streams.pipelines.evidence.LatencyBaseline` for N series at once.
+
+A latency baseline is a seasonal baseline of the log of a window quantile (a request
+series' retriever P99 or end-to-end P95), fed an entry every ``entry_values`` new requests
+and held while the quantile is more than ``hold`` times the baseline. Here the baselines
+are rows of one :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the rest of
+their state three columns: the window's count at the last entry and when and from what
+the baseline last accepted a new level. The object stays the reference
+(``tests/unit/test_latency_bank.py``): the same baselines, holds and entries, bit for bit.
+
+>>> bank = LatencyBank(capacity=2)
+>>> rows = np.array([0, 1])
+>>> for i in range(5):   # row 0 at 100 ms, row 1 at 400 ms, an entry every 100 requests
+...     base = bank.update(rows, np.full(2, 60.0 * i), np.array([100.0, 400.0]),
+...                        np.array([100 * i, 100 * i]))
+>>> [round(float(v)) for v in bank.baseline(rows, np.full(2, 300.0))]
+[100, 400]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.streams.pipelines.evidence import LatencyBaseline
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+NO_ENTRY = -1  # seen_at_entry of a baseline that has had no entry yet (None)
+
+
+def _exp(a: F64) -> F64:
+    """``math.exp`` of each value (numpy's differs from it in the last bit at times), NaN
+    staying NaN."""
+    return np.array([math.exp(v) if v == v else math.nan for v in a.tolist()], dtype=np.float64)
+
+
+class LatencyBank:
+    """Latency baselines for up to ``capacity`` rows (it grows); parameters as
+    :class:`~ragwatch.streams.pipelines.evidence.LatencyBaseline`'s."""
+
+    def __init__(
+        self,
+        capacity: int = 16,
+        *,
+        entry_values: int = 100,
+        min_entries: int = 3,
+        hold: float = 1.2,
+        hold_max_s: float = 86400.0,
+    ) -> None:
+        self.entry_values, self.hold = entry_values, hold
+        self.min_entries, self.hold_max_s = min_entries, hold_max_s
+        proto = LatencyBaseline(
+            entry_values=entry_values, min_entries=min_entries, hold=hold, hold_max_s=hold_max_s
+        ).model
+        assert proto is not None
+        self.model = SeasonalBank(proto, capacity)
+        self.seen_at_entry: I64 = np.full(capacity, NO_ENTRY, dtype=np.int64)
+        self.relearned_at: F64 = np.full(capacity, np.nan)
+        self.relearned_before: F64 = np.full(capacity, np.nan)
+
+    def reserve(self, n: int) -> None:
+        """Rows ``0 .. n - 1`` usable (new rows fresh)."""
+        self.model.reserve(n)
+        old = len(self.seen_at_entry)
+        if n <= old:
+            return
+        size = max(n, 2 * old)
+        self.seen_at_entry = np.concatenate(
+            [self.seen_at_entry, np.full(size - old, NO_ENTRY, dtype=np.int64)]
+        )
+        self.relearned_at = np.concatenate([self.relearned_at, np.full(size - old, np.nan)])
+        self.relearned_before = np.concatenate([self.relearned_before, np.full(size - old, np.nan)])
+
+    def reset(self, rows: npt.ArrayLike) -> None:
+        r = np.asarray(rows, dtype=np.intp)
+        self.model.reset(r)
+        self.seen_at_entry[r] = NO_ENTRY
+        self.relearned_at[r] = self.relearned_before[r] = np.nan
+
+    def baseline(self, rows: npt.ArrayLike, now: F64) -> F64:
+        """The baselines at ``now`` (NaN while warming up)."""
+        mean, _, _ = self.model.forecast(np.asarray(rows, dtype=np.intp), now)
+        return _exp(mean)
+
+    def held_s(self, rows: npt.ArrayLike, now: F64) -> F64:
+        return self.model.held_s(np.asarray(rows, dtype=np.intp), now)
+
+    def update(self, rows: npt.ArrayLike, now: F64, value: F64, seen: I64) -> F64:
+        """:meth:`LatencyBaseline.update` of each row (distinct): judge ``value`` (the
+        window's quantile, NaN if unknown; ``seen``: the values the window ever took)
+        against the baseline, then maybe learn it. Returns the baselines judged against."""
+        r = np.asarray(rows, dtype=np.intp)
+        base = self.baseline(r, now)
+        with np.errstate(invalid="ignore"):
+            ok = value > 0  # False for NaN, as `not value > 0` is True in the object
+        if not ok.any():
+            return base
+        r, t, v, b = r[ok], now[ok], value[ok], base[ok]
+        z = np.array([math.log(x) for x in v.tolist()], dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            deviating = ~np.isnan(b) & (v > self.hold * b)
+        accepted = self.model.hold(r, t, deviating, z)
+        self.relearned_at[r[accepted]] = t[accepted]
+        self.relearned_before[r[accepted]] = b[accepted]
+        last = self.seen_at_entry[r]
+        s = seen[ok]
+        due = (last == NO_ENTRY) | (s - last >= self.entry_values)
+        due &= ~self.model.holding(r)
+        if due.any():
+            d = r[due]
+            self.model.learn(d, t[due], z[due], np.zeros(len(d)), np.ones(len(d)))
+            self.seen_at_entry[d] = s[due]
+        return base
+
+    # -- the reference and snapshots -------------------------------------------------
+
+    def adopt(self, row: int, base: LatencyBaseline) -> None:
+        """Take the state of an object baseline into ``row`` (exactly)."""
+        assert base.model is not None
+        self.model.adopt(row, base.model)
+        self.seen_at_entry[row] = NO_ENTRY if base.seen_at_entry is None else base.seen_at_entry
+        self.relearned_at[row] = _nan(base.relearned_at)
+        self.relearned_before[row] = _nan(base.relearned_before)
+
+    def export(self, row: int) -> LatencyBaseline:
+        """The object with ``row``'s state."""
+        seen = int(self.seen_at_entry[row])
+        return LatencyBaseline(
+            entry_values=self.entry_values,
+            min_entries=self.min_entries,
+            hold=self.hold,
+            hold_max_s=self.hold_max_s,
+            model=self.model.export(row),
+            seen_at_entry=None if seen == NO_ENTRY else seen,
+            relearned_at=_none(self.relearned_at[row]),
+            relearned_before=_none(self.relearned_before[row]),
+        )
+
+    def dump(self, rows: npt.ArrayLike) -> dict[str, Any]:
+        """``rows``' state as plain data (raw little-endian arrays)."""
+        r = np.asarray(rows, dtype=np.intp)
+        return {
+            "model": self.model.dump(r),
+            "seen_at_entry": self.seen_at_entry[r].astype("<i8").tobytes(),
+            "relearned_at": self.relearned_at[r].astype("<f8").tobytes(),
+            "relearned_before": self.relearned_before[r].astype("<f8").tobytes(),
+        }
+
+    def load(self, rows: npt.ArrayLike, data: dict[str, Any]) -> None:
+        """Inverse of :meth:`dump` (ValueError, before changing anything, if it does not
+        fit ``rows``)."""
+        r = np.asarray(rows, dtype=np.intp)
+        seen = _array(data["seen_at_entry"], "<i8", len(r))
+        at = _array(data["relearned_at"], "<f8", len(r))
+        before = _array(data["relearned_before"], "<f8", len(r))
+        probe = SeasonalBank(self.model.proto, max(1, len(r)))
+        probe.load(np.arange(len(r)), data["model"])  # raises before anything changes here
+        self.model.load(r, data["model"])
+        self.seen_at_entry[r], self.relearned_at[r], self.relearned_before[r] = seen, at, before
+
+    def nbytes(self) -> int:
+        own = self.seen_at_entry.nbytes + self.relearned_at.nbytes + self.relearned_before.nbytes
+        return self.model.nbytes() + own
+
+
+def _array(raw: Any, dtype: str, n: int) -> npt.NDArray[Any]:
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        raise ValueError(f"expected bytes, got {type(raw).__name__}")
+    a = np.frombuffer(raw, dtype=dtype)
+    if len(a) != n:
+        raise ValueError(f"{len(a)} values for {n} rows")
+    return a
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+def _none(v: np.float64) -> float | None:
+    return None if v != v else float(v)

@@ -1,0 +1,226 @@
+"""Request series as rows: the state of every (service, instance) in arrays.
+
+A row per series (:class:`~ragwatch.streams.pipelines.rows.RowIndex` keeps the key ->
+row map and a free list). What a bucket close reads and writes is in columns, so the
+closes of many series are one set of array operations
+(:mod:`~ragwatch.streams.pipelines.request_close`):
+
+- scalars (event-time watermark, the last bucket's end, the
+  totals, the usual share of errors, the tokens' spread, the observations pending for
+  the two traffic baselines, when a baseline last accepted a new level) in 1-D arrays;
+- the newest signals in a ``(rows, len(SIGNALS))`` matrix, NaN where a signal has no value;
+- the count rings in a :class:`~ragwatch.streams.pipelines.count_bank.CountBank`, the
+  traffic baselines (requests per second, tokens per request) in two
+  :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank`, the latency baselines
+  (retriever P99, end-to-end P95) in two
+  :class:`~ragwatch.streams.pipelines.latency_bank.LatencyBank`.
+
+What is not a number stays per row in lists: the open buckets (a minute's accumulators,
+one or two a series), the tail window of recent latencies (its length follows the
+traffic), the next bucket to close, gaps, the senders' last envelope times, the host and
+the outlier label.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ragwatch.detectors.seasonal import SeasonalBaseline
+from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.streams.pipelines.buckets import Bucket
+from ragwatch.streams.pipelines.count_bank import CountBank
+from ragwatch.streams.pipelines.evidence import TailWindow
+from ragwatch.streams.pipelines.latency_bank import LatencyBank
+from ragwatch.streams.pipelines.rows import RowIndex
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Rows = npt.NDArray[np.intp]
+SeriesKey = tuple[str, str]  # service, instance
+RECENT_BUCKETS = 5  # recent_outliers: over this many buckets
+TOKEN_CV2 = 0.05  # tokens per request: variance / mean^2 until the series has measured it
+ERROR_PRIOR = 0.005  # the share of failed requests assumed before a series has measured it
+
+# The signals of a request series, in the order a close computes them (status and the
+# alerts' annotations list them so).
+SIGNALS: tuple[str, ...] = (
+    "requests_total", "errors_total", "output_tokens_total",
+    "window_s", "window_requests", "rps", "clustered_requests", "output_tokens_per_s",
+    "errors_ratio", "errors_baseline", "errors_z", "tokens_per_request",
+    "context_tokens_per_request",
+    "rps_forecast", "rps_deviation", "rps_z",
+    "tpr_forecast", "tpr_deviation", "tpr_z", "tpr_score",
+    "tps_forecast", "tps_deviation", "tps_z", "tps_score",
+    "rps_relearned_at", "rps_relearned_from", "tpr_relearned_at", "tpr_relearned_from",
+    "tps_relearned_at", "tps_relearned_from", "rps_held_s", "tpr_held_s", "tps_held_s",
+    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms",
+    "retriever_p50_ms", "retriever_p95_ms", "retriever_p99_ms", "retriever_share",
+    "reranker_p50_ms", "reranker_p95_ms", "reranker_p99_ms", "reranker_share",
+    "llm_p50_ms", "llm_p95_ms", "llm_p99_ms", "llm_share",
+    "ttft_p95_ms", "queue_p95_ms",
+    "retriever_p99_baseline_ms", "retriever_p99_ratio", "retriever_p99_held_s",
+    "retriever_p99_relearned_at", "retriever_p99_relearned_from",
+    "e2e_p95_baseline_ms", "e2e_p95_ratio", "e2e_p95_held_s",
+    "e2e_p95_relearned_at", "e2e_p95_relearned_from",
+    "outliers", "outlier_ratio", "recent_outliers",
+    "new_outlier_cluster", "outlier_cluster_size", "outlier_cluster_active",
+)  # fmt: skip
+SIGNAL_AT = {name: i for i, name in enumerate(SIGNALS)}
+FAMILIES = ("rps", "tpr", "tps")  # the traffic baselines' families (relearned_at/from)
+
+# per-row scalar columns: name -> (dtype, fresh value)
+SCALARS: dict[str, tuple[Any, float | int]] = {
+    "watermark": (np.float64, -math.inf),
+    "bucket_end": (np.float64, math.nan),  # end of the last closed bucket (NaN: none yet)
+    "requests_total": (np.int64, 0),
+    "errors_total": (np.int64, 0),
+    "output_tokens_total": (np.float64, 0.0),
+    "error_base": (np.float64, ERROR_PRIOR),
+    "novel_score": (np.float64, 0.0),  # novel records, decaying by NOVEL_DECAY a bucket
+    "token_cv2": (np.float64, TOKEN_CV2),
+    "cluster_size": (np.float64, math.nan),  # its latest outlier cluster's, when it appeared
+    **{
+        f"{family}_{name}": (dtype, fresh)
+        for family in ("rps", "tpr")  # buckets gathered into one observation of a baseline
+        for name, dtype, fresh in (
+            ("pending_start", np.float64, math.nan),
+            ("pending_end", np.float64, 0.0),
+            ("pending_n", np.int64, 0),
+            ("pending_tokens", np.float64, 0.0),
+            ("pending_tokens_sq", np.float64, 0.0),
+            ("pending_expected", np.float64, 0.0),
+        )
+    },
+    **{f"{f}_relearned_{x}": (np.float64, math.nan) for f in FAMILIES for x in ("at", "from")},
+}
+
+
+def _free(n: int) -> list[Any]:
+    """``n`` free rows' slots of a per-row list (None until a series takes the row)."""
+    return [None] * n
+
+
+class ServiceRows:
+    """The state of every request series (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        bucket_s: float,
+        rate_max_s: float,
+        tail: tuple[int, float, float],
+        min_baseline: int,
+        hold_max_s: float,
+        reservoir: int = 5000,
+        capacity: int = 64,
+    ) -> None:
+        self.bucket_s, self.tail_params, self.reservoir = bucket_s, tail, reservoir
+        self.index: RowIndex[SeriesKey] = RowIndex(capacity)
+        proto = SeasonalBaseline(step_s=bucket_s, hold_max_s=hold_max_s)
+        self.rps, self.tpr = SeasonalBank(proto, capacity), SeasonalBank(proto, capacity)
+        latency = {"min_entries": min_baseline, "hold_max_s": hold_max_s}
+        self.retriever_p99 = LatencyBank(capacity, **latency)  # type: ignore[arg-type]
+        self.e2e_p95 = LatencyBank(capacity, **latency)  # type: ignore[arg-type]
+        self.counts = CountBank(math.ceil(rate_max_s / bucket_s), bucket_s, capacity)
+        self.col: dict[str, npt.NDArray[Any]] = {
+            name: np.full(capacity, fresh, dtype=dtype) for name, (dtype, fresh) in SCALARS.items()
+        }
+        self.recent: I64 = np.zeros((capacity, RECENT_BUCKETS), dtype=np.int64)
+        self.signals: F64 = np.full((capacity, len(SIGNALS)), np.nan)
+        self.watch = np.zeros(capacity, dtype=np.bool_)  # an alert of the row may be active
+        # per-row objects, made when a series takes the row (a free row holds None)
+        self.buckets: list[dict[int, Bucket]] = _free(capacity)
+        self.tails: list[TailWindow] = _free(capacity)
+        self.gaps: list[deque[tuple[int, int]]] = _free(capacity)
+        self.senders: list[dict[int | None, float]] = _free(capacity)
+        self.keys: list[dict[str, tuple[dict[str, str], str]]] = _free(capacity)
+        self.host: list[str | None] = [None] * capacity
+        self.label: list[str | None] = [None] * capacity
+        # the oldest bucket not closed yet (None before the first record): a Python int, as
+        # event times have no upper bound a bucket number in int64 would have
+        self.next_bucket: list[int | None] = [None] * capacity
+        self.capacity = capacity
+
+    def _tail(self) -> TailWindow:
+        n, min_s, max_s = self.tail_params
+        return TailWindow(n, min_s, max_s, bucket_s=self.bucket_s)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # -- rows -----------------------------------------------------------------------------
+
+    def add(self, key: SeriesKey, at: float) -> int:
+        """A fresh row for a new series."""
+        row = self.index.add(key, at=at)
+        if row >= self.capacity:
+            self._grow(max(row + 1, 2 * self.capacity))
+        self.buckets[row], self.tails[row], self.gaps[row] = {}, self._tail(), deque()
+        self.senders[row], self.keys[row] = {}, {}
+        return row
+
+    def remove(self, key: SeriesKey) -> int:
+        """Free a series' row (reset: the next series to take it starts fresh)."""
+        row = self.index.remove(key)
+        self.reset(row)
+        return row
+
+    def reset(self, row: int) -> None:
+        r = np.array([row], dtype=np.intp)
+        for name, (_, fresh) in SCALARS.items():
+            self.col[name][row] = fresh
+        self.recent[row] = 0
+        self.signals[row] = np.nan
+        self.watch[row] = False
+        for bank in (self.rps, self.tpr, self.retriever_p99, self.e2e_p95, self.counts):
+            bank.reset(r)
+        for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
+            objects[row] = None  # type: ignore[call-overload]  # a free row
+        self.host[row] = self.label[row] = self.next_bucket[row] = None
+
+    def _grow(self, capacity: int) -> None:
+        old = self.capacity
+        for name, (dtype, fresh) in SCALARS.items():
+            a = np.full(capacity, fresh, dtype=dtype)
+            a[:old] = self.col[name]
+            self.col[name] = a
+        self.recent = np.concatenate(
+            [self.recent, np.zeros((capacity - old, RECENT_BUCKETS), np.int64)]
+        )
+        self.signals = np.concatenate(
+            [self.signals, np.full((capacity - old, len(SIGNALS)), np.nan)]
+        )
+        self.watch = np.concatenate([self.watch, np.zeros(capacity - old, dtype=np.bool_)])
+        for bank in (self.rps, self.tpr, self.retriever_p99, self.e2e_p95, self.counts):
+            bank.reserve(capacity)
+        more = capacity - old
+        for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
+            objects += _free(more)
+        self.host += [None] * more
+        self.label += [None] * more
+        self.next_bucket += [None] * more
+        self.capacity = capacity
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def signal_dict(self, row: int) -> dict[str, float | None]:
+        """The row's newest signals (None where unknown; empty before its first close)."""
+        if math.isnan(self.col["bucket_end"][row]):
+            return {}
+        values = self.signals[row].tolist()
+        return {name: None if v != v else v for name, v in zip(SIGNALS, values, strict=True)}
+
+    def bucket_end(self, row: int) -> float | None:
+        v = float(self.col["bucket_end"][row])
+        return None if v != v else v
+
+    def nbytes(self) -> int:
+        """Bytes held by the arrays (the banks' included), not by the per-row lists."""
+        banks = (self.rps, self.tpr, self.retriever_p99, self.e2e_p95, self.counts)
+        own = sum(a.nbytes for a in self.col.values()) + self.recent.nbytes + self.signals.nbytes
+        return own + sum(b.nbytes() for b in banks)
