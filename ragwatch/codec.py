@@ -223,6 +223,26 @@ def gpu_wire(env: GpuEnvelope) -> gpu_wire_types.GpuMessage:
     return decode_gpu_wire(encode(env))
 
 
+def decode_requests_wire(
+    data: bytes | str, *, max_bytes: int = MAX_MESSAGE_BYTES
+) -> request_wire_types.RequestsWire | RequestsEnvelope:
+    """Parse and validate one ``requests`` message for the request pipeline: msgspec's
+    structs where the typed pass vouches for it (the worker's hot path: no record built),
+    else the checked envelope. Accepts and rejects exactly what :func:`decode_as` does
+    for :class:`RequestsEnvelope` (SchemaError with the same reason).
+
+    >>> w = decode_requests_wire(b'{"v":1,"kind":"requests","service":"rag",'
+    ...                          b'"instance":"a","ts":2.0,"records":[]}')
+    >>> type(w).__name__, w.service
+    ('RequestsWire', 'rag')
+    """
+    if type(data) is bytes and len(data) <= max_bytes:
+        typed = request_wire_types.decode_wire(data)
+        if typed is not None:
+            return typed
+    return RequestsEnvelope.from_dict(loads(data, max_bytes=max_bytes))
+
+
 # kinds with a typed pass that builds their record (the GPU one: decode_gpu_wire)
 _TYPED: dict[type[Any], Callable[[bytes], Any]] = {RequestsEnvelope: request_wire_types.decode}
 

@@ -70,15 +70,27 @@ class RequestsWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _DECODER = msgspec.json.Decoder(RequestsWire)
 
 
-def decode(data: bytes) -> RequestsEnvelope | None:
-    """The envelope of a valid ``requests`` message; None if it is not one, or if this path
-    cannot tell (the checked path decides)."""
+def decode_wire(data: bytes) -> RequestsWire | None:
+    """The structs of a valid ``requests`` message (what the request pipeline reads: its
+    records need not be built as :class:`~ragwatch.schema.RequestRecord` objects, which
+    cost more than the parse); None if it is not one, or if this path cannot tell."""
     if not _plain(data):
         return None
     try:
-        w = _DECODER.decode(data)
+        return _DECODER.decode(data)
     except (msgspec.DecodeError, RecursionError):  # (ValidationError is a DecodeError)
         return None
+
+
+def decode(data: bytes) -> RequestsEnvelope | None:
+    """The envelope of a valid ``requests`` message; None if it is not one, or if this path
+    cannot tell (the checked path decides)."""
+    w = decode_wire(data)
+    return None if w is None else to_envelope(w)
+
+
+def to_envelope(w: RequestsWire) -> RequestsEnvelope:
+    """The envelope of a message's structs (what the checked path builds from its bytes)."""
     rec = RequestRecord
     records = tuple(
         [

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from ragwatch.codec import decode_as, decode_gpu_wire
+from ragwatch.codec import decode_as, decode_gpu_wire, decode_requests_wire
 from ragwatch.gpu_wire import GpuMessage
-from ragwatch.schema import EventEnvelope, MetricsEnvelope, RequestsEnvelope, Transition
+from ragwatch.schema import EventEnvelope, MetricsEnvelope, Transition
 from ragwatch.streams.pipelines.base import Domain  # what an input topic's key names
 from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.requests import RequestsMessage
 
 Key = tuple[Domain, str]
 
@@ -54,14 +55,15 @@ def _gpu_ts(env: GpuMessage) -> float:
     return float(env.ts)
 
 
-def _requests_ts(env: RequestsEnvelope) -> float:
+def _requests_ts(env: RequestsMessage) -> float:
     return max((r.ts for r in env.records), default=env.ts)
 
 
 def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
-    """The worker's input topics. GPU envelopes are decoded into msgspec structs
-    (``decode_gpu_wire`` validates them as strictly): building ~90 frozen records per host
-    envelope cost more than the analysis."""
+    """The worker's input topics. GPU and request envelopes are decoded into msgspec
+    structs (``decode_gpu_wire`` and ``decode_requests_wire`` validate them as strictly):
+    building ~90 frozen records per host envelope, or one per request, cost more than the
+    analysis."""
     return (
         InputTopic(
             "gpu", "host", decode_gpu_wire, operator.attrgetter("host"), _gpu_ts,
@@ -69,8 +71,8 @@ def input_topics(pipes: Pipelines) -> tuple[InputTopic, ...]:
         ),
         InputTopic("events", "host", partial(decode_as, EventEnvelope), _key, _ts, pipes.event),
         InputTopic(
-            "requests", "service", partial(decode_as, RequestsEnvelope), _key, _requests_ts,
-            pipes.request, pipes.requests,
+            "requests", "service", decode_requests_wire, operator.attrgetter("service"),
+            _requests_ts, pipes.request, pipes.requests, pipes.request_batch,
         ),
         InputTopic(
             "metrics", "host", partial(decode_as, MetricsEnvelope), _key, _ts, pipes.metric,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ragwatch import request_wire
 from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
-from ragwatch.codec import decode_as, encode, loads
+from ragwatch.codec import decode_as, decode_requests_wire, encode, loads
 from ragwatch.errors import SchemaError
 from ragwatch.schema import RequestsEnvelope
 from tests.mutations import ODD_VALUES, mutate
@@ -63,6 +63,15 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
     return mutate(draw, VALID, FIELDS, ODD_REQUEST_VALUES, rounds=4, unknown=["extra"])
 
 
+def _wire(data: bytes) -> RequestsEnvelope | str:
+    """What the worker decodes (structs, or the checked envelope), as an envelope."""
+    try:
+        got = decode_requests_wire(data)
+    except SchemaError as exc:
+        return exc.reason
+    return got if isinstance(got, RequestsEnvelope) else request_wire.to_envelope(got)
+
+
 def _strict(data: bytes) -> RequestsEnvelope | str:
     """The checked way, without the typed pass: the reference."""
     try:
@@ -90,8 +99,10 @@ def test_typed_decoding_accepts_only_what_the_strict_decoder_accepts_alike(
         with pytest.raises(SchemaError) as got:
             decode_as(RequestsEnvelope, data)
         assert got.value.reason == want
+        assert _wire(data) == want
     else:
         assert repr(decode_as(RequestsEnvelope, data)) == repr(want)
+        assert repr(_wire(data)) == repr(want)
 
 
 HEAD = b'{"v":1,"kind":"requests","service":"s","instance":"i","ts":1.0,'
@@ -135,6 +146,7 @@ def test_typed_decoding_of_edge_cases_agrees_with_the_checked_path(data: bytes) 
     else:
         assert typed is None or repr(typed) == repr(want)
         assert repr(decode_as(RequestsEnvelope, data)) == repr(want)
+    assert repr(_wire(data)) == repr(want)  # the worker's decode: the same, or the same reason
 
 
 def test_what_the_sdk_and_the_simulator_write_takes_the_typed_path() -> None:
@@ -145,6 +157,7 @@ def test_what_the_sdk_and_the_simulator_write_takes_the_typed_path() -> None:
     for env in envs:
         typed = request_wire.decode(encode(env))
         assert typed is not None and repr(typed) == repr(env)
+        assert isinstance(decode_requests_wire(encode(env)), request_wire.RequestsWire)
 
 
 def test_records_do_not_share_their_stages() -> None:
