@@ -52,13 +52,22 @@ from typing import Any, TextIO
 import msgspec
 import orjson
 
-from ragwatch.codec import decode, decode_as, decode_gpu_wire, encode, gpu_wire, to_dict
+from ragwatch.codec import (
+    decode,
+    decode_as,
+    decode_gpu_wire,
+    decode_requests_wire,
+    encode,
+    gpu_wire,
+    to_dict,
+)
 from ragwatch.config import Settings
 from ragwatch.detectors import Detector, make, score_then_learn
 from ragwatch.errors import ConfigError, SchemaError
 from ragwatch.event_order import Item, sort_items
 from ragwatch.gpu_wire import GpuMessage
 from ragwatch.otlp import decode_traces
+from ragwatch.request_wire import RequestsWire
 from ragwatch.schema import (
     Alert,
     AlertStatus,
@@ -107,7 +116,7 @@ class GpuWire:
         return cls(env.host, float(env.ts), env)
 
 
-Telemetry = GpuWire | RequestsEnvelope | EventEnvelope | MetricsEnvelope | Traces
+Telemetry = GpuWire | RequestsEnvelope | RequestsWire | EventEnvelope | MetricsEnvelope | Traces
 TOPIC_KINDS: dict[str, type[Any]] = {
     "gpu": GpuEnvelope,
     "requests": RequestsEnvelope,
@@ -298,7 +307,7 @@ def _decode(raw: bytes) -> Telemetry | Alert:
     if raw.startswith(GPU_LINE):
         return GpuWire.of(decode_gpu_wire(raw))
     if raw.startswith(REQUESTS_LINE):
-        return decode_as(RequestsEnvelope, raw)  # the typed pass, as the worker
+        return decode_requests_wire(raw)  # the typed pass into structs, as the worker
     env = decode(raw)
     return GpuWire.of(gpu_wire(env)) if isinstance(env, GpuEnvelope) else env
 
@@ -454,6 +463,8 @@ class Replay:
         out = self._requests(self._done(item.ts))
         if isinstance(item, GpuWire):
             return out + self.pipes.gpu_batch([item.env])
+        if isinstance(item, RequestsWire):
+            return out + self.pipes.request_batch([item])
         return out + self.pipes.process(item)
 
     def _done(self, ts: float) -> list[RequestsEnvelope]:
@@ -473,7 +484,7 @@ class Replay:
         and consecutive request envelopes together."""
         run = Run(self.pipes, BATCH_RUN)
         for item in items:
-            if not isinstance(item, GpuWire | RequestsEnvelope):
+            if not isinstance(item, GpuWire | RequestsEnvelope | RequestsWire):
                 yield from run.flush()
                 yield from self.process(item)
                 continue

@@ -359,7 +359,7 @@ class RecordingPipelines(Pipelines):
         return super().gpu_batch(envs)
 
     def request_batch(self, envs: Any) -> list[Any]:
-        self.seen += [(e.key, e.ts) for e in envs]
+        self.seen += [(e.service, e.ts) for e in envs]
         return super().request_batch(envs)
 
     def process(self, env: Any) -> list[Any]:
