@@ -6,16 +6,19 @@ worker's pipelines; the first ``--warm`` seconds are not timed, then each path r
 same ``--seconds`` of envelopes, side by side in one run:
 
 1. ``orjson.loads`` of the envelopes (the floor any JSON consumer pays);
-2. ``decode_as(RequestsEnvelope)`` alone (the typed pass, validation included);
-3. decode + the pipelines: the worker's request path.
+2. ``decode_requests_wire`` alone (the worker's typed pass into structs, validation
+   included);
+3. decode + the pipelines in batches of 512 (``Pipelines.request_batch``, as the worker
+   takes what Faust has at hand): the worker's request path.
 
 Prints records per second of CPU and CPU per record, and the ratio to (1).
 
 Memory: a second run, ``--memory-services`` services of ``--memory-instances`` instances
 at ``--memory-qps`` requests/s each for ``--memory-hours`` hours of event time, traced by
 tracemalloc: what the pipeline holds per instance series in all (its own state and its
-share of the service's outlier window), its own state by part (a deep size of each field
-of :class:`ServiceSeries`), and a service's outlier window. Targets (issue 17): >= 250,000
+share of the service's outlier window), its own state by part (the banks' arrays per row,
+and a deep size of each row's per-row objects: tail window, open buckets), and a
+service's outlier window. Targets (issue 17): >= 250,000
 records/s per core; <= 32 KiB per request series. Writes ``bench/results/requests.json``.
 Run: ``python bench/requests.py`` (about 2 minutes on 2 cores).
 """
@@ -23,7 +26,6 @@ Run: ``python bench/requests.py`` (about 2 minutes on 2 cores).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import platform
@@ -35,11 +37,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
-from ragwatch.codec import decode_as, encode
-from ragwatch.schema import RequestsEnvelope
+from ragwatch.codec import decode_requests_wire, encode
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.pipelines.requests import RequestPipeline
@@ -47,6 +49,7 @@ from ragwatch.streams.pipelines.requests import RequestPipeline
 RESULTS = Path(__file__).parent / "results"
 TARGET_RECORDS = 250_000
 TARGET_BYTES = 32 * 1024
+BATCH = 512  # messages the worker handles together at most (streams/worker/batches.py)
 
 
 def telemetry(services: int, instances: int, seconds: int, qps: float, batch_s: float) -> list:
@@ -83,12 +86,15 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
         pipes.request(e)
     raw = [encode(e) for e in envs[cut:]]
     n = sum(len(e.records) for e in envs[cut:])
+
+    def worker() -> None:
+        for i in range(0, len(raw), BATCH):
+            pipes.request_batch([decode_requests_wire(d) for d in raw[i : i + BATCH]])
+
     rows = {
         "orjson.loads": cpu(lambda: [orjson.loads(d) for d in raw]),
-        "decode_as": cpu(lambda: [decode_as(RequestsEnvelope, d) for d in raw]),
-        "decode+pipelines": cpu(
-            lambda: [pipes.request(decode_as(RequestsEnvelope, d)) for d in raw]
-        ),
+        "decode_requests_wire": cpu(lambda: [decode_requests_wire(d) for d in raw]),
+        "decode+pipelines": cpu(worker),
     }
     return {
         "records": n,
@@ -111,6 +117,8 @@ def deep_size(o: object, seen: set[int]) -> int:
         return n + sum(deep_size(x, seen) for x in o)  # type: ignore[attr-defined]
     if isinstance(o, (str, bytes, int, float, array, bool)) or o is None:
         return n
+    if isinstance(o, np.ndarray):
+        return n  # getsizeof counts an array's own buffer
     if hasattr(o, "__dict__"):
         return n + deep_size(vars(o), seen)
     slots = [a for c in type(o).__mro__ for a in getattr(c, "__slots__", ())]
@@ -131,22 +139,36 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
         used = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
+    rows = pipe.rows
+    keys = list(pipe.series)
+    r = np.array([pipe.series[k].row for k in keys], dtype=np.intp)
+    n = len(keys)
     parts: Counter[str] = Counter()
-    for s in pipe.series.values():
+    banks = {"rps": rows.rps, "tpr": rows.tpr, "retriever_p99": rows.retriever_p99,
+             "e2e_p95": rows.e2e_p95, "counts": rows.counts}  # fmt: skip
+    for name, bank in banks.items():  # a row's share of the bank's arrays (in use)
+        parts[name] = bank.nbytes() * n // max(1, rows.capacity)
+    parts["columns"] = (
+        (sum(a.nbytes for a in rows.col.values()) + rows.signals.nbytes + rows.recent.nbytes)
+        * n
+        // max(1, rows.capacity)
+    )
+    for row in r.tolist():
         seen: set[int] = set()
-        for f in dataclasses.fields(s):
-            parts[f.name] += deep_size(getattr(s, f.name), seen)
-    n = len(pipe.series)
-    windows = [pipe.service_state(svc)[1].detector for svc in {k[0] for k in pipe.series}]
+        parts["tail"] += deep_size(rows.tails[row], seen)
+        parts["buckets"] += deep_size(rows.buckets[row], seen)
+        parts["senders"] += deep_size(rows.senders[row], seen)
+    windows = [pipe.service_state(svc)[1].detector for svc in {k[0] for k in keys}]
     return {
         "series": n,
         "records": sum(len(e.records) for e in envs),
         "bytes_per_series": round(used / n),
         "own_bytes_per_series": round(sum(parts.values()) / n),
-        "own_parts": {k: round(v / n) for k, v in parts.most_common(6)},
+        "own_parts": {k: round(v / n) for k, v in parts.most_common(8)},
         "outlier_window_bytes": round(
             sum(deep_size(vars(d), set()) for d in windows) / len(windows)
         ),
+        "capacity_rows": rows.capacity,
         "outlier_window_points": min(len(d) for d in windows),
     }
 

@@ -117,7 +117,7 @@ class ServiceRows:
         min_baseline: int,
         hold_max_s: float,
         reservoir: int = 5000,
-        capacity: int = 64,
+        capacity: int = 8,
     ) -> None:
         self.bucket_s, self.tail_params, self.reservoir = bucket_s, tail, reservoir
         self.index: RowIndex[SeriesKey] = RowIndex(capacity)

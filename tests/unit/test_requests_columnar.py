@@ -130,25 +130,27 @@ def simulated(hours: float, **kw: Any) -> list[RequestsEnvelope]:
     return [e for _, (_, envs) in zip(range(ticks), sim.ticks(), strict=False) for e in envs]
 
 
-@pytest.mark.parametrize("scenario", ["healthy", "throughput", "retrieval", "outliers", "all"])
+@pytest.mark.parametrize("scenario", ["healthy", "outliers", "all"])  # all: every fault
 def test_the_simulators_scenarios_close_alike(scenario: str) -> None:
-    envs = simulated(3.0, scenario=scenario, services=2, instances=2, base_qps=4.0,
+    envs = simulated(2.0, scenario=scenario, services=2, instances=2, base_qps=4.0,
                      sample_rate=1.0, batch_s=10.0, fault_start_s=1800.0)  # fmt: skip
     pipe, got = run_both(envs, batch=64)
-    assert pipe.stats.buckets_closed > 600
+    assert pipe.stats.buckets_closed > 400
     if scenario != "healthy":
         assert got  # the faults page (and the same transitions as the objects)
 
 
-def test_two_days_of_daily_rhythm_with_quiet_nights_and_a_long_fault() -> None:
-    """Profiles are learnt (a day passes), baselines hold through hours of a fault and
-    relearn it after a day, a quiet night makes windows long."""
-    faults = (Fault("throughput", 20 * 3600.0, 26 * 3600.0, 0, 0, 1.0),)
-    envs = simulated(50.0, services=1, instances=2, base_qps=1.0, sample_rate=1.0,
+def test_a_day_of_daily_rhythm_with_quiet_nights_and_a_fault_that_lasts() -> None:
+    """Profiles are learnt (a day passes), a quiet night makes windows long, baselines
+    hold through hours of a fault and accept it as the new level after ``hold_max_s``."""
+    faults = (Fault("throughput", 20 * 3600.0, None, 0, 0, 1.0),)
+    envs = simulated(30.0, services=1, instances=2, base_qps=1.0, sample_rate=1.0,
                      batch_s=60.0, daily_ratio=20.0, burst_sigma=0.3, faults=faults)  # fmt: skip
     pipe, _ = run_both(envs, batch=256, hold_max_s=4 * 3600.0)
     rows = np.array([v.row for v in pipe.series.values()], dtype=np.intp)
     assert pipe.rows.rps.has_profile(rows).all()
+    relearned = [pipe.rows.col[f"{f}_relearned_at"][rows] for f in ("rps", "tpr")]
+    assert np.isfinite(relearned).any()
 
 
 def _stream(rng: random.Random, n: int) -> Iterator[RequestsEnvelope]:
@@ -182,7 +184,7 @@ def _stream(rng: random.Random, n: int) -> Iterator[RequestsEnvelope]:
         yield RequestsEnvelope(service, instance, sent, tuple(recs), pid=rng.choice([None, 1, 2]))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), batch=st.sampled_from([1, 3, 17, 256]))
 def test_odd_streams_close_alike_in_any_batches(seed: int, batch: int) -> None:
     envs = list(_stream(random.Random(seed), 150))
