@@ -131,6 +131,13 @@ def _positive_int(v: str) -> int:
     return i
 
 
+def _bool(v: str) -> bool:
+    low = v.lower()
+    if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        raise ValueError(f"must be true or false, got {v!r}")
+    return low in ("true", "1", "yes", "on")
+
+
 def _port(v: str) -> int:
     i = int(v)
     if not 0 < i < 65536:
@@ -321,6 +328,12 @@ class Settings:
         _positive_float,
         "seconds between two state snapshots of a changing host or service in Redis "
         "(what a restarted worker resumes from)",
+    )
+    snapshot_legacy: bool = _setting(
+        True,
+        _bool,
+        "read snapshots of the previous format (pickles) once, during a rolling upgrade; "
+        "set false to never unpickle",
     )
     status_interval: float = _setting(
         5.0,

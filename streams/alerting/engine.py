@@ -45,7 +45,7 @@ def fingerprint(rule_name: str, labels: Mapping[str, str]) -> str:
 
 
 @dataclass(slots=True)
-class _State:
+class AlertState:
     status: AlertStatus
     starts_at: float
     last_ts: float
@@ -69,7 +69,7 @@ class AlertEngine:
     """
 
     def __init__(self, *, flap_window_s: float = FLAP_WINDOW_S) -> None:
-        self._states: dict[str, _State] = {}
+        self._states: dict[str, AlertState] = {}
         self.out_of_order = 0
         self.flap_window_s = flap_window_s
         self.flaps: dict[str, int] = {}  # fingerprint -> times it fired again too soon
@@ -119,7 +119,7 @@ class AlertEngine:
             if not holds:
                 return None
             alert = self._alert(rule, labels, signals, fp, "pending", ts, None, ts)
-            self._states[fp] = _State("pending", ts, ts, alert)
+            self._states[fp] = AlertState("pending", ts, ts, alert)
             if rule.for_s <= 0:
                 return self._fire(fp, rule, labels, signals, ts, previous="inactive")
             return Transition(alert, "inactive")
@@ -138,11 +138,11 @@ class AlertEngine:
         )
         return None
 
-    def export(self, match: Callable[[Mapping[str, str]], bool]) -> dict[str, _State]:
+    def export(self, match: Callable[[Mapping[str, str]], bool]) -> dict[str, AlertState]:
         """The states of the active alerts whose labels ``match`` (for a snapshot)."""
         return {fp: s for fp, s in self._states.items() if match(s.alert.labels)}
 
-    def restore(self, states: Mapping[str, _State], rules: Collection[str]) -> int:
+    def restore(self, states: Mapping[str, AlertState], rules: Collection[str]) -> int:
         """Adopt states from a snapshot: only alerts of ``rules`` that are not active here
         (what this engine already knows is newer). Returns how many it adopted."""
         n = 0
@@ -193,7 +193,7 @@ class AlertEngine:
 
     def _while_firing(
         self,
-        state: _State,
+        state: AlertState,
         fp: str,
         rule: Rule,
         labels: dict[str, str],

@@ -180,9 +180,16 @@ class EventPipeline:
         return ()  # device events are not charted: their alerts show the process's memory
 
     def host_state(self, host: str) -> dict[str, Any]:
-        """The host's aging event alerts and recent event identities (for a snapshot)."""
-        active = [(rule.name, labels) for (_, labels), rule in self._active.get(host, {}).items()]
-        return {"active": active, "recent": list(self._recent.get(host, ()))}
+        """The host's aging event alerts and recent event identities (for a snapshot), as
+        plain data: lists of strings and numbers (labels as ``[name, value]`` pairs)."""
+        active = [
+            [rule.name, [list(p) for p in labels]]
+            for (_, labels), rule in self._active.get(host, {}).items()
+        ]
+        recent = [
+            [ts, kind, [list(p) for p in labels]] for ts, kind, labels in self._recent.get(host, ())
+        ]
+        return {"active": active, "recent": recent}
 
     def forget(self, host: str) -> None:
         """Drop a host's event state without resolving anything (another worker owns it)."""
@@ -196,14 +203,37 @@ class EventPipeline:
         if host in self._active or host in self._recent:
             return 0
         rules = {r.name: r for r in self.rules}
-        active = {
-            (name, labels): rules[name] for name, labels in state.get("active", ()) if name in rules
-        }
+        active = {}
+        for name, labels in state.get("active", ()):  # pairs of lists, or of tuples (v6)
+            if _text(name) in rules:
+                active[(name, _pairs(labels))] = rules[name]
+        recent = [
+            (_time(ts), _text(kind), _pairs(lab)) for ts, kind, lab in state.get("recent", ())
+        ]
         if active:
             self._active[host] = active
-        self._recent[host] = deque(state.get("recent", ()), maxlen=RECENT_EVENTS)
-        return 0
+        self._recent[host] = deque(recent, maxlen=RECENT_EVENTS)
         self.stats.active = sum(len(v) for v in self._active.values())
+        return 0
 
     def snapshot(self) -> dict[str, Any]:
         return {"events": self.stats.events, "active": self.stats.active}
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"event state: expected a string, got {type(v).__name__}")
+    return v
+
+
+def _time(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"event state: expected a time, got {type(v).__name__}")
+    return v
+
+
+def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
+    """Sorted labels as the pipeline keys them (lists in a snapshot, tuples in version 6)."""
+    if not isinstance(v, list | tuple):
+        raise ValueError("event state: labels are not a list of pairs")
+    return tuple((_text(k), _text(x)) for k, x in v)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ragwatch.codec import gpu_wire
 from ragwatch.gpu_wire import GpuMessage
+from ragwatch.request_wire import RequestsWire
 from ragwatch.schema import (
     Envelope,
     EventEnvelope,
@@ -154,7 +155,7 @@ class Pipelines:
         """One envelope of any kind (alerts are outputs: no transitions)."""
         if isinstance(env, GpuEnvelope):
             return self.gpu(env)
-        if isinstance(env, RequestsEnvelope):
+        if isinstance(env, RequestsEnvelope | RequestsWire):
             return self.request(env)
         if isinstance(env, EventEnvelope):
             return self.event(env)

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ragwatch.detectors.seasonal import SeasonalBaseline
+from ragwatch.detectors.seasonal_bank import SeasonalBank
 from ragwatch.schema import MetricsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
@@ -79,6 +80,8 @@ MAX_TARGETS = 64  # scraped targets per host: beyond, a new target's scrapes are
 HOLD_BAND, HOLD_Z = 0.1, 3.0  # the baseline holds through a deviation this large and sure
 
 SERIES = "engine"
+SNAPSHOT_FORMAT = "engine-series/1"  # a host's engines in a snapshot: plain data, no objects
+INT64 = 2**63  # msgpack carries ints in [-2**63, 2**64): beyond, as digits
 SeriesKey = tuple[str, str]  # host, target
 LabelKey = tuple[str, tuple[tuple[str, str], ...]]  # metric name, sorted labels
 COUNTERS = (
@@ -232,8 +235,14 @@ class MetricsPipeline:
     name: ClassVar[str] = "engines"
     domain: ClassVar[Domain] = "host"
 
-    def dump(self, key: str) -> dict[SeriesKey, EngineSeries]:
-        return self.host_series(key)
+    def dump(self, key: str) -> dict[str, Any]:
+        """A host's engines as plain data (a snapshot: see :func:`_dump_series`)."""
+        engines = self.host_series(key)
+        if not engines:  # most hosts scrape none
+            return {"format": SNAPSHOT_FORMAT, "series": []}
+        bank = SeasonalBank(_baseline(), 1)  # each engine's baseline goes through its row 0
+        series = [_dump_series(bank, k[1], s) for k, s in engines.items()]
+        return {"format": SNAPSHOT_FORMAT, "series": series}
 
     def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
         return {k: {"engines": self.engine_snapshot(k)} for k in keys}
@@ -261,9 +270,21 @@ class MetricsPipeline:
         for k in self._by_host.pop(host, ()):
             del self.series[k]
 
-    def adopt(self, host: str, series: Mapping[SeriesKey, EngineSeries]) -> int:
-        """Take over a host's engines from a snapshot, unless this pipeline has any."""
-        if host in self._by_host or any(k[0] != host for k in series):
+    def adopt(self, host: str, state: Any) -> int:
+        """Take over a host's engines from a snapshot (:meth:`dump`, or the previous
+        format's :class:`EngineSeries` objects), unless this pipeline has any; ValueError,
+        with nothing changed, if the state does not fit."""
+        if host in self._by_host:
+            return 0
+        if isinstance(state, Mapping) and state.get("format") == SNAPSHOT_FORMAT:
+            series = _load_series(host, state)
+        elif isinstance(state, Mapping) and all(
+            isinstance(s, EngineSeries) for s in state.values()
+        ):
+            series = dict(state)  # version 6: the objects themselves
+        else:
+            raise ValueError(f"engine state of host {host} in an unknown format")
+        if any(k[0] != host for k in series):
             return 0
         keys = sorted(series)[: max(0, min(self.max_targets, self._room()))]
         self.series.update((k, series[k]) for k in keys)
@@ -279,7 +300,7 @@ class MetricsPipeline:
             if self._room() <= 0 or len(self._by_host.get(host, ())) >= self.max_targets:
                 self.stats.dropped_series += 1
                 return None
-            base = SeasonalBaseline(step_s=BASELINE_BUCKET_S)
+            base = _baseline()
             s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, base)
             self._by_host.setdefault(host, set()).add((host, target))
         return s
@@ -419,3 +440,125 @@ class MetricsPipeline:
             self.stats.evicted_series += 1
             out += self.engine.clear(s.labels, now)
         return out
+
+
+# -- snapshots: a host's engines as plain data --------------------------------------------
+
+
+def _baseline() -> SeasonalBaseline:
+    """A new engine's tokens/s baseline (and the parameters its snapshot must have)."""
+    return SeasonalBaseline(step_s=BASELINE_BUCKET_S)
+
+
+def _int(v: int) -> int | str:
+    """An int msgpack can carry, else its digits (a bucket of a ts near the float maximum)."""
+    return v if -INT64 <= v < INT64 else str(v)
+
+
+def _dump_series(bank: SeasonalBank, target: str, s: EngineSeries) -> dict[str, Any]:
+    """One engine: str keys; numbers, strings, lists; its baseline as the seasonal bank's
+    typed arrays (exact both ways: :meth:`SeasonalBank.adopt` / :meth:`~SeasonalBank.dump`).
+    A baseline the bank cannot hold (a day number beyond 2**62: scrapes stamped beyond
+    ~4e23 s) is left out: that engine's baseline learns again after a restore."""
+    try:
+        bank.adopt(0, s.tps)
+        tps: dict[str, Any] | None = bank.dump([0])
+    except ValueError:
+        tps = None
+    return {
+        "target": target,
+        "labels": dict(s.labels),
+        "tps": tps,
+        "counters": [
+            [name, [list(p) for p in lab], c.last, c.total, [list(p) for p in c.points]]
+            for (name, lab), c in s.counters.items()
+        ],
+        "gauges": [[name, [list(p) for p in lab], v] for (name, lab), v in s.gauges.items()],
+        "last_ts": s.last_ts,
+        "resets": s.resets,
+        "signals": dict(s.signals),
+        "bucket": None if s.bucket is None else _int(s.bucket),
+        "sums": list(s.sums),
+        "relearned": None if s.relearned is None else list(s.relearned),
+    }
+
+
+def _load_series(host: str, state: Mapping[str, Any]) -> dict[SeriesKey, EngineSeries]:
+    """:func:`_dump_series`' engines back, every field checked (ValueError)."""
+    series = state["series"]
+    if not isinstance(series, list):
+        raise ValueError("engine state: series is not a list")
+    out: dict[SeriesKey, EngineSeries] = {}
+    for d in series:
+        target = _str(d["target"])
+        out[(host, target)] = _engine(d)
+    return out
+
+
+def _engine(d: Mapping[str, Any]) -> EngineSeries:
+    labels = d["labels"]
+    if not isinstance(labels, dict):
+        raise ValueError("engine state: labels are not a map")
+    tps = d["tps"]
+    if tps is None:
+        base = _baseline()
+    else:
+        bank = SeasonalBank(_baseline(), 1)
+        bank.load([0], tps)  # ValueError if it is not a baseline of these parameters
+        base = bank.export(0)
+    counters = {}
+    for name, lab, last, total, points in d["counters"]:
+        pts = deque((_num(t), _num(v)) for t, v in points)
+        counters[(_str(name), _pairs(lab))] = _Counter(_num(last), _num(total), pts)
+    gauges = {(_str(name), _pairs(lab)): _num(v) for name, lab, v in d["gauges"]}
+    signals = d["signals"]
+    if not isinstance(signals, dict):
+        raise ValueError("engine state: signals are not a map")
+    total, reqs, n = d["sums"]
+    relearned = d["relearned"]
+    return EngineSeries(
+        labels={_str(k): _str(v) for k, v in labels.items()},
+        tps=base,
+        counters=counters,
+        gauges=gauges,
+        last_ts=_num(d["last_ts"]),
+        resets=_count(d["resets"]),
+        signals={_str(k): None if v is None else _num(v) for k, v in signals.items()},
+        bucket=None if d["bucket"] is None else _whole(d["bucket"]),
+        sums=(_num(total), _num(reqs), _count(n)),
+        relearned=None if relearned is None else (_num(relearned[0]), _num(relearned[1])),
+    )
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"engine state: expected a string, got {type(v).__name__}")
+    return v
+
+
+def _num(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"engine state: expected a number, got {type(v).__name__}")
+    return v
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"engine state: expected a count, got {v!r}")
+    return v
+
+
+def _whole(v: Any) -> int:
+    """An int, or the digits :func:`_int` wrote for one msgpack cannot carry."""
+    if isinstance(v, str) and v.lstrip("-").isdigit() and len(v) < 400:
+        return int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"engine state: expected an integer, got {type(v).__name__}")
+    return v
+
+
+def _pairs(v: Any) -> tuple[tuple[str, str], ...]:
+    """Sorted labels as the pipeline keys them (lists in a snapshot)."""
+    if not isinstance(v, list | tuple):
+        raise ValueError("engine state: labels are not a list of pairs")
+    return tuple((_str(k), _str(x)) for k, x in v)

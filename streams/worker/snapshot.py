@@ -25,7 +25,8 @@ the alert that was pending or firing stays so without paging again.
 "parts": {pipeline name: its dump}, "alerts": [state, ...]}``. Every pipeline's ``dump`` is
 plain data (str keys; str, int, float, bool, None, bytes, lists): series as typed arrays
 (raw little-endian bytes per column, the banks' rows) and their keys and labels as lists;
-each alert state holds its alert in the wire form (:meth:`AlertEngine.export_plain`). It
+each alert state holds its alert in the wire form
+(:func:`~ragwatch.streams.alerting.plain.export_plain`). It
 is decoded into plain Python only (no class is ever built from the data) and each
 pipeline checks its part before it changes anything. The magic cannot be a pickle (whose
 first byte is 0x80).
@@ -67,7 +68,8 @@ from typing import Any
 import msgspec
 
 from ragwatch.errors import RagwatchError
-from ragwatch.streams.alerting.engine import AlertState, states_of
+from ragwatch.streams.alerting.engine import AlertState
+from ragwatch.streams.alerting.plain import export_plain, states_of
 from ragwatch.streams.pipelines.base import Domain, owns
 from ragwatch.streams.pipelines.fleet import Pipelines
 
@@ -85,7 +87,6 @@ LEGACY_VERSIONS = frozenset({5, 6})  # pickles, read only while the setting allo
 LEGACY_DEFAULT = True  # RAGWATCH_SNAPSHOT_LEGACY's default (ragwatch.config)
 _PICKLE = b"\x80"  # the PROTO opcode every pickle of protocol 2 and later starts with
 _ENCODER = msgspec.msgpack.Encoder()
-_LOGGED_MAX = 100_000  # legacy snapshots logged (once per key): forgotten beyond
 
 
 class SnapshotError(RagwatchError):
@@ -120,7 +121,7 @@ def _dump(p: Pipelines, domain: Domain, key: str) -> bytes:
         "kind": domain,
         "key": key,
         "parts": p.dump(domain, key),
-        "alerts": p.engine.export_plain(lambda lab: owns(domain, key, lab)),
+        "alerts": export_plain(p.engine, lambda lab: owns(domain, key, lab)),
     }
     return MAGIC + bytes([SNAPSHOT_VERSION]) + _ENCODER.encode(body)
 
@@ -175,7 +176,7 @@ def _decode(domain: Domain, key: str, data: bytes) -> tuple[dict[str, Any], dict
 def _check_header(
     domain: Domain, key: str, state: Any, versions: set[int] | frozenset[int]
 ) -> None:
-    if not isinstance(state, dict) or state.get("v") not in versions:
+    if not isinstance(state, dict) or type(state.get("v")) is not int or state["v"] not in versions:
         raise SnapshotError(f"{domain} snapshot of {key!r} has another version")
     if state.get("kind") != domain or state.get("key") != key:
         raise SnapshotError(
@@ -228,8 +229,10 @@ RENAMED = {
         "Reservoir": ("buckets", "Reservoir"),
     }.items()
 }
-
-_logged: set[tuple[str, str]] = set()  # keys whose legacy snapshot was logged
+RENAMED[("ragwatch.streams.alerting.engine", "_State")] = (
+    "ragwatch.streams.alerting.engine",
+    "AlertState",
+)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -265,18 +268,15 @@ def _unpickle(
         isinstance(s, AlertState) for s in alerts.values()
     ):
         raise SnapshotError(f"{domain} snapshot of {key!r}: its alerts are not alert states")
-    if (domain, key) not in _logged:
-        if len(_logged) >= _LOGGED_MAX:
-            _logged.clear()
-        _logged.add((domain, key))
-        log.info(
-            "%s %s: read a snapshot of the previous format (version %s); its next one is "
-            "version %d (RAGWATCH_SNAPSHOT_LEGACY=false once every worker is upgraded)",
-            domain,
-            key,
-            state["v"],
-            SNAPSHOT_VERSION,
-        )
+    # once per key in practice: the key's next snapshot is of this version
+    log.info(
+        "%s %s: read a snapshot of the previous format (version %s); its next one is "
+        "version %d (RAGWATCH_SNAPSHOT_LEGACY=false once every worker is upgraded)",
+        domain,
+        key,
+        state["v"],
+        SNAPSHOT_VERSION,
+    )
     return parts, dict(alerts)
 
 

@@ -157,6 +157,7 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_STATE_DIR", "/var/lib/ragwatch", "state_dir", Path("/var/lib/ragwatch")),
     ("RAGWATCH_MAX_SERIES", "500", "max_series", 500),
     ("RAGWATCH_SNAPSHOT_INTERVAL", "30", "snapshot_interval", 30.0),
+    ("RAGWATCH_SNAPSHOT_LEGACY", "false", "snapshot_legacy", False),
     ("RAGWATCH_STATUS_INTERVAL", "2.5", "status_interval", 2.5),
     ("RAGWATCH_SLOW_MESSAGE", "0.5", "slow_message", 0.5),
     ("RAGWATCH_MAX_CLOCK_SKEW", "60", "max_clock_skew", 60.0),
