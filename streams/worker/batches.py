@@ -57,3 +57,9 @@ def describe(topic: InputTopic, reads: list[Read]) -> str:
     """A batch for the log: its size and where it starts."""
     m = reads[0].msg
     return f"{len(reads)} {topic.kind} message(s) from {m.topic}[{m.partition}] offset={m.offset}"
+
+
+def largest(reads: list[Read]) -> Read:
+    """The batch's largest message: a slow batch's likeliest cause (a huge envelope), named
+    by the slow-message log line as a message handled alone would be."""
+    return max(reads, key=lambda r: len(r.raw))

@@ -50,7 +50,7 @@ from ragwatch.streams.pipelines.base import Domain
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.acks import HeldAcks
-from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, more_at_hand
+from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, largest, more_at_hand
 from ragwatch.streams.worker.marks import SweepMarks
 from ragwatch.streams.worker.topics import InputTopic, Key, input_topics
 
@@ -199,7 +199,12 @@ class WorkerLoop:
             self.busy.subtract(keys)
         if took > self.settings.slow_message:  # every partition waited this long
             self.counters.slow_messages += 1
-            log.warning("slow batch %s: %.1f s", describe(topic, reads), took)
+            big = largest(reads)
+            log.warning(
+                "slow message %s[%d] offset=%d key=%s (the largest of a batch of %s): %.1f s",
+                big.msg.topic, big.msg.partition, big.msg.offset, big.key[1],
+                describe(topic, reads), took,
+            )  # fmt: skip
 
     async def _reads(self, topic: InputTopic, stream: Any, events: list[Any]) -> list[Read]:
         """The messages counted, given their places in their partitions' acks (all before
