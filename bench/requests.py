@@ -144,8 +144,7 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
     r = np.array([pipe.series[k].row for k in keys], dtype=np.intp)
     n = len(keys)
     parts: Counter[str] = Counter()
-    banks = {"rps": rows.rps, "tpr": rows.tpr, "retriever_p99": rows.retriever_p99,
-             "e2e_p95": rows.e2e_p95, "counts": rows.counts}  # fmt: skip
+    banks = {"traffic": rows.traffic, "latency": rows.latency, "counts": rows.counts}
     for name, bank in banks.items():  # a row's share of the bank's arrays (in use)
         parts[name] = bank.nbytes() * n // max(1, rows.capacity)
     parts["columns"] = (

@@ -6,7 +6,11 @@ is an array over the round's rows (NaN where the object version had None): the b
 counts enter the count rings, the rate window is chosen by what the baselines expected,
 the traffic signals and their tests against the baselines are computed, the baselines held
 or taught, then the tail quantiles (per row: a window's length follows its traffic) and
-the latency baselines, then the outlier signals.
+the latency baselines. The outlier signals are the one part done at once, per close, in
+the order of the envelopes (:func:`close_outliers`: the service's cluster detector is
+shared by its instances and changed by the next envelope's records); every other part of
+a close reads and writes its own row only, so the closes of a batch wait for their rounds
+whatever the services of its envelopes.
 
 Exactly the arithmetic of the object version (``tests/reference/requests_objects.py``, one
 :class:`ServiceSeries` at a time), in the same order: numpy's ``+ - * /``, square root and
@@ -21,12 +25,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.detectors.seasonal_bank import SeasonalBank
 from ragwatch.streams.pipelines.buckets import Bucket
 from ragwatch.streams.pipelines.count_bank import CountWindows
 from ragwatch.streams.pipelines.evidence import tail_signals
@@ -35,6 +38,7 @@ from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, ServiceRows
 
 F64 = npt.NDArray[np.float64]
 Rows = npt.NDArray[np.intp]
+Bools = npt.NDArray[np.bool_]
 Signals = dict[str, F64]
 NAN = math.nan
 RATE_PRECISION = 0.08  # the relative excess noise a rate window averages bursts down to
@@ -104,19 +108,17 @@ class _Round:
     tokens_sq: F64
     context: F64
     clustered: F64
-    outliers: F64
-    novel: F64
 
 
 def _counted(rows: Rows, ends: F64, buckets: Sequence[Bucket]) -> _Round:
     cols = np.array(
         [
             (k.n, k.errors, float(k.output_tokens), k.output_sq, float(k.context_tokens),
-             k.clustered, k.outliers, k.novel)
+             k.clustered)
             for k in buckets
         ],
         dtype=np.float64,
-    ).reshape(len(buckets), 8)  # fmt: skip
+    ).reshape(len(buckets), 6)  # fmt: skip
     return _Round(rows, ends, *cols.T)
 
 
@@ -126,19 +128,26 @@ def close_round(
     rows: Rows,
     b: Sequence[int],
     buckets: Sequence[Bucket],
-    services: Sequence[ServiceClusters],
+    outliers: F64,
 ) -> F64:
     """Close bucket ``b[i]`` of row ``rows[i]`` (rows distinct; ``buckets[i]`` what it
-    gathered, ``services[i]`` its service): the signals go to ``st.signals``. Returns the
-    buckets' ends (the event time their rules are evaluated at)."""
+    gathered; ``outliers[i]`` its outlier signals, from :func:`close_outliers`): the
+    signals go to ``st.signals``. Returns the buckets' ends (the event time their rules
+    are evaluated at)."""
     ends = np.array([(k + 1) * prm.bucket_s for k in b], dtype=np.float64)
     c = _counted(rows, ends, buckets)
     col = st.col
     col["requests_total"][rows] += (c.n + c.clustered).astype(np.int64)
     col["errors_total"][rows] += c.errors.astype(np.int64)
     col["output_tokens_total"][rows] += c.tokens
-    mean, _, _ = st.rps.forecast(rows, c.end - prm.bucket_s / 2)  # before it is learnt
-    expected = _each(math.exp, mean) * prm.bucket_s
+    # the requests expected in the bucket (before it is learnt) and, for the window, both
+    # baselines' excess noise at its end: one forecast of the traffic bank for the three
+    k, rps, tpr = len(rows), 2 * rows, 2 * rows + 1
+    mean, _, noise = st.traffic.forecast(
+        np.concatenate([rps, rps, tpr]), np.concatenate([c.end - prm.bucket_s / 2, c.end, c.end])
+    )
+    expected = _each(math.exp, mean[:k]) * prm.bucket_s
+    min_s = _window_min_s(prm, mean[k:], noise[k:])
     ones = np.ones(len(rows), dtype=np.bool_)
     st.counts.push(rows, c.end, c.n, c.errors, c.tokens, c.tokens_sq, c.context, ones,
                    expected, c.clustered)  # fmt: skip
@@ -150,10 +159,11 @@ def close_round(
         "errors_total": col["errors_total"][rows].astype(np.float64),
         "output_tokens_total": col["output_tokens_total"][rows].copy(),
     }
-    _traffic(st, prm, c, expected, sig)
+    _traffic(st, prm, c, expected, min_s, sig)
     _tails(st, c, sig)
     _latency(st, c, sig)
-    _outliers(st, prm, c, b, buckets, services, sig)
+    for j, name in enumerate(OUTLIER_SIGNALS):
+        sig[name] = outliers[:, j]
     at = np.array([SIGNAL_AT[name] for name in sig], dtype=np.intp)
     st.signals[np.ix_(rows, at)] = np.column_stack([sig[name] for name in sig])
     col["bucket_end"][rows] = c.end
@@ -163,23 +173,24 @@ def close_round(
 # ---------------------------------------------------------------------- traffic
 
 
-def _window_min_s(st: ServiceRows, prm: CloseParams, rows: Rows, end: F64) -> F64:
+def _window_min_s(prm: CloseParams, mean: F64, nz: F64) -> F64:
     """Bursty traffic needs a longer window: long enough that the baselines' excess noise
-    per bucket, averaged over it, is within ``RATE_PRECISION``."""
-    noise = np.zeros(len(rows))
-    for bank in (st.rps, st.tpr):
-        mean, _, nz = bank.forecast(rows, end)
-        noise = noise + np.where(np.isnan(mean), 0.0, nz)
+    per bucket, averaged over it, is within ``RATE_PRECISION``. ``mean``, ``nz``: the
+    forecasts of the requests baselines, then of the tokens baselines, at the bucket's
+    end (NaN: none yet)."""
+    k = len(mean) // 2
+    noise = np.zeros(k)
+    for part in (slice(0, k), slice(k, 2 * k)):
+        noise = noise + np.where(np.isnan(mean[part]), 0.0, nz[part])
     buckets = np.ceil(noise / PRECISION2)
     return np.minimum(prm.rate_max_s, np.maximum(1.0, buckets) * prm.bucket_s)
 
 
-def _traffic(st: ServiceRows, prm: CloseParams, c: _Round, expected: F64, sig: Signals) -> None:
+def _traffic(
+    st: ServiceRows, prm: CloseParams, c: _Round, expected: F64, min_s: F64, sig: Signals
+) -> None:
     rows, end = c.rows, c.end
-    w = st.counts.window(
-        rows, target=prm.rate_target, max_s=prm.rate_max_s,
-        min_s=_window_min_s(st, prm, rows, end),
-    )  # fmt: skip
+    w = st.counts.window(rows, target=prm.rate_target, max_s=prm.rate_max_s, min_s=min_s)
     span, n = w.span_s, w.n.astype(np.float64)
     sig["window_s"], sig["window_requests"] = span, n
     sig["rps"] = _div(n + w.clustered, span)  # all it served
@@ -190,15 +201,20 @@ def _traffic(st: ServiceRows, prm: CloseParams, c: _Round, expected: F64, sig: S
     sig["tokens_per_request"] = _div(w.tokens, n)
     sig["context_tokens_per_request"] = _div(w.context, n)
     mid = (w.start + end) / 2
-    rate = _rate_deviation(st, prm, rows, w, mid, w.unexpected == 0, sig)
-    mean = _mean_deviation(st, prm, rows, w, mid, sig)
+    k = len(rows)
+    f_mean, f_var, f_noise = st.traffic.forecast(st.both(rows), np.concatenate([mid, mid]))
+    rps_f, tpr_f = slice(0, k), slice(k, 2 * k)
+    rate = _rate_deviation(prm, w, (f_mean[rps_f], f_var[rps_f], f_noise[rps_f]),
+                           w.unexpected == 0, sig)  # fmt: skip
+    mean = _mean_deviation(prm, w, (f_mean[tpr_f], f_var[tpr_f], f_noise[tpr_f]), sig)
     _tps(st, prm, rows, w, rate, mean, sig)
     _hold(st, prm, rows, end, w, sig)
     _learn(st, prm, c, np.where(np.isnan(expected), c.n, expected))
     for family in ("rps", "tpr", "tps"):
         sig[f"{family}_relearned_at"] = st.col[f"{family}_relearned_at"][rows].copy()
         sig[f"{family}_relearned_from"] = st.col[f"{family}_relearned_from"][rows].copy()
-    rps_held, tpr_held = st.rps.held_s(rows, end), st.tpr.held_s(rows, end)
+    held = st.traffic.held_s(st.both(rows), np.concatenate([end, end]))
+    rps_held, tpr_held = held[:k], held[k:]
     sig["rps_held_s"], sig["tpr_held_s"] = rps_held, tpr_held
     sig["tps_held_s"] = np.where(tpr_held > rps_held, tpr_held, rps_held)  # max(rps, tpr)
 
@@ -221,14 +237,16 @@ def _errors(st: ServiceRows, prm: CloseParams, rows: Rows, w: CountWindows, sig:
         st.col["error_base"][rows[learn]] += 0.02 * (errors[learn] / n[learn] - p0[learn])
 
 
+Forecasts = tuple[F64, F64, F64]  # a baseline's mean, var and noise (NaN: none yet)
+
+
 def _rate_deviation(
-    st: ServiceRows, prm: CloseParams, rows: Rows, w: CountWindows, mid: F64,
-    ready: npt.NDArray[np.bool_], sig: Signals,
-) -> F64:  # fmt: skip
-    """Requests against the baseline's expectation; returns the forecast's variance (NaN
-    where there is no test)."""
+    prm: CloseParams, w: CountWindows, f: Forecasts, ready: npt.NDArray[np.bool_], sig: Signals
+) -> F64:
+    """Requests against the baseline's expectation (``f``: its forecasts at the window's
+    middle); returns the forecast's variance (NaN where there is no test)."""
     ok = ready & ~(w.expected < prm.rate_min) & (w.span_s != 0)
-    mean, var, noise = st.rps.forecast(rows, mid)
+    mean, var, noise = f
     wvar = _window_var(mean, var, noise, w.span_s / prm.bucket_s)
     n = w.n.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -240,12 +258,10 @@ def _rate_deviation(
     return np.where(ok, wvar, NAN)
 
 
-def _mean_deviation(
-    st: ServiceRows, prm: CloseParams, rows: Rows, w: CountWindows, mid: F64, sig: Signals
-) -> F64:
-    """Tokens per request against its baseline; returns the forecast's variance (NaN
-    without a forecast)."""
-    mean_f, var_f, noise_f = st.tpr.forecast(rows, mid)
+def _mean_deviation(prm: CloseParams, w: CountWindows, f: Forecasts, sig: Signals) -> F64:
+    """Tokens per request against its baseline (``f``: its forecasts at the window's
+    middle); returns the forecast's variance (NaN without a forecast)."""
+    mean_f, var_f, noise_f = f
     has = ~np.isnan(mean_f)
     forecast = _each(math.exp, mean_f)
     sig["tpr_forecast"] = forecast
@@ -287,35 +303,37 @@ def _hold(
     st: ServiceRows, prm: CloseParams, rows: Rows, end: F64, w: CountWindows, sig: Signals
 ) -> None:
     """Hold each baseline whose window deviates significantly; maybe accept a new level
-    (and remember when, and from what, for the alerts' resolutions)."""
+    (and remember when, and from what, for the alerts' resolutions). Both families' in
+    one call of the traffic bank (their rows are apart)."""
     tps_before = sig["tps_forecast"]
     n = w.n.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(w.span_s != 0, (n + 0.5) / w.span_s, NAN)
         per = np.where(n != 0, w.tokens / n, NAN)
-    observed = {
-        "rps": _each(math.log, rate),
-        "tpr": _each(math.log, np.where(per < 0.5, 0.5, per)),  # max(tokens / n, 0.5)
-    }
-    banks: dict[str, SeasonalBank] = {"rps": st.rps, "tpr": st.tpr}
+    observed = np.concatenate(
+        [_each(math.log, rate), _each(math.log, np.where(per < 0.5, 0.5, per))]
+    )  # log(max(tokens / n, 0.5)) for the tokens per request
+    both, k = st.both(rows), len(rows)
+    holding = st.traffic.holding(both)
+    d = np.concatenate([sig["rps_deviation"], sig["tpr_deviation"]])
+    z = np.concatenate([sig["rps_z"], sig["tpr_z"]])
+    # enter the hold on a significant deviation; stay in it while the deviation is larger
+    # than the band (noisy traffic makes z waver during a real fault)
+    with np.errstate(invalid="ignore"):
+        deviating = (
+            ~np.isnan(d)
+            & ~np.isnan(z)
+            & (np.abs(d) > prm.hold_band)
+            & (holding | (np.abs(z) > prm.hold_z))
+        )
+    accepted = st.traffic.hold(both, np.concatenate([end, end]), deviating, observed)
     col = st.col
-    for family, bank in banks.items():
-        d, z = sig[f"{family}_deviation"], sig[f"{family}_z"]
-        # enter the hold on a significant deviation; stay in it while the deviation is
-        # larger than the band (noisy traffic makes z waver during a real fault)
-        with np.errstate(invalid="ignore"):
-            deviating = (
-                ~np.isnan(d)
-                & ~np.isnan(z)
-                & (np.abs(d) > prm.hold_band)
-                & (bank.holding(rows) | (np.abs(z) > prm.hold_z))
-            )
+    for family, part in (("rps", slice(0, k)), ("tpr", slice(k, 2 * k))):
         before = sig[f"{family}_forecast"]
-        accepted = bank.hold(rows, end, deviating, observed[family]) & ~np.isnan(before)
-        r = rows[accepted]
-        col[f"{family}_relearned_at"][r] = end[accepted]
-        col[f"{family}_relearned_from"][r] = before[accepted]
-        tps = accepted & ~np.isnan(tps_before)
+        took = accepted[part] & ~np.isnan(before)
+        col[f"{family}_relearned_at"][rows[took]] = end[took]
+        col[f"{family}_relearned_from"][rows[took]] = before[took]
+        tps = took & ~np.isnan(tps_before)
         col["tps_relearned_at"][rows[tps]] = end[tps]
         col["tps_relearned_from"][rows[tps]] = tps_before[tps]
 
@@ -334,13 +352,11 @@ def _store(st: ServiceRows, family: str, rows: Rows, p: dict[str, Any]) -> None:
 
 
 def _gather(
-    st: ServiceRows, prm: CloseParams, family: str, c: _Round, expected: F64
+    st: ServiceRows, prm: CloseParams, family: str, c: _Round, expected: F64, held: Bools
 ) -> dict[str, F64]:
     """Add the bucket to the observation pending for ``family``'s baseline (a held
     bucket is never learnt: a held baseline's pending observation starts over)."""
-    bank = st.rps if family == "rps" else st.tpr
     p = _pending(st, family, c.rows)
-    held = bank.holding(c.rows)
     start = np.where(np.isnan(p["start"]), c.end - prm.bucket_s, p["start"])
     fresh = {"start": NAN, "end": 0.0, "n": 0.0, "tokens": 0.0, "tokens_sq": 0.0, "expected": 0.0}
     added = {
@@ -351,30 +367,44 @@ def _gather(
 
 
 def _learn(st: ServiceRows, prm: CloseParams, c: _Round, expected: F64) -> None:
-    """Gather buckets into observations that hold enough requests, then learn them."""
+    """Gather buckets into observations that hold enough requests, then learn them (both
+    families in one call of the traffic bank)."""
     want, max_s, bs = prm.observation_requests, prm.observation_max_s, prm.bucket_s
-    p = _gather(st, prm, "rps", c, expected)
+    k = len(c.rows)
+    held = st.traffic.holding(st.both(c.rows))
+    p = _gather(st, prm, "rps", c, expected, held[:k])
     span = np.where(np.isnan(p["start"]), 0.0, p["end"] - p["start"])
     due = ~np.isnan(p["start"]) & ((p["expected"] >= want) | (span >= max_s))
+    n, s = p["n"][due], span[due]
+    rps = _Learn(2 * c.rows[due], (p["start"][due] + p["end"][due]) / 2,
+                 _each(math.log, (n + 0.5) / s), 1 / (n + 0.5), s / bs)  # fmt: skip
     if due.any():
-        n, s = p["n"][due], span[due]
-        z = _each(math.log, (n + 0.5) / s)
-        mid = (p["start"][due] + p["end"][due]) / 2
-        st.rps.learn(c.rows[due], mid, z, 1 / (n + 0.5), s / bs)
-        p = {k: np.where(due, NAN if k == "start" else 0.0, v) for k, v in p.items()}
+        p = {key: np.where(due, NAN if key == "start" else 0.0, v) for key, v in p.items()}
     _store(st, "rps", c.rows, p)
-    p = _gather(st, prm, "tpr", c, expected)
+    p = _gather(st, prm, "tpr", c, expected, held[k:])
     span = np.where(np.isnan(p["start"]), 0.0, p["end"] - p["start"])
     due = ~np.isnan(p["start"]) & ((p["n"] >= want) | (span >= max_s))
     learn = due & (p["n"] != 0)
-    if learn.any():
-        _learn_tpr(st, c.rows[learn], {k: v[learn] for k, v in p.items()}, span[learn], bs)
+    tpr = _tpr_learnt(st, c.rows[learn], {key: v[learn] for key, v in p.items()}, span[learn], bs)
     if due.any():
-        p = {k: np.where(due, NAN if k == "start" else 0.0, v) for k, v in p.items()}
+        p = {key: np.where(due, NAN if key == "start" else 0.0, v) for key, v in p.items()}
     _store(st, "tpr", c.rows, p)
+    if len(rps.rows) or len(tpr.rows):
+        st.traffic.learn(*(np.concatenate([a, b]) for a, b in zip(rps, tpr, strict=True)))
 
 
-def _learn_tpr(st: ServiceRows, rows: Rows, p: dict[str, F64], span: F64, bs: float) -> None:
+class _Learn(NamedTuple):
+    """Observations for rows of the traffic bank: rows, times, z, variances, steps."""
+
+    rows: Rows
+    t: F64
+    z: F64
+    var: F64
+    steps: F64
+
+
+def _tpr_learnt(st: ServiceRows, rows: Rows, p: dict[str, F64], span: F64, bs: float) -> _Learn:
+    """The tokens-per-request observations of ``rows`` (their spread learnt on the way)."""
     n = p["n"]
     mean = p["tokens"] / n
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -384,7 +414,7 @@ def _learn_tpr(st: ServiceRows, rows: Rows, p: dict[str, F64], span: F64, bs: fl
     cv[rows[much]] += 0.1 * (cv2[much] - cv[rows[much]])
     z = _each(math.log, np.where(mean < 0.5, 0.5, mean))  # max(mean, 0.5)
     var = np.where(cv2 < 1e-4, 1e-4, cv2) / n  # max(cv2, 1e-4) / n
-    st.tpr.learn(rows, (p["start"] + p["end"]) / 2, z, var, span / bs)
+    return _Learn(2 * rows + 1, (p["start"] + p["end"]) / 2, z, var, span / bs)
 
 
 # ---------------------------------------------------------------------- latency
@@ -403,62 +433,69 @@ def _tails(st: ServiceRows, c: _Round, sig: Signals) -> None:
 
 
 def _latency(st: ServiceRows, c: _Round, sig: Signals) -> None:
-    rows, end = c.rows, c.end
-    for name, stage, bank in (
-        ("retriever_p99", "retriever", st.retriever_p99),
-        ("e2e_p95", "e2e", st.e2e_p95),
-    ):
-        value = sig[f"{name}_ms"]
-        seen = np.array([st.tails[r].seen.get(stage, 0) for r in rows.tolist()], np.int64)
-        base = bank.update(rows, end, value, seen)
-        sig[f"{name}_baseline_ms"] = base
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ok = ~np.isnan(value) & ~np.isnan(base) & (base != 0)
-            sig[f"{name}_ratio"] = np.where(ok, value / np.where(ok, base, 1.0), NAN)
-        sig[f"{name}_held_s"] = bank.held_s(rows, end)
-        sig[f"{name}_relearned_at"] = bank.relearned_at[rows].copy()
-        sig[f"{name}_relearned_from"] = bank.relearned_before[rows].copy()
+    """The latency baselines (retriever P99 and end-to-end P95: a row each of the latency
+    bank) judge the window's quantiles, then maybe learn them: one call for both."""
+    rows, end, k = c.rows, c.end, len(c.rows)
+    seen = [
+        [st.tails[r].seen.get(stage, 0) for r in rows.tolist()] for stage in ("retriever", "e2e")
+    ]
+    value = np.concatenate([sig["retriever_p99_ms"], sig["e2e_p95_ms"]])
+    both, ends = st.both(rows), np.concatenate([end, end])
+    base = st.latency.update(both, ends, value, np.array(seen, dtype=np.int64).ravel())
+    held = st.latency.held_s(both, ends)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ok = ~np.isnan(value) & ~np.isnan(base) & (base != 0)
+        ratio = np.where(ok, value / np.where(ok, base, 1.0), NAN)
+    at, before = st.latency.relearned_at[both], st.latency.relearned_before[both]
+    for name, part in (("retriever_p99", slice(0, k)), ("e2e_p95", slice(k, 2 * k))):
+        sig[f"{name}_baseline_ms"], sig[f"{name}_ratio"] = base[part], ratio[part]
+        sig[f"{name}_held_s"] = held[part]
+        sig[f"{name}_relearned_at"], sig[f"{name}_relearned_from"] = at[part], before[part]
 
 
 # ---------------------------------------------------------------------- outliers
 
+OUTLIER_SIGNALS = (
+    "outliers", "outlier_ratio", "recent_outliers",
+    "new_outlier_cluster", "outlier_cluster_size", "outlier_cluster_active",
+)  # fmt: skip
 
-def _outliers(
-    st: ServiceRows, prm: CloseParams, c: _Round, b: Sequence[int],
-    buckets: Sequence[Bucket], services: Sequence[ServiceClusters], sig: Signals,
-) -> None:  # fmt: skip
-    """The bucket's outliers, the recent ones, and news of a new cluster (per service:
-    the cluster detector is the service's; the news goes to the instance whose records
-    landed away from the known clusters most)."""
-    rows = c.rows
-    served = c.n + c.clustered
-    sig["outliers"] = c.outliers
-    sig["outlier_ratio"] = _div(c.outliers, served)
-    recent = st.recent[rows]
-    recent = np.concatenate([recent[:, 1:], c.outliers.astype(np.int64)[:, None]], axis=1)
-    st.recent[rows] = recent
-    total = recent.sum(axis=1)
-    sig["recent_outliers"] = total.astype(np.float64)
+
+def close_outliers(
+    st: ServiceRows, prm: CloseParams, row: int, b: int, bucket: Bucket, svc: ServiceClusters
+) -> tuple[float, ...]:
+    """The outlier part of closing bucket ``b`` of ``row``, done at once, in the order of
+    the envelopes (the rest of the close waits for its round): the bucket's outliers, the
+    recent ones, and news of a new cluster. That news is the service's (its instances
+    share the detector, and the next envelope's records change it) and goes to the
+    instance whose records landed away from the known clusters most. The signals, in
+    :data:`OUTLIER_SIGNALS`' order (NaN for None)."""
+    served = bucket.n + bucket.clustered
+    recent = st.recent[row]
+    recent[:-1] = recent[1:].copy()
+    recent[-1] = bucket.outliers
+    total = int(recent.sum())
     col = st.col
-    col["novel_score"][rows] = col["novel_score"][rows] * NOVEL_DECAY + c.novel
-    raised, active, size = (np.zeros(len(rows)) for _ in range(3))
-    for i, row in enumerate(rows.tolist()):
-        svc, inst = services[i], st.index.key(row)[1]
-        new = svc.new_cluster(b[i], prm.new_cluster_size, _novel_of(st, svc.name))
-        mine = svc.active is not None and svc.active_instance == inst
-        raised[i] = new if mine else 0.0
-        if raised[i]:
-            col["cluster_size"][row] = svc.size
-        size[i], active[i] = col["cluster_size"][row], 1.0 if mine else 0.0
-        labels = buckets[i].labels
-        if mine and svc.active_label:  # the cluster's own description
-            st.label[row] = svc.active_label
-        elif labels:
-            st.label[row] = labels.most_common(1)[0][0]
-        elif not total[i]:
-            st.label[row] = None
-    sig["new_outlier_cluster"], sig["outlier_cluster_size"] = raised, size
-    sig["outlier_cluster_active"] = active
+    col["novel_score"][row] = float(col["novel_score"][row]) * NOVEL_DECAY + bucket.novel
+    new = svc.new_cluster(b, prm.new_cluster_size, _novel_of(st, svc.name))
+    mine = svc.active is not None and svc.active_instance == st.index.key(row)[1]
+    raised = new if mine else 0.0
+    if raised:
+        col["cluster_size"][row] = svc.size
+    if mine and svc.active_label:  # the cluster's own description
+        st.label[row] = svc.active_label
+    elif bucket.labels:
+        st.label[row] = bucket.labels.most_common(1)[0][0]
+    elif not total:
+        st.label[row] = None
+    return (
+        float(bucket.outliers),
+        bucket.outliers / served if served else NAN,
+        float(total),
+        raised,
+        float(col["cluster_size"][row]),
+        1.0 if mine else 0.0,
+    )
 
 
 def _novel_of(st: ServiceRows, service: str) -> Callable[[str], float]:

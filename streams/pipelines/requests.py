@@ -5,14 +5,17 @@ Plain Python (no Faust): the worker feeds batches of decoded messages into
 envelope at a time into :meth:`RequestPipeline.process`.
 
 **Columns.** Every series is a row of :class:`~.service_rows.ServiceRows`: its baselines,
-count ring, scalars and signals in arrays. A batch is processed in *waves*, runs of
-envelopes of distinct services (a service's instances share its outlier detector, so an
-envelope of a service waits for the closes of the one before it). A wave's records go to
-their buckets at once, a run of records of one bucket at a time; then the buckets they
-closed are closed in *rounds*, the k-th close of every row of the wave in one set of array
-operations (:mod:`~.request_close`), and the rules are masks over the round's signals: only
-rows where a rule holds or an alert is active reach the alert engine. The transitions are
-those of one envelope at a time, in the same order
+count ring, scalars and signals in arrays. A batch's records go to their buckets envelope
+by envelope (an envelope's points certified and learnt by the outlier detector in blocks);
+a bucket the watermark closes has its outlier part closed at once, in the envelopes' order
+(the service's cluster detector is shared by its instances and moves on with the next
+envelope's records: :func:`~.request_close.close_outliers`), and the rest of its close
+waits: the closes of the batch are then done in *rounds*, the k-th close of every row in
+one set of array operations (:mod:`~.request_close`: nothing else a close reads is shared
+between rows), and the rules are masks over the round's signals: only rows where a rule
+holds or an alert is active reach the alert engine. A silence sweep (once a minute of
+event time) waits for the closes before it. The transitions are those of one envelope at
+a time, in the same order
 (``tests/unit/test_requests_columnar.py`` holds every signal of every close to the object
 version this replaced, ``tests/reference/requests_objects.py``).
 
@@ -129,7 +132,7 @@ from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.evidence import quantile
-from ragwatch.streams.pipelines.request_close import CloseParams, close_round
+from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
 from ragwatch.streams.pipelines.service_clusters import ScoredRun, ServiceClusters
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS, SeriesKey, ServiceRows
 
@@ -252,24 +255,24 @@ class _Views(Mapping[SeriesKey, ServiceView]):
 @dataclass
 class _Close:
     """A bucket to close: the envelope that closed it (its place in the batch), the row,
-    the bucket number and what it gathered."""
+    the bucket number, what it gathered, and its outlier signals (done at once)."""
 
     at: int
     row: int
     b: int
     bucket: Bucket
+    outliers: tuple[float, ...]
 
 
 @dataclass
 class _Wave:
-    """Envelopes of distinct services, their records in: the closes they made wait."""
+    """Envelopes whose records are in: the closes they made wait, per row in order."""
 
-    services: set[str] = field(default_factory=set)
-    closes: list[list[_Close]] = field(default_factory=list)  # per row, in bucket order
+    closes: dict[int, list[_Close]] = field(default_factory=dict)
 
-    def clear(self) -> None:
-        self.services.clear()
-        self.closes.clear()
+    def add(self, closes: list[_Close]) -> None:
+        if closes:
+            self.closes.setdefault(closes[0].row, []).extend(closes)
 
 
 class RequestPipeline:
@@ -368,13 +371,11 @@ class RequestPipeline:
         self, envs: Sequence[RequestsMessage], then: WaveDone | None = None
     ) -> list[Transition]:
         """:meth:`process` of each envelope in turn, the transitions in that order; the
-        envelopes of distinct services are processed together (waves). ``then``, if
-        given, gets each wave's transitions once it is done and hands back what to keep
-        (the fleet adds hints while the state is the wave's)."""
+        closes of the batch are done together (rounds), before each sweep and at the end.
+        ``then``, if given, gets each such part's transitions and hands back what to keep
+        (the fleet adds hints while the state is that part's)."""
         out: list[Transition] = []
         for i, env in enumerate(envs):
-            if env.service in self._wave.services:
-                out += self._flush(then)
             self._envelope(i, env)
             if self._watermark - self._last_sweep >= self.bucket_s:
                 out += self._flush(then)
@@ -411,8 +412,7 @@ class RequestPipeline:
         self._advance(row, newest)
         self._add(row, svc, records)
         self.stats.unscored_records += max(0, len(records) - MAX_SCORED_PER_ENVELOPE)
-        self._wave.services.add(env.service)
-        self._wave.closes.append(self._ready(at, row))
+        self._wave.add(self._ready(at, row, svc))
 
     def _recent(self, env: RequestsMessage) -> Sequence[Record]:
         """The envelope's records from ``MAX_RECORD_AGE_S`` before it was sent on; older
@@ -483,8 +483,10 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ closes
 
-    def _ready(self, at: int, row: int) -> list[_Close]:
-        """The buckets of ``row`` the watermark closed (a gap's are skipped: unobserved)."""
+    def _ready(self, at: int, row: int, svc: ServiceClusters) -> list[_Close]:
+        """The buckets of ``row`` the watermark closed (a gap's are skipped: unobserved),
+        their outlier part closed at once (``close_outliers``: the service's detector
+        moves on with the next envelope), the rest waiting for its round."""
         rows = self.rows
         limit = math.floor((float(rows.col["watermark"][row]) - self.grace_s) / self.bucket_s)
         b = rows.next_bucket[row]
@@ -500,7 +502,9 @@ class RequestPipeline:
                 if gaps and gaps[0][0] <= b:
                     b = min(limit, gaps[0][1] + 1)  # skip the rest of the gap
                     continue
-            out.append(_Close(at, row, b, bucket or Bucket(self.reservoir, self._rng)))
+            bucket = bucket or Bucket(self.reservoir, self._rng)
+            signals = close_outliers(rows, self.params, row, b, bucket, svc)
+            out.append(_Close(at, row, b, bucket, signals))
             b += 1
         rows.next_bucket[row] = b
         return out
@@ -508,8 +512,8 @@ class RequestPipeline:
     def _flush(self, then: WaveDone | None = None) -> list[Transition]:
         """Close the wave's buckets, a round at a time (the k-th close of each row), and
         evaluate the rules; the transitions in the order of one envelope at a time."""
-        pending = [c for c in self._wave.closes if c]
-        self._wave.clear()
+        pending = list(self._wave.closes.values())
+        self._wave.closes.clear()
         k = 0
         while pending:
             self._round(k, [c[k] for c in pending])
@@ -522,12 +526,11 @@ class RequestPipeline:
 
     def _round(self, k: int, closes: list[_Close]) -> None:
         rows = np.array([c.row for c in closes], dtype=np.intp)
-        keys = [self.rows.index.key(c.row) for c in closes]
-        services = [self._services[key[0]] for key in keys]
+        outliers = np.array([c.outliers for c in closes], dtype=np.float64)
         self.stats.buckets_closed += len(closes)
         ends = close_round(
             self.rows, self.params, rows, [c.b for c in closes], [c.bucket for c in closes],
-            services,
+            outliers,
         )  # fmt: skip
         if self.rules:
             self._evaluate(k, closes, rows, ends)

@@ -10,10 +10,11 @@ closes of many series are one set of array operations
   the two traffic baselines, when a baseline last accepted a new level) in 1-D arrays;
 - the newest signals in a ``(rows, len(SIGNALS))`` matrix, NaN where a signal has no value;
 - the count rings in a :class:`~ragwatch.streams.pipelines.count_bank.CountBank`, the
-  traffic baselines (requests per second, tokens per request) in two
-  :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank`, the latency baselines
-  (retriever P99, end-to-end P95) in two
-  :class:`~ragwatch.streams.pipelines.latency_bank.LatencyBank`.
+  traffic baselines (requests per second, tokens per request) in a
+  :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the latency baselines
+  (retriever P99, end-to-end P95) in a
+  :class:`~ragwatch.streams.pipelines.latency_bank.LatencyBank`, two rows a series each
+  (:meth:`ServiceRows.both`: a close calls each bank once for both).
 
 What is not a number stays per row in lists: the open buckets (a minute's accumulators,
 one or two a series), the tail window of recent latencies (its length follows the
@@ -122,10 +123,11 @@ class ServiceRows:
         self.bucket_s, self.tail_params, self.reservoir = bucket_s, tail, reservoir
         self.index: RowIndex[SeriesKey] = RowIndex(capacity)
         proto = SeasonalBaseline(step_s=bucket_s, hold_max_s=hold_max_s)
-        self.rps, self.tpr = SeasonalBank(proto, capacity), SeasonalBank(proto, capacity)
-        latency = {"min_entries": min_baseline, "hold_max_s": hold_max_s}
-        self.retriever_p99 = LatencyBank(capacity, **latency)  # type: ignore[arg-type]
-        self.e2e_p95 = LatencyBank(capacity, **latency)  # type: ignore[arg-type]
+        # two rows a series each: row 2r the requests baseline (retriever P99) of series
+        # r, row 2r + 1 its tokens-per-request baseline (end-to-end P95), so a close
+        # calls each bank once for both
+        self.traffic = SeasonalBank(proto, 2 * capacity)
+        self.latency = LatencyBank(2 * capacity, min_entries=min_baseline, hold_max_s=hold_max_s)
         self.counts = CountBank(math.ceil(rate_max_s / bucket_s), bucket_s, capacity)
         self.col: dict[str, npt.NDArray[Any]] = {
             name: np.full(capacity, fresh, dtype=dtype) for name, (dtype, fresh) in SCALARS.items()
@@ -177,8 +179,9 @@ class ServiceRows:
         self.recent[row] = 0
         self.signals[row] = np.nan
         self.watch[row] = False
-        for bank in (self.rps, self.tpr, self.retriever_p99, self.e2e_p95, self.counts):
-            bank.reset(r)
+        self.counts.reset(r)
+        for bank in (self.traffic, self.latency):
+            bank.reset(self.both(r))
         for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
             objects[row] = None  # type: ignore[call-overload]  # a free row
         self.host[row] = self.label[row] = self.next_bucket[row] = None
@@ -196,8 +199,9 @@ class ServiceRows:
             [self.signals, np.full((capacity - old, len(SIGNALS)), np.nan)]
         )
         self.watch = np.concatenate([self.watch, np.zeros(capacity - old, dtype=np.bool_)])
-        for bank in (self.rps, self.tpr, self.retriever_p99, self.e2e_p95, self.counts):
-            bank.reserve(capacity)
+        self.counts.reserve(capacity)
+        self.traffic.reserve(2 * capacity)
+        self.latency.reserve(2 * capacity)
         more = capacity - old
         for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
             objects += _free(more)
@@ -205,6 +209,13 @@ class ServiceRows:
         self.label += [None] * more
         self.next_bucket += [None] * more
         self.capacity = capacity
+
+    @staticmethod
+    def both(rows: Rows) -> Rows:
+        """The rows of the two-row banks that ``rows`` own: their first baselines (the
+        requests', the retriever P99's), then their second (tokens per request, the
+        end-to-end P95)."""
+        return np.concatenate([2 * rows, 2 * rows + 1])
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -221,6 +232,6 @@ class ServiceRows:
 
     def nbytes(self) -> int:
         """Bytes held by the arrays (the banks' included), not by the per-row lists."""
-        banks = (self.rps, self.tpr, self.retriever_p99, self.e2e_p95, self.counts)
+        banks = (self.traffic, self.latency, self.counts)
         own = sum(a.nbytes for a in self.col.values()) + self.recent.nbytes + self.signals.nbytes
         return own + sum(b.nbytes() for b in banks)

@@ -41,7 +41,8 @@ from ragwatch.streams.pipelines.service_rows import (
 )
 
 FORMAT = "service-rows/1"
-BANKS = ("rps", "tpr", "retriever_p99", "e2e_p95", "counts")  # ServiceRows' banks
+BANKS = ("traffic", "latency", "counts")  # ServiceRows' banks
+PAIRED = frozenset({"traffic", "latency"})  # two rows a series (ServiceRows.both)
 Rows = npt.NDArray[np.intp]
 INT64 = 2**63
 
@@ -100,10 +101,8 @@ def dump(
         "signal_names": list(SIGNALS),
         "signals": st.signals[r].astype("<f8").tobytes(),
         "banks": {
-            "rps": st.rps.dump(r),
-            "tpr": st.tpr.dump(r),
-            "retriever_p99": st.retriever_p99.dump(r),
-            "e2e_p95": st.e2e_p95.dump(r),
+            "traffic": st.traffic.dump(st.both(r)),
+            "latency": st.latency.dump(st.both(r)),
             "counts": st.counts.dump(r),
         },
         "next_bucket": [None if (b := st.next_bucket[x]) is None else _int(b) for x in rows],
@@ -220,9 +219,9 @@ def _parse(st: ServiceRows, state: Mapping[str, Any], n: int, rng: random.Random
     if any(len(v) != n for v in lists.values()):
         raise ValueError("per-series lists of another length")
     banks = dict(state["banks"])
-    probes = {name: _probe(getattr(st, name), n) for name in BANKS}
+    probes = {name: _probe(getattr(st, name), 2 * n if name in PAIRED else n) for name in BANKS}
     for name, probe in probes.items():  # each raises if its part does not fit
-        probe.load(np.arange(n), banks[name])
+        probe.load(np.arange(2 * n if name in PAIRED else n), banks[name])
     cap = st.reservoir
     return {
         "scalars": scalars,
@@ -333,7 +332,10 @@ def _write(st: ServiceRows, rows: Rows, picked: Rows, p: dict[str, Any]) -> None
     st.recent[rows] = p["recent"][picked]
     st.signals[rows] = p["signals"][picked]
     for name in BANKS:
-        getattr(st, name).load(rows, p["banks"][name].dump(picked))
+        paired = name in PAIRED
+        n = len(p["next_bucket"])  # a paired dump: every first row, then every second
+        to, of = (st.both(rows), np.concatenate([picked, picked + n])) if paired else (rows, picked)
+        getattr(st, name).load(to, p["banks"][name].dump(of))
     for row, i in zip(rows.tolist(), picked.tolist(), strict=True):
         for name in ("next_bucket", "buckets", "tails", "gaps", "senders", "host", "label"):
             getattr(st, name)[row] = p[name][i]
@@ -381,10 +383,10 @@ def _adopt_series(st: ServiceRows, row: int, s: ServiceSeries, rng: random.Rando
     for name, v in s.signals.items():
         if name in SIGNAL_AT and v is not None:
             st.signals[row, SIGNAL_AT[name]] = v
-    st.rps.adopt(row, s.rps)
-    st.tpr.adopt(row, s.tpr)
-    st.retriever_p99.adopt(row, s.retriever_p99)
-    st.e2e_p95.adopt(row, s.e2e_p95)
+    st.traffic.adopt(2 * row, s.rps)
+    st.traffic.adopt(2 * row + 1, s.tpr)
+    st.latency.adopt(2 * row, s.retriever_p99)
+    st.latency.adopt(2 * row + 1, s.e2e_p95)
     st.counts.adopt(row, s.counts)
     for bucket in s.buckets.values():
         bucket.rng = rng

@@ -87,10 +87,10 @@ def assert_same_banks(pipe: columnar.RequestPipeline, ref: reference.RequestPipe
     for key, s in ref.series.items():
         row = pipe.series[key].row
         rows = pipe.rows
-        for name in ("rps", "tpr"):
-            assert _state(getattr(rows, name).export(row)) == _state(getattr(s, name))
-        for name in ("retriever_p99", "e2e_p95"):
-            got, want = getattr(rows, name).export(row), getattr(s, name)
+        for i, name in enumerate(("rps", "tpr")):  # rows 2r and 2r + 1 of the traffic bank
+            assert _state(rows.traffic.export(2 * row + i)) == _state(getattr(s, name))
+        for i, name in enumerate(("retriever_p99", "e2e_p95")):
+            got, want = rows.latency.export(2 * row + i), getattr(s, name)
             assert _state(got.model) == _state(want.model)
             assert (got.seen_at_entry, got.relearned_at, got.relearned_before) == (
                 want.seen_at_entry, want.relearned_at, want.relearned_before)  # fmt: skip
@@ -148,7 +148,7 @@ def test_a_day_of_daily_rhythm_with_quiet_nights_and_a_fault_that_lasts() -> Non
                      batch_s=60.0, daily_ratio=20.0, burst_sigma=0.3, faults=faults)  # fmt: skip
     pipe, _ = run_both(envs, batch=256, hold_max_s=4 * 3600.0)
     rows = np.array([v.row for v in pipe.series.values()], dtype=np.intp)
-    assert pipe.rows.rps.has_profile(rows).all()
+    assert pipe.rows.traffic.has_profile(pipe.rows.both(rows)).all()
     relearned = [pipe.rows.col[f"{f}_relearned_at"][rows] for f in ("rps", "tpr")]
     assert np.isfinite(relearned).any()
 

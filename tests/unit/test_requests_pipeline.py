@@ -438,10 +438,10 @@ def test_memory_is_bounded() -> None:
         tail = rows.tails[s.row]
         assert len(tail.values("e2e", s.bucket_end or 0.0)) == 100
         assert all(len(v) <= 2 * 100 + 256 for v in tail._vals.values())
-        latency = rows.retriever_p99.export(s.row).model
+        latency = rows.latency.export(2 * s.row).model
         assert latency is not None and latency.late == 0
         assert all(len(r.values) <= 50 for b in s.buckets.values() for r in b.latencies.values())
-        assert rows.tpr.export(s.row).late == 0 and rows.rps.export(s.row).late == 0
+        assert rows.traffic.export(2 * s.row).late == rows.traffic.export(2 * s.row + 1).late == 0
     sig = signals(pipe, "rag", "i0")["signals"]
     assert isinstance(sig, dict)
     assert sig["e2e_p50_ms"] == pytest.approx(750.0, rel=0.05)  # from 100 of 480 values
