@@ -226,6 +226,10 @@ class LeakBank:
             if v.size != len(r) * (a.shape[1] if a.ndim == 2 else 1):
                 raise ValueError(f"leak bank state: {name} holds {v.size} values")
             parts[name] = v.reshape((len(r), *a.shape[1:]))
+        if not ((parts["count"] >= 0) & (parts["count"] < self.points_max)).all():
+            raise ValueError("leak bank state: a window of more points than it holds")
+        if not (parts["n"] >= 0).all():
+            raise ValueError("leak bank state: an open bucket of fewer than no samples")
         self.reserve(int(r.max()) + 1 if len(r) else 0)
         for name, v in parts.items():
             getattr(self, name)[r] = v

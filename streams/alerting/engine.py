@@ -161,7 +161,10 @@ class AlertEngine:
         return len(gone)
 
     def clear(self, match: Mapping[str, str], ts: float) -> list[Transition]:
-        """Resolve every active alert whose labels include ``match`` (its series is gone)."""
+        """Resolve every active alert whose labels include ``match`` (its series is gone).
+        An empty ``match`` resolves nothing: no series is named by no labels."""
+        if not match:
+            return []
         gone = [
             fp
             for fp, state in self._states.items()

@@ -205,8 +205,12 @@ class EventPipeline:
         rules = {r.name: r for r in self.rules}
         active = {}
         for name, labels in state.get("active", ()):  # pairs of lists, or of tuples (v6)
+            pairs = _pairs(labels)
+            own = dict(pairs)
+            if own.get("host") != host or "type" not in own or "service" in own:
+                raise ValueError("event state: an alert's labels name another host")
             if _text(name) in rules:
-                active[(name, _pairs(labels))] = rules[name]
+                active[(name, pairs)] = rules[name]
         recent = [
             (_time(ts), _text(kind), _pairs(lab)) for ts, kind, lab in state.get("recent", ())
         ]

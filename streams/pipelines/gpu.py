@@ -494,6 +494,21 @@ class _Layout:
     p_pos: list[int]
 
 
+def _checked_labels(key: SeriesKey, labels: Any) -> dict[str, str]:
+    """A snapshot's labels of the series ``key``: strings that name that series (its host,
+    GPU, MIG instance and process) and no other, or ValueError. Its alerts carry them, and a
+    stale series resolves the alerts they match."""
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise ValueError(f"GPU series of host {key[0]}: labels are not a map of strings")
+    host, index, mig, pid = key
+    names = {"host": host, "gpu": str(index), "mig": mig, "pid": None if pid < 0 else str(pid)}
+    if any(labels.get(k) != v for k, v in names.items()) or "service" in labels:
+        raise ValueError(f"GPU series of host {host}: labels of another series")
+    return dict(labels)
+
+
 def _shape(gpus: list[GpuSampleWire]) -> tuple[Any, ...]:
     return tuple(
         (g.index, g.mig, g.namespace, g.pod, g.container, tuple([p.pid for p in g.procs]))
@@ -1076,11 +1091,9 @@ class GpuPipeline:
         rows = []
         for i in order:
             k = keys[i]
+            key = (str(k[0]), int(k[1]), str(k[2]), int(k[3]))
             row = self._add(
-                (str(k[0]), int(k[1]), str(k[2]), int(k[3])),
-                dict(state["labels"][i]),
-                float(last[i]),
-                gpu=bool(gpu[i]),
+                key, _checked_labels(key, state["labels"][i]), float(last[i]), gpu=bool(gpu[i])
             )
             for c in COLUMNS:
                 getattr(self, c)[row] = columns[c][i]
@@ -1097,7 +1110,7 @@ class GpuPipeline:
         n = 0
         for key in sorted(series)[: self._room()]:
             s = series[key]
-            row = self._add(key, dict(s.labels), s.last_ts, gpu=s.gpu)
+            row = self._add(key, _checked_labels(key, s.labels), s.last_ts, gpu=s.gpu)
             self.bank.adopt(row, s.detector)
             for c in COLUMNS:  # a Series field each; older snapshots lack the newer ones
                 v = getattr(s, c, None)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ from ragwatch.streams.pipelines.evidence import count_z
 log = logging.getLogger(__name__)
 
 BASELINE_BUCKET_S = 300.0  # one observation of the tokens/s baseline per 5 minutes
+MAX_BUCKET = int(sys.float_info.max / BASELINE_BUCKET_S / 2)  # far beyond any event time
 # No engine counts 10^12 of anything a second: a counter growing faster is garbage (or an
 # attack: 0, 1.79e308, 0, 1.79e308 made the reset offset inf for good) and starts over.
 MAX_COUNTER_RATE = 1e12
@@ -491,14 +493,15 @@ def _load_series(host: str, state: Mapping[str, Any]) -> dict[SeriesKey, EngineS
     out: dict[SeriesKey, EngineSeries] = {}
     for d in series:
         target = _str(d["target"])
-        out[(host, target)] = _engine(d)
+        out[(host, target)] = _engine(d, {"host": host, "target": target})
     return out
 
 
-def _engine(d: Mapping[str, Any]) -> EngineSeries:
-    labels = d["labels"]
-    if not isinstance(labels, dict):
-        raise ValueError("engine state: labels are not a map")
+def _engine(d: Mapping[str, Any], labels: dict[str, str]) -> EngineSeries:
+    """One engine's state; its labels must be the ones the pipeline gives its key (its
+    alerts carry them, and a stale engine resolves the alerts they match)."""
+    if d["labels"] != labels:
+        raise ValueError("engine state: labels of another engine")
     tps = d["tps"]
     if tps is None:
         base = _baseline()
@@ -517,14 +520,14 @@ def _engine(d: Mapping[str, Any]) -> EngineSeries:
     total, reqs, n = d["sums"]
     relearned = d["relearned"]
     return EngineSeries(
-        labels={_str(k): _str(v) for k, v in labels.items()},
+        labels=labels,
         tps=base,
         counters=counters,
         gauges=gauges,
         last_ts=_num(d["last_ts"]),
         resets=_count(d["resets"]),
         signals={_str(k): None if v is None else _num(v) for k, v in signals.items()},
-        bucket=None if d["bucket"] is None else _whole(d["bucket"]),
+        bucket=None if d["bucket"] is None else _bucket(d["bucket"]),
         sums=(_num(total), _num(reqs), _count(n)),
         relearned=None if relearned is None else (_num(relearned[0]), _num(relearned[1])),
     )
@@ -544,8 +547,20 @@ def _num(v: Any) -> float:
 
 def _count(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"engine state: expected a count, got {v!r}")
+        raise ValueError(f"engine state: expected a count, got {type(v).__name__} {_short(v)}")
     return v
+
+
+def _short(v: Any) -> str:
+    return repr(v) if isinstance(v, int | float) and not isinstance(v, bool) else ""
+
+
+def _bucket(v: Any) -> int:
+    """A baseline bucket: of an event time (a non-negative float), so its middle is one too."""
+    b = _whole(v)
+    if not 0 <= b <= MAX_BUCKET:
+        raise ValueError("engine state: a bucket no event time has")
+    return b
 
 
 def _whole(v: Any) -> int:

@@ -680,7 +680,9 @@ class RequestPipeline:
         Returns how many series it adopted."""
         if service in self._services:
             return 0
-        got = snapshots.adopt(self.rows, service, state, self._room(), self._rng)
+        got = snapshots.adopt(
+            self.rows, service, state, self._room(), self._rng, self.max_instances
+        )
         if got is None:
             return 0
         shared, rows = got

@@ -18,6 +18,7 @@ import random
 from array import array
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -168,12 +169,21 @@ def _clusters(svc: ServiceClusters) -> dict[str, Any]:
 
 
 def adopt(
-    st: ServiceRows, service: str, state: Any, room: int, rng: random.Random
+    st: ServiceRows,
+    service: str,
+    state: Any,
+    room: int,
+    rng: random.Random,
+    max_instances: int,
 ) -> tuple[ServiceClusters, list[int]] | None:
     """Rows for the series of a snapshot's state (:func:`dump`'s, or version 6's objects),
     at most ``room`` of them, and the service's shared state; None if the state is of
-    another service. ValueError (nothing changed) if it does not fit."""
+    another service. ValueError (nothing changed) if it does not fit, or holds more than
+    ``max_instances`` series (a service never has more: checked before anything is sized
+    by what the snapshot claims)."""
     if isinstance(state, Mapping) and state.get("format") == FORMAT:
+        if len(state.get("instances") or ()) > max_instances:
+            raise ValueError(f"more than max_instances={max_instances} series")
         return _adopt_rows(st, service, state, room, rng)
     if isinstance(state, tuple | list) and len(state) == 2:
         series, shared = state
@@ -232,7 +242,7 @@ def _parse(st: ServiceRows, state: Mapping[str, Any], n: int, rng: random.Random
         "buckets": [
             {_from_int(b): _parse_bucket(k, rng, cap) for b, k in row} for row in lists["buckets"]
         ],
-        "tails": [_parse_tail(t) for t in lists["tails"]],
+        "tails": [_parse_tail(t, st.tail_params, st.bucket_s) for t in lists["tails"]],
         "gaps": [deque((_from_int(a), _from_int(b)) for a, b in g) for g in lists["gaps"]],
         "senders": [
             {(None if p is None else _from_int(p)): float(ts) for p, ts in s}
@@ -269,9 +279,15 @@ def _parse_bucket(d: Mapping[str, Any], rng: random.Random, cap: int) -> Bucket:
     return b
 
 
-def _parse_tail(d: Mapping[str, Any]) -> TailWindow:
-    min_values, min_s, max_s, bucket_s = d["params"]
-    t = TailWindow(int(min_values), float(min_s), float(max_s), float(bucket_s))
+def _parse_tail(
+    d: Mapping[str, Any], params: tuple[int, float, float], bucket_s: float
+) -> TailWindow:
+    """A tail window of this pipeline's parameters (``params``: its size; its runs are
+    numbered in buckets of ``bucket_s``, which must be the snapshot's), every run inside
+    its values (ValueError)."""
+    if float(d["params"][3]) != bucket_s:
+        raise ValueError(f"tail window of {d['params'][3]:g} s buckets, not {bucket_s:g}")
+    t = TailWindow(*params, bucket_s=bucket_s)
     t._vals = {str(k): array("d", _bytes(v, "<f8").tolist()) for k, v in dict(d["vals"]).items()}
     t._runs = {str(k): array("q", _bytes(v, "<i8").tolist()) for k, v in dict(d["runs"]).items()}
     t._starts = {
@@ -279,6 +295,8 @@ def _parse_tail(d: Mapping[str, Any]) -> TailWindow:
     }
     if not (t._vals.keys() == t._runs.keys() == t._starts.keys()):
         raise ValueError("tail window: values, runs and starts of other names")
+    for name, vals in t._vals.items():
+        _check_runs(t._runs[name], t._starts[name], len(vals))
     t.seen = {str(k): int(v) for k, v in dict(d["seen"]).items()}
     t.version, t.newest = int(d["version"]), float(d["newest"])
     cache = d["cache"]
@@ -286,6 +304,15 @@ def _parse_tail(d: Mapping[str, Any]) -> TailWindow:
         got = {str(k): None if v is None else float(v) for k, v in dict(cache[2]).items()}
         t.cache = (int(cache[0]), bool(cache[1]), got)
     return t
+
+
+def _check_runs(runs: array[int], starts: array[int], n: int) -> None:
+    """Runs of a tail window's ``n`` values: as many runs as starts, buckets rising, the
+    first run at value 0 and each after the one before, within the values."""
+    if len(runs) != len(starts) or not runs or starts[0] != 0 or starts[-1] >= n:
+        raise ValueError("tail window: runs that do not cover its values")
+    if any(a >= b for a, b in pairwise(starts)) or any(a >= b for a, b in pairwise(runs)):
+        raise ValueError("tail window: runs out of order")
 
 
 def _parse_clusters(d: Any, service: str) -> ServiceClusters:

@@ -68,7 +68,7 @@ from typing import Any
 import msgspec
 
 from ragwatch.errors import RagwatchError
-from ragwatch.streams.alerting.engine import AlertState
+from ragwatch.streams.alerting.engine import AlertState, fingerprint
 from ragwatch.streams.alerting.plain import export_plain, states_of
 from ragwatch.streams.pipelines.base import Domain, owns
 from ragwatch.streams.pipelines.fleet import Pipelines
@@ -138,17 +138,39 @@ def _load(p: Pipelines, domain: Domain, key: str, data: bytes, legacy: bool) -> 
         )
     else:
         raise SnapshotError(f"{domain} snapshot of {key!r} is not a snapshot (no header)")
+    alerts = _own_alerts(domain, key, alerts)
     pipes = p.of(domain)
     fresh = not any(pipe.tracks(key) for pipe in pipes)
     try:
         n = p.adopt(domain, key, parts)
-    except (KeyError, TypeError, AttributeError, ValueError, IndexError, ArithmeticError) as exc:
+    except Exception as exc:  # untrusted data: whatever it raises (RecursionError, ...)
         if fresh:  # a part adopted before the one that failed goes too: from scratch
             for pipe in pipes:
                 pipe.forget(key)
-        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc}") from None
+        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {_why(exc)}") from None
     p.engine.restore(alerts, {r.name for r in p.rules})
     return n
+
+
+def _own_alerts(
+    domain: Domain, key: str, alerts: Mapping[str, AlertState]
+) -> dict[str, AlertState]:
+    """The key's own alerts (those its dump exported), each under the fingerprint of its
+    rule and labels: a state filed under another alert's fingerprint would take that
+    alert's place in the engine (SnapshotError)."""
+    try:
+        misfiled = [
+            fp for fp, s in alerts.items() if fp != fingerprint(s.alert.rule, s.alert.labels)
+        ]
+        own = {fp: s for fp, s in alerts.items() if owns(domain, key, s.alert.labels)}
+    except Exception as exc:  # a legacy state's alert of another shape
+        raise SnapshotError(f"{domain} snapshot of {key!r}: its alerts: {_why(exc)}") from None
+    if misfiled:
+        raise SnapshotError(
+            f"{domain} snapshot of {key!r}: {len(misfiled)} alert state(s) filed under "
+            "another alert's fingerprint"
+        )
+    return own
 
 
 def _decode(domain: Domain, key: str, data: bytes) -> tuple[dict[str, Any], dict[str, AlertState]]:
@@ -166,11 +188,9 @@ def _decode(domain: Domain, key: str, data: bytes) -> tuple[dict[str, Any], dict
         raise SnapshotError(f"{domain} snapshot of {key!r}: its parts are not a map by name")
     try:
         alerts = states_of(state.get("alerts"))
-    except ValueError as exc:
-        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc}") from None
-    # only the key's own alerts (those its dump exported)
-    owned = {fp: s for fp, s in alerts.items() if owns(domain, key, s.alert.labels)}
-    return parts, owned
+    except Exception as exc:  # ValueError, or what formatting a hostile value raises
+        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {_why(exc)}") from None
+    return parts, alerts
 
 
 def _check_header(
@@ -180,8 +200,21 @@ def _check_header(
         raise SnapshotError(f"{domain} snapshot of {key!r} has another version")
     if state.get("kind") != domain or state.get("key") != key:
         raise SnapshotError(
-            f"snapshot under {domain} {key!r} is of {state.get('kind')} {state.get('key')!r}"
+            f"snapshot under {domain} {key!r} is of {_shown(state.get('kind'))} "
+            f"{_shown(state.get('key'))}"
         )
+
+
+def _shown(value: Any) -> str:
+    """A value read from a snapshot, for a message: a string (shortened) as it is, anything
+    else by its type (its repr could be huge, or nested too deep to print)."""
+    return repr(value[:100]) if isinstance(value, str) else f"a {type(value).__name__}"
+
+
+def _why(exc: Exception) -> str:
+    """Why a snapshot did not fit, for a message (shortened: it may quote the snapshot)."""
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 # ---------------------------------------------------------------------- versions 5 and 6
@@ -196,7 +229,24 @@ _STDLIB: dict[str, frozenset[str]] = {
     "random": frozenset({"Random"}),
     "copyreg": frozenset({"_reconstructor"}),
 }
-_OWN = ("ragwatch.detectors.", "ragwatch.streams.", "ragwatch.schema")
+# ragwatch's classes whose objects versions 5 and 6 held (as their modules name them now):
+# data classes only, whose construction sizes nothing by its arguments (a bank or a
+# pipeline, built by a pickle, would allocate what the pickle asks for)
+_OWN: dict[str, frozenset[str]] = {
+    "ragwatch.detectors.leak": frozenset({"LeakDetector", "LeakEstimate"}),
+    "ragwatch.detectors.request_outliers": frozenset({"RequestOutliers"}),
+    "ragwatch.detectors.seasonal": frozenset({"SeasonalBaseline"}),
+    "ragwatch.schema": frozenset({"Alert"}),
+    "ragwatch.streams.alerting.engine": frozenset({"AlertState"}),
+    "ragwatch.streams.pipelines.evidence": frozenset(
+        {"CountRing", "LatencyBaseline", "TailWindow"}
+    ),
+    "ragwatch.streams.pipelines.gpu": frozenset({"Series"}),
+    "ragwatch.streams.pipelines.metrics": frozenset({"EngineSeries", "_Counter"}),
+    "ragwatch.streams.pipelines.buckets": frozenset({"Bucket", "Reservoir"}),
+    "ragwatch.streams.pipelines.legacy_series": frozenset({"ServiceSeries", "_Pending"}),
+    "ragwatch.streams.pipelines.service_clusters": frozenset({"ServiceClusters"}),
+}
 # modules that moved when streams/ got packages by job (snapshots of version 5 written
 # before the move name the old ones): old -> new
 MOVED = {
@@ -239,12 +289,8 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         module = MOVED.get(module, module)
         module, name = RENAMED.get((module, name), (module, name))
-        if name in _STDLIB.get(module, ()):
+        if name in _STDLIB.get(module, ()) or name in _OWN.get(module, ()):
             return super().find_class(module, name)
-        if module.startswith(_OWN) or module == "ragwatch.schema":
-            obj = super().find_class(module, name)
-            if isinstance(obj, type):
-                return obj
         raise SnapshotError(f"snapshot refers to {module}.{name}, which is not allowed")
 
 

@@ -321,7 +321,10 @@ def test_clear_matches_on_label_values_including_missing_ones() -> None:
     eng, rule = AlertEngine(), hot_rule(0)
     _fire(eng, rule, "h1", "1")
     assert eng.clear({"host": "h1", "container": "abc"}, ts=1.0) == []  # no such label
-    assert len(eng.clear({}, ts=1.0)) == 1  # an empty match takes everything
+    # an empty match names no series: it resolves nothing (a series whose labels were
+    # lost, e.g. from a spoiled snapshot, must not resolve every alert of the worker)
+    assert eng.clear({}, ts=1.0) == []
+    assert len(eng.clear({"host": "h1"}, ts=1.0)) == 1
     assert eng.active == {}
 
 

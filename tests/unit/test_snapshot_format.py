@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from ragwatch.agents.scenario import build
 from ragwatch.config import Settings
+from ragwatch.detectors.leak_bank import LeakBank
 from ragwatch.detectors.seasonal import Relearned, SeasonalBaseline
 from ragwatch.schema import (
     Envelope,
@@ -38,8 +39,10 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.base import Domain
+from ragwatch.streams.pipelines.count_bank import CountBank
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.pipelines.metrics import EngineSeries
+from ragwatch.streams.pipelines.requests import MAX_INSTANCES
 from ragwatch.streams.worker import snapshot
 from ragwatch.streams.worker.snapshot import (
     MAGIC,
@@ -341,7 +344,33 @@ def corrupt(state: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]],
         ("events part", setter(("parts", "events"), [])),
         ("event identity", setter(("parts", "events", "recent", 0), [1.0, "oom_kill", [[1]]])),
         ("event alert", setter(("parts", "events", "active", 0), [7, []])),
+        # well-formed, but naming what the snapshot's key does not own
+        ("gpu labels of no series", setter(("parts", "gpu", "labels", 0), {})),
+        ("gpu labels of another host", lambda s: s["parts"]["gpu"]["labels"][0].update(host="x")),
+        ("gpu labels of another process", lambda s: s["parts"]["gpu"]["labels"][1].pop("pid")),
+        ("engine labels of no engine", setter((*engine, "labels"), {})),
+        ("event alert of another host", setter(("parts", "events", "active", 0, 1), OTHER_HOST)),
+        ("an alert filed under another's fingerprint", misfile),
+        # values the pipelines would fail on later, every message of the key after
+        ("leak window beyond its points", full_window),
+        ("engine bucket of no event time", setter((*engine, "bucket"), "9" * 399)),
     ]
+
+
+OTHER_HOST = [["host", "other"], ["type", "oom_kill"]]
+
+
+def misfile(s: dict[str, Any]) -> None:
+    """The first alert state filed (and its alert fingerprinted) as another alert."""
+    s["alerts"][0]["fingerprint"] = s["alerts"][0]["alert"]["fingerprint"] = "0" * 16
+
+
+def full_window(s: dict[str, Any]) -> None:
+    """Every leak window claims as many points as its arrays hold: the next close would
+    write past them."""
+    gpu = s["parts"]["gpu"]
+    points = int(np.frombuffer(gpu["leak"]["points_max"], dtype="<i8")[0])
+    gpu["leak"]["count"] = np.full(len(gpu["keys"]), points, dtype="<i8").tobytes()
 
 
 @pytest.mark.parametrize("case", range(len(corrupt({}))))
@@ -355,6 +384,103 @@ def test_a_snapshot_of_other_shapes_is_refused_and_nothing_is_adopted(
     with pytest.raises(SnapshotError):
         load_host(p, HOST, encode(state))
     assert fresh_after_failure(p, "host", HOST), name
+
+
+def test_a_snapshot_that_names_another_series_resolves_nothing_it_does_not_own(
+    fleet: list[Envelope],
+) -> None:
+    """A snapshot under a made-up host whose series have no labels: refused, and the
+    worker's alerts (another host's, a service's) all stay, however long it runs."""
+    p = Pipelines(RULES)
+    run(p, fleet[:300])
+    active = dict(p.engine.active)
+    assert active
+    state = body(dump_host(p, HOST))
+    state["key"] = "evil-node"
+    state["parts"]["gpu"]["keys"] = [["evil-node", *k[1:]] for k in state["parts"]["gpu"]["keys"]]
+    state["parts"]["gpu"]["labels"] = [{} for _ in state["parts"]["gpu"]["labels"]]
+    state["parts"]["gpu"]["last_ts"] = bytes(len(state["parts"]["gpu"]["last_ts"]))
+    state["alerts"] = []
+    with pytest.raises(SnapshotError, match="labels of another series"):
+        load_host(p, "evil-node", encode(state))
+    assert fresh_after_failure_of(p, "evil-node")
+    assert p.engine.active == active
+
+
+def fresh_after_failure_of(p: Pipelines, host: str) -> bool:
+    return not any(pipe.tracks(host) for pipe in p.of("host"))
+
+
+@pytest.mark.parametrize("field", ["key", "resets"])
+def test_values_nested_near_the_recursion_limit_raise_only_snapshot_error(
+    host_bytes: bytes, field: str
+) -> None:
+    """Lists nested just shallow enough for msgpack and too deep to print: refused as
+    snapshots, at any depth (where printing fails depends on the stack's depth)."""
+    state = body(host_bytes)
+    mark = "@@deep@@"
+    if field == "key":
+        state["key"] = mark
+    else:
+        state["parts"]["engines"]["series"][0]["resets"] = mark
+    raw, m = msgspec.msgpack.encode(state), msgspec.msgpack.encode(mark)
+    for depth in range(700, 1000, 7):
+        p = Pipelines(RULES)
+        with pytest.raises(SnapshotError):
+            load_host(p, HOST, HEADER + raw.replace(m, b"\x91" * depth + b"\xc0"))
+        assert fresh_after_failure(p, "host", HOST), depth
+
+
+def service_corruptions() -> list[tuple[str, Callable[[dict[str, Any]], None]]]:
+    def zero_buckets(s: dict[str, Any]) -> None:
+        s["parts"]["requests"]["tails"][0]["params"][3] = 0.0
+
+    def runs_beyond_values(s: dict[str, Any]) -> None:
+        tail = s["parts"]["requests"]["tails"][0]
+        name = next(iter(tail["starts"]))
+        tail["starts"][name] = np.array([0, 10**6], dtype="<i8").tobytes()
+        tail["runs"][name] = np.array([1, 2], dtype="<i8").tobytes()
+
+    def many_instances(s: dict[str, Any]) -> None:
+        s["parts"]["requests"]["instances"] = [f"i{k}" for k in range(MAX_INSTANCES + 1)]
+
+    return [
+        ("a tail window of 0 s buckets", zero_buckets),
+        ("a tail window's runs beyond its values", runs_beyond_values),
+        ("more instances than a service has", many_instances),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(service_corruptions())))
+def test_a_service_snapshot_the_pipeline_would_fail_on_later_is_refused(
+    worker: Pipelines, case: int
+) -> None:
+    state = body(dump_service(worker, SERVICE))
+    name, spoil = service_corruptions()[case]
+    spoil(state)
+    p = Pipelines(RULES)
+    with pytest.raises(SnapshotError):
+        load_service(p, SERVICE, encode(state))
+    assert fresh_after_failure(p, "service", SERVICE), name
+
+
+class _Builds:
+    """Pickles as a call of ``cls(*args)``."""
+
+    def __init__(self, cls: type, *args: Any) -> None:
+        self.cls, self.args = cls, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.cls, self.args
+
+
+@pytest.mark.parametrize("cls", [LeakBank, CountBank, Pipelines])
+def test_a_legacy_pickle_cannot_build_a_bank_or_a_pipeline(cls: type) -> None:
+    """With legacy reading on, a pickle may build only the data classes versions 5 and 6
+    held: a bank sized by the pickle (a few bytes asking for gigabytes) is refused."""
+    data = pickle.dumps({"v": 6, "kind": "host", "key": HOST, "x": _Builds(cls, 2**30)})
+    with pytest.raises(SnapshotError, match="not allowed"):
+        load_host(Pipelines(RULES), HOST, data, legacy=True)
 
 
 @pytest.mark.parametrize(
