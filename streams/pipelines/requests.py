@@ -189,7 +189,7 @@ class PipelineStats:
     buckets_closed: int = 0
     evicted_series: int = 0
     duplicates: int = 0  # records of envelopes not newer than the instance's last one
-    too_old: int = 0  # records more than MAX_RECORD_AGE_S older than their envelope
+    too_old: int = 0  # records more than MAX_RECORD_AGE_S older than their envelope's newest time
     unscored_records: int = 0  # records beyond MAX_SCORED_PER_ENVELOPE: not seen by outliers
 
 
@@ -415,11 +415,13 @@ class RequestPipeline:
         self._wave.add(self._ready(at, row, svc))
 
     def _recent(self, env: RequestsMessage) -> Sequence[Record]:
-        """The envelope's records from ``MAX_RECORD_AGE_S`` before it was sent on; older
-        ones are dropped and counted (``too_old``): a sender batches seconds or minutes,
-        and each minute a record reaches back is a bucket to open and close, so one
-        envelope of records a minute apart could otherwise cost a month of buckets."""
-        horizon = env.ts - MAX_RECORD_AGE_S
+        """The envelope's records from ``MAX_RECORD_AGE_S`` before its newest time (its
+        ``ts`` or a later record's) on; older ones are dropped and counted (``too_old``): a
+        sender batches seconds or minutes, and each minute a record reaches back is a
+        bucket to open and close, so one envelope of records a minute apart could otherwise
+        cost a month of buckets (an envelope dated 1970 with a record of now: 29 million)."""
+        newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
+        horizon = newest - MAX_RECORD_AGE_S
         if all(r.ts >= horizon for r in env.records):
             return env.records
         kept = [r for r in env.records if r.ts >= horizon]

@@ -394,6 +394,19 @@ def test_one_envelope_costs_what_its_last_hour_and_its_outlier_budget_cost() -> 
     assert got["open_buckets"] == 1 and pipe.stats.records == n + 5000
 
 
+def test_an_envelope_dated_long_before_its_records_costs_only_their_last_hour() -> None:
+    """The last hour is counted back from the envelope's newest time, its ``ts`` or a later
+    record's: an envelope dated 1970 with a record of 1970 and one of now (the worker's
+    clock check reads the newest) would otherwise open a new series 29 million buckets
+    back, each to close."""
+    pipe = RequestPipeline([])
+    pipe.process(env([rec(0.0), rec(T0)], ts=0.0))
+    assert pipe.stats.too_old == 1  # the record of 1970
+    assert pipe.stats.buckets_closed <= 61
+    pipe.process(env([rec(T0 + 120.0)]))
+    assert pipe.stats.buckets_closed <= 63
+
+
 # ---------------------------------------------------------------- quiet and bounded
 
 
