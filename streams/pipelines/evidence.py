@@ -339,6 +339,21 @@ def _tail_signals(window: TailWindow, now: float, out: dict[str, float | None]) 
 LATENCIES = ("e2e", "retriever", "reranker", "llm")
 
 
+def exp_or_inf(x: float) -> float:
+    """``math.exp(x)``, or inf past the float range: a latency baseline is learnt in logs,
+    and one of latencies near the float maximum (finite, so accepted) can forecast past
+    it; the baseline is then inf, which no quantile exceeds, instead of an error on every
+    close of the series.
+
+    >>> exp_or_inf(0.0), exp_or_inf(710.0)
+    (1.0, inf)
+    """
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _share(part: npt.NDArray[np.float64], whole: npt.NDArray[np.float64]) -> float | None:
     """sum(part) / sum(whole) of two sorted arrays, summed in units of their largest value:
     latencies near the float maximum (all finite, all accepted) cannot overflow to inf."""
@@ -390,7 +405,7 @@ class LatencyBaseline:
     def baseline(self, now: float) -> float | None:
         assert self.model is not None
         f = self.model.forecast(now)
-        return None if f is None else math.exp(f.mean)
+        return None if f is None else exp_or_inf(f.mean)
 
     def update(self, now: float, value: float | None, seen: int) -> float | None:
         """Judge ``value`` (the window's quantile now; ``seen``: how many values the window

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.seasonal_bank import SeasonalBank
-from ragwatch.streams.pipelines.evidence import LatencyBaseline
+from ragwatch.streams.pipelines.evidence import LatencyBaseline, exp_or_inf
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -35,9 +35,9 @@ NO_ENTRY = -1  # seen_at_entry of a baseline that has had no entry yet (None)
 
 
 def _exp(a: F64) -> F64:
-    """``math.exp`` of each value (numpy's differs from it in the last bit at times), NaN
-    staying NaN."""
-    return np.array([math.exp(v) if v == v else math.nan for v in a.tolist()], dtype=np.float64)
+    """:func:`~.evidence.exp_or_inf` of each value (numpy's exp differs from ``math.exp`` in
+    the last bit at times), NaN staying NaN."""
+    return np.array([exp_or_inf(v) if v == v else math.nan for v in a.tolist()], dtype=np.float64)
 
 
 class LatencyBank:
@@ -103,7 +103,7 @@ class LatencyBank:
             return base
         r, t, v, b = r[ok], now[ok], value[ok], base[ok]
         z = np.array([math.log(x) for x in v.tolist()], dtype=np.float64)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # hold * b past the float range: inf
             deviating = ~np.isnan(b) & (v > self.hold * b)
         accepted = self.model.hold(r, t, deviating, z)
         self.relearned_at[r[accepted]] = t[accepted]

@@ -95,3 +95,27 @@ def test_a_dump_of_another_shape_is_refused_before_anything_changes() -> None:
     else:
         raise AssertionError("a dump of another length was taken")
     assert bank.dump(np.array([0, 1])) == before
+
+
+def test_a_baseline_past_the_float_range_is_inf_in_both_not_an_error() -> None:
+    """Two days of a daily latency rhythm, then the largest finite latency for more than a
+    day: accepted as the new level where the daily profile is low, it forecasts past the
+    float range where the profile is higher. Both forms give inf there (no quantile is
+    above it) instead of raising OverflowError on every close of the series, and agree."""
+    biggest = float(np.finfo(np.float64).max)
+
+    def latency(t: float) -> float:
+        if t >= T0 + 3 * 86400 + 11 * 3600:
+            return biggest
+        return 1000.0 * math.exp(2 * math.sin(2 * math.pi * ((t - T0) % 86400) / 86400))
+
+    obj, bank, row = LatencyBaseline(), LatencyBank(1), np.array([0])
+    t, seen, infinite = T0, 0, 0
+    for _ in range(6 * 1440):
+        t, seen = t + 60.0, seen + 100
+        v = latency(t)
+        got = bank.update(row, np.array([t]), np.array([v]), np.array([seen]))
+        assert _same(got[0], obj.update(t, v, seen))
+        infinite += math.isinf(got[0])
+    assert infinite > 0
+    assert _state(bank.export(0)) == _state(obj)
