@@ -189,3 +189,21 @@ def _latency_columns(recs: Sequence[Record]) -> dict[str, list[float]]:
     if queue:
         cols["queue"] = queue
     return cols
+
+
+def drop_before(buckets: dict[int, Bucket], b: int) -> int:
+    """Drop the open buckets before bucket ``b`` (a gap the closes skip: records a sender
+    sent later for a time it was silent would otherwise stay open for good); how many
+    records they held.
+
+    >>> import random
+    >>> open_ = {3: Bucket(8, random.Random(0)), 9: Bucket(8, random.Random(0))}
+    >>> open_[3].n = 2
+    >>> drop_before(open_, 5), sorted(open_)
+    (2, [9])
+    """
+    n = 0
+    for k in [k for k in buckets if k < b]:
+        gone = buckets.pop(k)
+        n += gone.n + gone.clustered
+    return n

@@ -129,7 +129,7 @@ from ragwatch.streams.alerting.masks import holds
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines import service_snapshot as snapshots
 from ragwatch.streams.pipelines.base import ChartSeries, Domain
-from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir
+from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir, drop_before
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.evidence import quantile
 from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
@@ -503,6 +503,7 @@ class RequestPipeline:
                     gaps.popleft()
                 if gaps and gaps[0][0] <= b:
                     b = min(limit, gaps[0][1] + 1)  # skip the rest of the gap
+                    self.stats.late_dropped += drop_before(buckets, b)
                     continue
             bucket = bucket or Bucket(self.reservoir, self._rng)
             signals = close_outliers(rows, self.params, row, b, bucket, svc)

@@ -689,6 +689,9 @@ class RequestPipeline:
             bucket = s.buckets.pop(b, None)
             if bucket is None and self._unobserved(s, b):
                 b = min(limit, s.gaps[0][1] + 1)  # skip the rest of the gap
+                for k in [k for k in s.buckets if k < b]:  # sent later for the silence
+                    gone = s.buckets.pop(k)
+                    self.stats.late_dropped += gone.n + gone.clustered
                 continue
             self._close(s, svc, b, bucket or Bucket(self.reservoir, self._rng))
             end = (b + 1) * self.bucket_s

@@ -407,6 +407,20 @@ def test_an_envelope_dated_long_before_its_records_costs_only_their_last_hour() 
     assert pipe.stats.buckets_closed <= 63
 
 
+def test_records_sent_after_a_silence_for_its_time_do_not_stay_open() -> None:
+    """A sender silent longer than gap_s whose next envelope carries records from within
+    the silence: the silence is a gap (unobserved), its buckets are skipped, and the
+    buckets those records opened are dropped and counted as late, not kept open for the
+    life of the series (300 of them after 300 such envelopes, before)."""
+    pipe = RequestPipeline([])
+    t = T0
+    for _ in range(300):
+        t += 900.0
+        pipe.process(env([rec(t - 840.0), rec(t - 300.0), rec(t)], pid=1))
+    assert signals(pipe)["open_buckets"] <= 2
+    assert pipe.stats.late_dropped > 0
+
+
 # ---------------------------------------------------------------- quiet and bounded
 
 
