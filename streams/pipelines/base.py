@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
+from ragwatch.schema import Transition
+
 Domain = Literal["host", "service"]
 DOMAINS: tuple[Domain, ...] = ("host", "service")
 
@@ -28,6 +30,18 @@ def owns(domain: Domain, key: str, labels: Mapping[str, str]) -> bool:
     if domain == "service":
         return labels.get("service") == key
     return labels.get("host") == key and "service" not in labels
+
+
+class BatchFailed(Exception):
+    """Processing a batch raised (a bug): ``transitions`` are those of the part of the batch
+    done before it, to be sent all the same (their alerts are in the engine: without them
+    their pages would never go); the batch's state is cleared for the next one. What the
+    failed part had gathered is not learnt twice: its envelopes, tried again one at a time,
+    read as seen."""
+
+    def __init__(self, transitions: list[Transition]) -> None:
+        super().__init__(f"a batch failed after {len(transitions)} transition(s)")
+        self.transitions = transitions
 
 
 class ChartSeries(NamedTuple):

@@ -61,7 +61,7 @@ from ragwatch.schema import GpuEnvelope, Transition
 from ragwatch.streams.alerting import masks
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import ChartSeries, Domain
+from ragwatch.streams.pipelines.base import BatchFailed, ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.rows import RowIndex
 
@@ -652,6 +652,9 @@ class GpuPipeline:
                     self._emit([], swept)
             self._flush()
             return list(done)
+        except Exception as exc:
+            wave.clear()  # not the next batch's
+            raise BatchFailed(list(done)) from exc
         finally:
             self._then = None
             done.clear()

@@ -128,7 +128,7 @@ from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.masks import holds
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines import service_snapshot as snapshots
-from ragwatch.streams.pipelines.base import ChartSeries, Domain
+from ragwatch.streams.pipelines.base import BatchFailed, ChartSeries, Domain
 from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir, drop_before
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.evidence import quantile
@@ -375,13 +375,18 @@ class RequestPipeline:
         ``then``, if given, gets each such part's transitions and hands back what to keep
         (the fleet adds hints while the state is that part's)."""
         out: list[Transition] = []
-        for i, env in enumerate(envs):
-            self._envelope(i, env)
-            if self._watermark - self._last_sweep >= self.bucket_s:
-                out += self._flush(then)
-                swept = self._sweep()
-                out += then(swept) if then is not None and swept else swept
-        return out + self._flush(then)
+        try:
+            for i, env in enumerate(envs):
+                self._envelope(i, env)
+                if self._watermark - self._last_sweep >= self.bucket_s:
+                    out += self._flush(then)
+                    swept = self._sweep()
+                    out += then(swept) if then is not None and swept else swept
+            return out + self._flush(then)
+        except Exception as exc:
+            self._wave.closes.clear()  # not the next batch's
+            self._out.clear()
+            raise BatchFailed(out) from exc
 
     def _envelope(self, at: int, env: RequestsMessage) -> None:
         """One envelope's records into their buckets; its closes join the wave."""

@@ -46,7 +46,7 @@ from ragwatch.schema import (
     DLQ_HEADER_TOPIC,
     Transition,
 )
-from ragwatch.streams.pipelines.base import Domain
+from ragwatch.streams.pipelines.base import BatchFailed, Domain
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.acks import HeldAcks
@@ -195,6 +195,8 @@ class WorkerLoop:
                 self._rebalanced(reads)
                 return
             took = await self._handle_reads(topic, batch, reads)
+            if self.rebalances != rebalances:  # one came while it was sent, or retried:
+                self._rebalanced(reads)  # what it did to keys gone elsewhere is not ours
         finally:
             self.busy.subtract(keys)
         if took > self.settings.slow_message:  # every partition waited this long
@@ -231,16 +233,24 @@ class WorkerLoop:
         started = time.perf_counter()
         try:
             transitions, done = batch([r.env for r in reads]), reads
-        except Exception:  # a bug must not stall the partition: each alone, to find it
+        except Exception as exc:  # a bug must not stall the partition: each alone, to find it
             log.exception("processing failed %s: one message at a time", describe(topic, reads))
-            transitions, done = await self._one_by_one(topic, batch, reads)
+            # what the batch got to before it failed is not processed again (it reads as
+            # seen), so its transitions are sent now or never
+            sent = exc.transitions if isinstance(exc, BatchFailed) else []
+            rest, done = await self._one_by_one(topic, batch, reads)
+            transitions = sent + rest
         took = time.perf_counter() - started
         for r in done:
             self.dirty[topic.kind].add(r.key[1])
         for t in transitions:
             await self._send_alert(t)
         for r in done:
-            self.held.hold(r.key, r.held)
+            if r.key[1] in self.known[r.key[0]]:
+                self.held.hold(r.key, r.held)
+            else:  # its key was swept and pruned while the batch was sent: no snapshot
+                self.dirty[topic.kind].discard(r.key[1])  # will hold it, so none waits
+                await self.held.release([r.held])
         return took
 
     async def _one_by_one(
@@ -248,8 +258,8 @@ class WorkerLoop:
     ) -> tuple[list[Transition], list[Read]]:
         """The messages processed one at a time, as :meth:`handle` does; those that
         fail are dead-lettered. The transitions and the messages processed. (The pipelines
-        drop samples they have seen: what the failed batch got to is not learned twice, but
-        its transitions, lost with the exception, do not come again.)"""
+        drop samples they have seen: what the failed batch got to is not learned twice; its
+        transitions come with the exception, :class:`~.base.BatchFailed`.)"""
         out: list[Transition] = []
         done: list[Read] = []
         for r in reads:
@@ -317,7 +327,8 @@ class WorkerLoop:
             transitions = (process or topic.process)(env)
         except Exception as exc:  # a bug must not stall the partition
             log.exception("processing failed %s key=%s", topic.kind, k)
-            await self.dead_letter(msg, f"internal error: {type(exc).__name__}: {exc}", raw)
+            cause = exc.__cause__ if isinstance(exc, BatchFailed) and exc.__cause__ else exc
+            await self.dead_letter(msg, f"internal error: {type(cause).__name__}: {cause}", raw)
             return None
         took = time.perf_counter() - started
         if took > self.settings.slow_message:  # every partition waited this long

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig
+from ragwatch.codec import decode_gpu_wire as decode_gpu
 from ragwatch.codec import encode
 from ragwatch.config import Settings
 from ragwatch.gpu_wire import GpuMessage
@@ -305,6 +306,79 @@ async def test_a_failed_batch_goes_again_one_by_one_and_only_the_culprit_is_dead
     assert batch.transitions == single.transitions
     await batch.loop.tick()
     assert batch.stream.acked == list(range(len(values)))
+
+
+def fail_flushing(pipes: Pipes, failing: tuple[str, float]) -> None:
+    """A bug in the GPU pipeline: the flush of the wave holding ``failing`` raises, after
+    the waves before it were learnt and their transitions made."""
+    gpus, flush = pipes.gpus, pipes.gpus._flush
+
+    def _flush() -> None:
+        if failing in gpus._wave.after:
+            raise RuntimeError("boom")
+        flush()
+
+    gpus._flush = _flush  # type: ignore[method-assign]
+
+
+async def test_a_batch_that_fails_halfway_still_sends_what_it_did_before() -> None:
+    """The batch got far (the leak's pages made) before a wave raised: what it did is not
+    done again when its envelopes go one by one (they read as seen), so its transitions
+    come with the exception and are sent; the pipeline takes the next batch afresh (the
+    failed wave's samples do not stay in it)."""
+    values = gpu_values(hosts=3, ticks=120)
+    failing = ("gpu-node-02", SimConfig().start_ts + 110 * 60)
+    pipes = [Pipes(), Pipes()]
+    for p in pipes:
+        fail_flushing(p, failing)
+    batch = await batched(values, [len(values)], make_run(pipes[0]))
+    single = await one_by_one(values, make_run(pipes[1]))
+    assert [t.alert.status for t in single.transitions] == ["pending", "firing"]
+    assert batch.transitions == single.transitions
+    assert batch.dead == single.dead == [(3 * 110 + 1, "internal error: RuntimeError: boom")]
+    more = gpu_values(hosts=3, ticks=125)[len(values) :]
+    await batched(more, [len(more)], batch)  # the next batch: processed, not failing
+    assert batch.pipes.batches[-1] == [(e.host, float(e.ts)) for e in map(decode_gpu, more)]
+    assert batch.dead == single.dead
+
+
+async def test_a_host_pruned_while_its_batch_is_sent_does_not_hold_its_ack() -> None:
+    """A batch holds a host's last envelope and an hour and a half after it: the host is
+    swept, and the 1-second tick that runs while the batch's pages are sent prunes it. Its
+    messages' acks are released, not held for a snapshot that will never come (the
+    partition would stop committing)."""
+    sim = FleetSimulator(SimConfig(hosts=2, gpus=1, interval_s=60, leak_start_s=0))
+    envs = [
+        e
+        for k, (_, es, _) in enumerate(itertools.islice(sim.ticks(), 175))
+        for e in es
+        if not (e.host == "gpu-node-01" and k > 100)
+    ]
+    cut = sum(e.ts < SimConfig().start_ts + 90 * 60 for e in envs)
+    values = [*(encode(e) for e in envs), b'{"v":1,"kind":"gpu","host":']  # and a bad one
+    run = make_run()
+    send_alert, send_dead_letter = run.loop._send_alert, run.loop._send_dead_letter
+
+    async def send_then_tick(t: Transition) -> None:  # the timer fires during the sends
+        await send_alert(t)
+        await run.loop.tick()
+
+    async def dead_letter_then_tick(key: Any, value: bytes, headers: dict[str, bytes]) -> None:
+        await send_dead_letter(key, value, headers)  # (the sweep marks move on: decoded)
+        await run.loop.tick()
+
+    run.loop._send_alert = send_then_tick  # type: ignore[method-assign]
+    run.loop._send_dead_letter = dead_letter_then_tick  # type: ignore[method-assign]
+    msgs = messages(values)
+    await run.loop.assigned({TP(GPU_TOPIC, 0)})
+    run.stream = stream = BurstStream([msgs[:cut], msgs[cut:]])
+    await run.loop.consume("gpu", stream)
+    assert any(t.alert.labels["host"] == "gpu-node-01" for t in run.transitions)
+    for _ in range(3):
+        run.loop.snap_at.clear()  # snapshots due at once, not a second apart
+        await run.loop.tick()
+    assert not run.pipes.gpus.tracks("gpu-node-01")  # swept, pruned
+    assert stream.acked == list(range(len(values)))
 
 
 # ---------------------------------------------------------------- where a batch ends
