@@ -635,7 +635,7 @@ class GpuPipeline:
         try:
             for env in envs:
                 host = env.host
-                if host in wave.hosts:
+                if host in wave.hosts or (wave.after and self._tight(env.gpus)):
                     self._flush()
                 ts = float(env.ts)
                 self._gather(host, ts, env.gpus)
@@ -683,7 +683,7 @@ class GpuPipeline:
             return
         self._layouts.pop(host, None)
         lay = self._gather_samples(host, ts, gpus, shape)
-        if lay is not None:
+        if lay is not None and lay.g_rows:  # (a host of no GPUs has nothing to look up)
             self._layouts[host] = lay
 
     def _gather_samples(
@@ -704,7 +704,14 @@ class GpuPipeline:
             procs = gpu.procs
             key = (host, index, mig, -1)
             row = get(key)
-            pod = (gpu.namespace, gpu.pod, gpu.container)
+            if row is not None and ts <= last_seen[row]:
+                # Seen already: Kafka redelivers after a crash, producers retry (an old
+                # envelope's pod is no change of pod). The GPU's processes were in the same
+                # envelope, so they are duplicates too.
+                stats.duplicates += 1 + len(procs)
+                plain = False
+                continue
+            pod = (gpu.namespace or None, gpu.pod or None, gpu.container or None)  # as labelled
             if row is not None and gpu.pod and pod != _pod(self._labels[row] or {}):
                 if row in wave.g_rows:
                     self._flush()
@@ -715,12 +722,6 @@ class GpuPipeline:
             if row is None:
                 plain = False
                 row = self._new(key, gpu, None, ts)
-            elif ts <= last_seen[row]:
-                # Seen already: Kafka redelivers after a crash, producers retry. The GPU's
-                # processes were in the same envelope, so they are duplicates too.
-                stats.duplicates += 1 + len(procs)
-                plain = False
-                continue
             else:
                 last_seen[row] = ts
             rows = [get((host, index, mig, p.pid)) for p in procs]
@@ -918,6 +919,12 @@ class GpuPipeline:
         return None if row is None else self.bank.estimate(row)
 
     # ------------------------------------------------------------------ series
+
+    def _tight(self, gpus: list[GpuSampleWire]) -> bool:
+        """Whether an envelope's series might not all fit: then the wave before it is
+        flushed first, so the series its hosts' sweeps free are free for it, as one
+        envelope at a time."""
+        return self._room() < len(gpus) + sum(len(g.procs) for g in gpus)
 
     def _room(self) -> int:
         """How many more series fit: under ``max_series`` and the worker's budget."""

@@ -233,3 +233,83 @@ def test_a_host_snapshot_is_typed_arrays_and_restores_the_same_pipeline() -> Non
         if key[0] == "a":
             assert second.estimate(key) == first.estimate(key)
     assert second.adopt("a", state) == 0  # it tracks the host now: its own state wins
+
+
+# ---------------------------------------------------------------- review cases
+
+
+def _env(host: str, ts: float, gpus: list[dict[str, Any]]) -> GpuMessage:
+    return from_mapping({"host": host, "ts": ts, "gpus": gpus})
+
+
+def _gpu(used: float, procs: list[tuple[int, float]] = (), **kw: Any) -> dict[str, Any]:  # type: ignore[assignment]
+    ps = [{"pid": p, "name": f"p{p}", "gpu_mem": int(m), "rss": 10**9} for p, m in procs]
+    return {"index": 0, "uuid": "GPU-0", "name": "H100", "fb_used": int(used),
+            "fb_total": 80 * 10**9, "procs": ps, **kw}  # fmt: skip
+
+
+def _pipe(**kw: Any) -> GpuPipeline:
+    return GpuPipeline(RULES, AlertEngine(), leak=LEAK, stale_s=60.0, **kw)
+
+
+def test_an_empty_namespace_is_no_change_of_pod() -> None:
+    """A GPU whose namespace (or container) is "" (both decoders take it) is labelled
+    without it; comparing the two read as a new pod every envelope, so its series started
+    over each time and its leak estimate never came."""
+    p = _pipe()
+    for i in range(120):
+        used = 20 * GB + 8e6 * 10 * i
+        p.process_batch([_env("h", T0 + 10 * i, [_gpu(used, namespace="", pod="p", container="")])])
+    assert p.stats.evicted_series == 0
+    assert p.estimate(("h", 0, "", -1)) is not None
+
+
+def test_a_redelivered_envelope_of_the_pod_before_is_a_duplicate() -> None:
+    """An envelope from before a pod change, read again (Kafka redelivers after a crash), is
+    a duplicate: it does not hand the GPU back to the old pod (resolving its alerts and
+    dropping its estimate), nor does the next envelope hand it over again."""
+    envs = [
+        _env("h", T0 + 10 * i, [_gpu(20 * GB + 8e6 * 10 * i, namespace="n", pod=pod)])
+        for i, pod in enumerate(["a"] * 5 + ["b"] * 195)
+    ]
+    p = _pipe()
+    p.process_batch(envs)
+    evicted, key = p.stats.evicted_series, ("h", 0, "", -1)
+    assert p.engine.active and p.estimate(key) is not None
+    assert p.process_batch([envs[2]]) == []
+    assert p.stats.evicted_series == evicted and p.stats.duplicates >= 1
+    nxt = _env("h", T0 + 2000, [_gpu(20 * GB + 8e6 * 2000, namespace="n", pod="b")])
+    assert p.process_batch([nxt]) == [] and p.estimate(key) is not None
+
+
+def test_at_the_series_cap_a_batch_keeps_the_series_one_at_a_time_keeps() -> None:
+    """With every row taken, host a's exited pid is swept by a's own envelope, and host b's
+    new pid arrives at the same tick: one at a time, b's pid takes the row a's freed; a
+    batch holding both in one wave must do the same (it gathered b before a's sweep)."""
+    envs = []
+    for i in range(30):
+        ts = T0 + 10 * i
+        envs.append(_env("a", ts, [_gpu(20 * GB, [(1 if i <= 10 else 2, 5 * GB)])]))
+        b_procs = [(1, 5 * GB)] + ([(9, 5 * GB + 4e7 * i)] if i >= 17 else [])
+        envs.append(_env("b", ts, [_gpu(20 * GB, b_procs)]))
+
+    def kept(cuts: list[int]) -> tuple[list[Any], int]:
+        p, at = _pipe(max_series=4), 0
+        for c in [*cuts, len(envs)]:
+            p.process_batch(envs[at:c])
+            at = c
+        return sorted(p.index), p.stats.dropped_samples
+
+    one = kept(list(range(1, len(envs))))
+    assert ("b", 0, "", 9) in one[0]
+    assert kept([34, 36]) == one  # a's and b's envelopes of tick 17 in one wave
+    assert kept([]) == one
+
+
+def test_hosts_of_no_gpus_keep_no_layout() -> None:
+    """An envelope of no GPUs (a CPU node running the agent) leaves nothing behind once
+    its host is swept: no cached layout for every such host ever seen."""
+    p = _pipe()
+    p.process_batch([_env(f"cpu-{i}", T0, []) for i in range(50)])
+    p.process_batch([_env("h", T0 + 3600, [_gpu(20 * GB)])])
+    assert len(p._layouts) <= 1
