@@ -217,7 +217,10 @@ class WorkerLoop:
         places = [self.held.add(m.tp, stream, e) for m, e in zip(msgs, events, strict=True)]
         self.counters.messages += len(events)
         reads: list[Read] = []
+        rebalances = self.rebalances
         for msg, raw, h in zip(msgs, raws, places, strict=True):
+            if self.rebalances != rebalances:  # came while one was dead-lettered: the rest
+                return []  # are read again (a bad one is dead-lettered then, once)
             env = await self._decoded(topic, msg, raw)
             if env is None:
                 await self.held.release([h])

@@ -381,6 +381,32 @@ async def test_a_host_pruned_while_its_batch_is_sent_does_not_hold_its_ack() -> 
     assert stream.acked == list(range(len(values)))
 
 
+async def test_a_rebalance_while_a_bad_message_is_dead_lettered_leaves_the_rest_unread() -> None:
+    """A rebalance comes while a batch's first bad message is dead-lettered: the rest of
+    the batch is read again from the committed offset, so its bad messages are
+    dead-lettered then, once each (as one message at a time does), not also now."""
+    bad = b'{"v":1,"kind":"gpu","host":'
+    values = [bad, bad, bad, *gpu_values(hosts=1, ticks=3)]
+    run = make_run()
+    send_dead_letter, rebalanced = run.loop._send_dead_letter, []
+
+    async def dead_letter_then_rebalance(key: Any, value: bytes, headers: dict[str, bytes]) -> None:
+        await send_dead_letter(key, value, headers)
+        if not rebalanced:  # the partition stays: Faust reads it again from offset 0
+            rebalanced.append(True)
+            await run.loop.assigned({TP(GPU_TOPIC, 0)})
+
+    run.loop._send_dead_letter = dead_letter_then_rebalance  # type: ignore[method-assign]
+    await run.loop.assigned({TP(GPU_TOPIC, 0)})
+    await run.loop.consume("gpu", BurstStream([messages(values)]))
+    run.stream = again = BurstStream([messages(values)])
+    await run.loop.consume("gpu", again)
+    assert [o for o, _ in run.dead] == [0, 0, 1, 2]  # offset 0 before the rebalance, then all
+    assert run.counters.deadletter == 4
+    await run.loop.tick()
+    assert again.acked == list(range(len(values)))
+
+
 # ---------------------------------------------------------------- where a batch ends
 
 
