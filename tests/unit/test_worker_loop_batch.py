@@ -407,6 +407,29 @@ async def test_a_rebalance_while_a_bad_message_is_dead_lettered_leaves_the_rest_
     assert again.acked == list(range(len(values)))
 
 
+async def test_a_partition_lost_while_a_batch_is_retried_leaves_nothing_to_snapshot() -> None:
+    """The batch fails (a bug on its first envelope) and the partition is revoked while the
+    culprit is dead-lettered: what the retry then does to the partition's hosts is not this
+    worker's any more, so nothing of them is kept or snapshotted (empty snapshots written
+    over the new owner's)."""
+    values = gpu_values(hosts=3, ticks=2)
+    run = make_run(Pipes(("gpu-node-01", SimConfig().start_ts)))
+    send_dead_letter = run.loop._send_dead_letter
+
+    async def dead_letter_then_revoke(key: Any, value: bytes, headers: dict[str, bytes]) -> None:
+        await send_dead_letter(key, value, headers)
+        await run.loop.assigned(set())
+
+    run.loop._send_dead_letter = dead_letter_then_revoke  # type: ignore[method-assign]
+    await run.loop.assigned({TP(GPU_TOPIC, 0)})
+    await run.loop.consume("gpu", BurstStream([messages(values)]))
+    assert [o for o, _ in run.dead] == [0]
+    assert not run.loop.known["host"] and not run.loop.dirty["gpu"]
+    assert not any(run.pipes.gpus.tracks(f"gpu-node-0{i}") for i in (1, 2, 3))
+    await run.loop.tick()
+    assert run.delivery.snapshots == []
+
+
 # ---------------------------------------------------------------- where a batch ends
 
 
