@@ -635,7 +635,7 @@ class GpuPipeline:
         try:
             for env in envs:
                 host = env.host
-                if host in wave.hosts or (wave.after and self._tight(env.gpus)):
+                if host in wave.hosts:
                     self._flush()
                 ts = float(env.ts)
                 self._gather(host, ts, env.gpus)
@@ -682,6 +682,9 @@ class GpuPipeline:
             wave.layout(lay, ts, gpus)
             return
         self._layouts.pop(host, None)
+        if wave.after and self._tight(gpus):  # (an envelope of a known layout adds none)
+            self._flush()
+            wave.hosts.add(host)
         lay = self._gather_samples(host, ts, gpus, shape)
         if lay is not None and lay.g_rows:  # (a host of no GPUs has nothing to look up)
             self._layouts[host] = lay
@@ -921,7 +924,7 @@ class GpuPipeline:
     # ------------------------------------------------------------------ series
 
     def _tight(self, gpus: list[GpuSampleWire]) -> bool:
-        """Whether an envelope's series might not all fit: then the wave before it is
+        """Whether an envelope's new series might not all fit: then the wave before it is
         flushed first, so the series its hosts' sweeps free are free for it, as one
         envelope at a time."""
         return self._room() < len(gpus) + sum(len(g.procs) for g in gpus)
