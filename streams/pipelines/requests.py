@@ -409,8 +409,8 @@ class RequestPipeline:
         if env.host:
             rows.host[row] = env.host
         svc = self._services[env.service]
-        records = self._recent(env)
-        newest = max(env.ts, max((r.ts for r in records), default=env.ts))
+        newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
+        records = self._recent(env, newest)  # (the newest record is always kept)
         if rows.next_bucket[row] is None:  # a new series starts at its first record's bucket
             first = min((r.ts for r in records), default=env.ts)
             rows.next_bucket[row] = math.floor(first / self.bucket_s)
@@ -419,13 +419,12 @@ class RequestPipeline:
         self.stats.unscored_records += max(0, len(records) - MAX_SCORED_PER_ENVELOPE)
         self._wave.add(self._ready(at, row, svc))
 
-    def _recent(self, env: RequestsMessage) -> Sequence[Record]:
+    def _recent(self, env: RequestsMessage, newest: float) -> Sequence[Record]:
         """The envelope's records from ``MAX_RECORD_AGE_S`` before its newest time (its
         ``ts`` or a later record's) on; older ones are dropped and counted (``too_old``): a
         sender batches seconds or minutes, and each minute a record reaches back is a
         bucket to open and close, so one envelope of records a minute apart could otherwise
         cost a month of buckets (an envelope dated 1970 with a record of now: 29 million)."""
-        newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
         horizon = newest - MAX_RECORD_AGE_S
         if all(r.ts >= horizon for r in env.records):
             return env.records

@@ -462,8 +462,8 @@ class RequestPipeline:
         if env.host:
             s.host = env.host
         svc = self._services[env.service]
-        records = self._recent(env)
-        newest = max(env.ts, max((r.ts for r in records), default=env.ts))
+        newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
+        records = self._recent(env, newest)  # (the newest record is always kept)
         if s.next_bucket is None:  # a new series starts at its first record's bucket
             first = min((r.ts for r in records), default=env.ts)
             s.next_bucket = math.floor(first / self.bucket_s)
@@ -473,13 +473,12 @@ class RequestPipeline:
         out += self._close_ready(s, svc)
         return out + self._sweep()
 
-    def _recent(self, env: RequestsEnvelope) -> tuple[RequestRecord, ...]:
+    def _recent(self, env: RequestsEnvelope, newest: float) -> tuple[RequestRecord, ...]:
         """The envelope's records from ``MAX_RECORD_AGE_S`` before its newest time (its
         ``ts`` or a later record's) on; older ones are dropped and counted (``too_old``): a
         sender batches seconds or minutes, and each minute a record reaches back is a
         bucket to open and close, so one envelope of records a minute apart could otherwise
         cost a month of buckets (an envelope dated 1970 with a record of now: 29 million)."""
-        newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
         horizon = newest - MAX_RECORD_AGE_S
         if all(r.ts >= horizon for r in env.records):
             return env.records
