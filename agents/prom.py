@@ -114,14 +114,29 @@ def _finite(samples: list[MetricSample], st: TargetStats) -> list[MetricSample]:
     return finite
 
 
+@dataclass(frozen=True)
+class Target:
+    """One ``/metrics`` URL and the host its telemetry is filed under.
+
+    ``host`` None: the source's ``host``. The host labels of the samples
+    (``host_labels``: dcgm-exporter's ``Hostname``) name the host of their series, unless
+    ``pinned``: a host named for the target on the command line (``HOST=URL``) wins.
+    """
+
+    url: str
+    host: str | None = None
+    pinned: bool = False
+
+
 class PromSource:
     """Scrape Prometheus targets into ragwatch envelopes; see the module docstring."""
 
     def __init__(
         self,
-        targets: Sequence[str],
+        targets: Sequence[str | Target],
         *,
         host: str,
+        host_labels: Sequence[str] = prom_map.HOST_LABELS,
         timeout_s: float = 5.0,
         series_cap: int = 2000,
         clock: Callable[[], float] = time.time,
@@ -129,17 +144,20 @@ class PromSource:
     ) -> None:
         if not targets:
             raise ValueError("PromSource needs at least one target")
-        if len(set(targets)) != len(targets):
+        specs = [t if isinstance(t, Target) else Target(t) for t in targets]
+        if len({t.url for t in specs}) != len(specs):
             raise ValueError("PromSource targets must be distinct")
-        for url in targets:
-            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-                raise ValueError(f"target must be an http(s) URL, got {url!r}")
-        if not host:
+        for t in specs:
+            if urlsplit(t.url).scheme not in ("http", "https") or not urlsplit(t.url).netloc:
+                raise ValueError(f"target must be an http(s) URL, got {t.url!r}")
+        if not host or any(t.host == "" for t in specs):
             raise ValueError("host must not be empty")
         if timeout_s <= 0 or series_cap < 1:
             raise ValueError("timeout_s must be > 0 and series_cap >= 1")
-        self.targets = tuple(targets)
+        self.targets = tuple(t.url for t in specs)
+        self._specs = {t.url: t for t in specs}
         self.host = host
+        self.host_labels = tuple(host_labels)
         self.timeout_s = timeout_s
         self.series_cap = series_cap
         self.clock = clock
@@ -160,8 +178,9 @@ class PromSource:
         if raw is None:
             return []
         ts = self.clock()
-        xids, raw = prom_map.xid_gauges(raw, self.host)
-        gpus, rest, incomplete = prom_map.split_gpus(_finite(raw, st), self.host)
+        host, labels = self.host_of(url)
+        xids, raw = prom_map.xid_gauges(raw, host, labels)
+        gpus, rest, incomplete = prom_map.split_gpus(_finite(raw, st), host, labels)
         st.incomplete_gpus += incomplete
         out: list[Envelope] = [
             GpuEnvelope(host=h, ts=ts, gpus=tuple(g)) for h, g in sorted(gpus.items())
@@ -169,10 +188,16 @@ class PromSource:
         out += self._xid_events(xids, ts)
         selected, duplicates = prom_map.select(rest)
         st.duplicate_series += duplicates
-        samples = tuple(self._cap(url, _finite(selected, st), st))  # a unit scale can overflow
-        if samples:
-            out.append(MetricsEnvelope(host=self.host, target=url, ts=ts, samples=samples))
+        samples = self._cap(url, _finite(selected, st), st)  # a unit scale can overflow
+        for h, group in prom_map.by_host(samples, host, labels).items():
+            out.append(MetricsEnvelope(host=h, target=url, ts=ts, samples=tuple(group)))
         return out
+
+    def host_of(self, url: str) -> tuple[str, tuple[str, ...]]:
+        """The host a target's telemetry is filed under, and the sample labels that may
+        name another (none when the host is pinned)."""
+        spec = self._specs[url]
+        return spec.host or self.host, () if spec.pinned else self.host_labels
 
     def _xid_events(self, xids: dict[prom_map.XidKey, float], ts: float) -> list[Envelope]:
         """One XID event per change of a GPU's XID gauge to a new nonzero value. The first

@@ -28,7 +28,7 @@ counters), the one listed first is kept (:func:`select`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Final
 
@@ -309,10 +309,33 @@ def select(samples: Iterable[MetricSample]) -> tuple[list[MetricSample], int]:
 # ---------------------------------------------------------------- dcgm-exporter
 
 
-def _gpu_key(labels: Mapping[str, str], default_host: str) -> GpuKey:
-    host = next((labels[k] for k in HOST_LABELS if labels.get(k)), default_host)
+def host_of(
+    labels: Mapping[str, str], default_host: str, host_labels: Sequence[str] = HOST_LABELS
+) -> str:
+    """The host a sample's labels name (the first of ``host_labels`` it has), else
+    ``default_host``.
+
+    >>> host_of({"Hostname": "gpu-node-07"}, "agent-1"), host_of({}, "agent-1")
+    ('gpu-node-07', 'agent-1')
+    """
+    return next((labels[k] for k in host_labels if labels.get(k)), default_host)
+
+
+def by_host(
+    samples: Iterable[MetricSample], default_host: str, host_labels: Sequence[str] = HOST_LABELS
+) -> dict[str, list[MetricSample]]:
+    """``samples`` grouped by the host their labels name (:func:`host_of`), in order."""
+    out: dict[str, list[MetricSample]] = {}
+    for s in samples:
+        out.setdefault(host_of(s.labels, default_host, host_labels), []).append(s)
+    return out
+
+
+def _gpu_key(
+    labels: Mapping[str, str], default_host: str, host_labels: Sequence[str] = HOST_LABELS
+) -> GpuKey:
     return (
-        host,
+        host_of(labels, default_host, host_labels),
         labels.get("gpu", ""),
         labels.get("UUID", ""),
         labels.get("modelName", ""),
@@ -379,7 +402,7 @@ XidKey = tuple[str, str, str, str]  # host, GPU index, UUID, GPU instance id
 
 
 def xid_gauges(
-    samples: Iterable[MetricSample], default_host: str
+    samples: Iterable[MetricSample], default_host: str, host_labels: Sequence[str] = HOST_LABELS
 ) -> tuple[dict[XidKey, float], list[MetricSample]]:
     """dcgm-exporter's XID gauges by GPU (host, index, UUID, GPU instance), and the rest.
 
@@ -389,9 +412,8 @@ def xid_gauges(
     rest: list[MetricSample] = []
     for s in samples:
         if s.name == XID_FIELD and math.isfinite(s.value):
-            host = next((s.labels[k] for k in HOST_LABELS if s.labels.get(k)), default_host)
             key = (
-                host,
+                host_of(s.labels, default_host, host_labels),
                 s.labels.get("gpu", ""),
                 s.labels.get("UUID", ""),
                 s.labels.get("GPU_I_ID", ""),
@@ -415,12 +437,13 @@ def xid_event_attrs(key: XidKey, xid: float) -> dict[str, object]:
 
 
 def split_gpus(
-    samples: Iterable[MetricSample], default_host: str
+    samples: Iterable[MetricSample], default_host: str, host_labels: Sequence[str] = HOST_LABELS
 ) -> tuple[dict[str, list[GpuSample]], list[MetricSample], int]:
     """dcgm-exporter samples folded into GpuSamples by host; the rest; and the count of
     GPUs that could not be folded (their fields are part of the rest).
 
-    The host is the exporter's ``Hostname``/``hostname`` label, else ``default_host``.
+    The host is the first of ``host_labels`` a sample has (dcgm-exporter's ``Hostname``
+    / ``hostname`` by default), else ``default_host``.
     A GPU's ``namespace``/``pod``/``container`` are the exporter's Kubernetes labels
     (:func:`pod_labels`).
     """
@@ -428,7 +451,7 @@ def split_gpus(
     rest: list[MetricSample] = []
     for s in samples:
         if s.name in GPU_FIELDS:
-            groups.setdefault(_gpu_key(s.labels, default_host), []).append(s)
+            groups.setdefault(_gpu_key(s.labels, default_host, host_labels), []).append(s)
         else:
             rest.append(s)
     by_host: dict[str, list[GpuSample]] = {}

@@ -74,11 +74,13 @@ def run_simulation(
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     requests: RequestSimulator | None = None,
+    on_tick: Callable[[RunStats], None] | None = None,
 ) -> RunStats:
     """Publish the simulator's ticks until ``duration_s`` of event time or ``stop``.
 
     With ``requests``, each tick also publishes that simulator's request envelopes (its
     ``batch_s`` must equal the fleet's ``interval_s``, so both share one clock).
+    ``on_tick`` is called with the counters after each tick (progress reports).
     """
     stop = stop or threading.Event()
     stats = RunStats()
@@ -104,6 +106,8 @@ def run_simulation(
             publish(batch, sink, topics, stats)
             stats.ticks += 1
             stats.last_ts = ts
+            if on_tick is not None:
+                on_tick(stats)
     finally:
         sink.close()
     return stats

@@ -11,6 +11,7 @@ line, instead of publishing. Otherwise envelopes go through the
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import signal
 import socket
@@ -18,8 +19,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ragwatch.commands.argtypes import (
     nonnegative_float,
@@ -27,24 +30,45 @@ from ragwatch.commands.argtypes import (
     positive_duration,
     positive_int,
 )
+from ragwatch.commands.helptext import command, settings_epilog
 from ragwatch.config import Settings
 from ragwatch.errors import ConfigError
-from ragwatch.schema import Envelope
+from ragwatch.progress import Progress
+from ragwatch.schema import MAX_LABEL_LEN, Envelope, is_label
 
 if TYPE_CHECKING:
     from ragwatch.agents.podresources import PodResources
+    from ragwatch.agents.runner import RunStats
 
 log = logging.getLogger("ragwatch.agent")
 DEFAULT_INTERVAL = {"sim": 10.0, "nvml": 1.0, "prom": 15.0}
+AGENT_TOPICS = ("gpu", "events", "metrics", "requests")  # what agents publish to
 
 
 def add_parser(sub: Any) -> None:
-    a = sub.add_parser("agent", help="sample telemetry and publish it to Kafka")
+    a = command(
+        sub,
+        "agent",
+        "sample telemetry and publish it to Kafka",
+        "Sample telemetry and publish it to Kafka: this host's GPUs through NVML "
+        "(--source nvml), Prometheus /metrics of vLLM, TGI, Triton or dcgm-exporter "
+        "(--source prom), or a simulated fleet (--source sim). Creates its topics if "
+        "they do not exist yet (else keeps its records until they do). Sampling never "
+        "waits for the network: a memory queue and an optional spool (--spool-dir) keep "
+        "what the broker cannot take yet. SIGTERM or Ctrl-C flushes and stops; the last "
+        "line counts what was delivered, dropped and spooled.\n\n"
+        "  ragwatch agent --source nvml --spool-dir /var/lib/ragwatch/spool\n"
+        "  ragwatch agent --source prom --target gpu-node-01=http://vllm:8000/metrics\n"
+        "  ragwatch agent --source sim --scenario leak --speed 720 --duration 12h",
+        epilog=settings_epilog(
+            "RAGWATCH_KAFKA_BOOTSTRAP", "RAGWATCH_TOPIC_PREFIX", "RAGWATCH_TOPIC_PARTITIONS"
+        ),
+    )
     a.add_argument(
         "--source",
         choices=("sim", "nvml", "prom"),
         default="sim",
-        help="sim: the simulated fleet; nvml: this host's GPUs; prom: /metrics",
+        help="sim: the simulated fleet; nvml: this host's GPUs; prom: /metrics (default: sim)",
     )
     a.add_argument(
         "--interval",
@@ -59,15 +83,24 @@ def add_parser(sub: Any) -> None:
         help="print the envelopes (JSON lines) instead of publishing them: one sample with "
         "--once, or with --source sim all of --duration (a recording for 'ragwatch replay')",
     )
-    a.add_argument("--host", default=None, help="host name in envelopes (default: hostname)")
+    a.add_argument(
+        "--host",
+        default=None,
+        help="host name in envelopes (default: this machine's hostname; for prom, see --target)",
+    )
     a.add_argument(
         "--spool-dir",
         type=Path,
         default=None,
-        help="keep what the broker cannot take on disk, and send it later",
+        help="keep what the broker cannot take on disk, and send it later (default: none, "
+        "beyond --queue-max the oldest records are dropped and counted)",
     )
     a.add_argument(
-        "--spool-max", type=positive_int, default=256 << 20, help="spool size cap, bytes"
+        "--spool-max",
+        type=positive_int,
+        default=256 << 20,
+        help="spool size cap in bytes; beyond it the oldest records are dropped and counted "
+        "(default: 268435456, 256 MiB)",
     )
     a.add_argument(
         "--queue-max",
@@ -85,7 +118,7 @@ def _add_sim_arguments(sim: Any) -> None:
         "--scenario",
         default="leak",
         help="healthy, leak, throughput, retrieval, outliers, oom or all",
-    )
+    )  # validated by agents.scenario.build, which names the choices
     sim.add_argument(
         "--services",
         type=nonnegative_int,
@@ -103,7 +136,7 @@ def _add_sim_arguments(sim: Any) -> None:
         default=1.0,
         help="event-time seconds per wall second; 0 = as fast as possible",
     )
-    sim.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same data)")
+    sim.add_argument("--seed", type=int, default=0, help="RNG seed: same seed, same data")
     sim.add_argument(
         "--duration",
         type=positive_duration,
@@ -131,7 +164,8 @@ def _add_source_arguments(a: Any) -> None:
         "--proc-root",
         type=Path,
         default=Path("/proc"),
-        help="the host's /proc (e.g. /host/proc in a container)",
+        help="the host's /proc, where process names and containers are read (e.g. "
+        "/host/proc in a container)",
     )
     nvml.add_argument(
         "--pod-resources-socket",
@@ -151,9 +185,23 @@ def _add_source_arguments(a: Any) -> None:
     prom.add_argument(
         "--target",
         action="append",
+        type=target_spec,
         default=[],
-        metavar="URL",
-        help="a /metrics URL to scrape (repeat for several)",
+        metavar="[HOST=]URL",
+        help="a /metrics URL to scrape (repeat for several). HOST= names the host its "
+        "telemetry is filed under, as the NVML agent and the SDK on that machine name it "
+        "(their hostname), so alerts join them: gpu-node-01=http://10.0.0.7:8000/metrics. "
+        "Without HOST=, a --host-label in the samples names it (dcgm-exporter's "
+        "Hostname), else --host, else this machine's hostname for a target on loopback "
+        "and the URL's host name for one elsewhere (default: none; --source prom needs one)",
+    )
+    prom.add_argument(
+        "--host-label",
+        action="append",
+        default=None,
+        metavar="LABEL",
+        help="a label of the scraped samples that names their host, for targets without "
+        "HOST= (repeatable; default: Hostname, hostname: dcgm-exporter's)",
     )
     prom.add_argument(
         "--series-cap",
@@ -163,27 +211,49 @@ def _add_source_arguments(a: Any) -> None:
     )
 
 
+def target_spec(v: str) -> tuple[str | None, str]:
+    """``--target [HOST=]URL`` as (HOST or None, URL); the URL is checked by the source.
+
+    >>> target_spec("gpu-node-01=http://10.0.0.7:8000/metrics")
+    ('gpu-node-01', 'http://10.0.0.7:8000/metrics')
+    >>> target_spec("http://vllm:8000/metrics?format=text")
+    (None, 'http://vllm:8000/metrics?format=text')
+    """
+    head, sep, url = v.partition("=")
+    if not sep or "://" in head:
+        return None, v.strip()
+    host = head.strip()
+    if not host or not is_label(host):
+        raise argparse.ArgumentTypeError(
+            f"expected [HOST=]URL with a printable HOST of at most {MAX_LABEL_LEN} "
+            f"characters, got {v!r}"
+        )
+    return host, url.strip()
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.json and not args.once and not (args.source == "sim" and args.duration):
         raise ConfigError("--json prints one sample (--once), or with --source sim a --duration")
-    topics = {name: settings.topic(name) for name in ("gpu", "events", "metrics", "requests")}
+    topics = {name: settings.topic(name) for name in AGENT_TOPICS}
     interval = args.interval or DEFAULT_INTERVAL[args.source]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if args.source == "sim":
         return _run_sim(args, settings, topics, interval, stop)
-    sample, close, unread = _open_source(args)
+    source = _open_source(args)
     try:
         if args.json:
-            _print(sample())
-            _once_read(unread)
+            _print(source.sample())
+            _once_read(source.unread)
             return 0
         from ragwatch.agents.runner import run_polling
 
         publisher = _publisher(args, settings)
+        for line in source.describe(interval, _destination(settings, topics)):
+            log.info("%s", line)
         stats = run_polling(
-            sample,
+            source.sample,
             publisher,
             topics=topics,
             interval_s=interval,
@@ -192,10 +262,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
         code = _report(stats.ticks, stats.envelopes, stats.events, publisher)
         if args.once:
-            _once_read(unread, failed=stats.errors > 0)
+            _once_read(source.unread, failed=stats.errors > 0)
         return code
     finally:
-        close()
+        source.close()
+
+
+def _destination(settings: Settings, topics: dict[str, str]) -> str:
+    return f"Kafka {settings.kafka_bootstrap}, topics {', '.join(topics.values())}"
 
 
 def _once_read(unread: Callable[[], str | None], *, failed: bool = False) -> None:
@@ -205,35 +279,61 @@ def _once_read(unread: Callable[[], str | None], *, failed: bool = False) -> Non
         raise ConfigError(f"agent --once: {why}")
 
 
-def _open_source(
-    args: argparse.Namespace,
-) -> tuple[Callable[[], list[Envelope]], Callable[[], None], Callable[[], str | None]]:
-    """The source's sample and close functions, and one that says why nothing was read
-    (None if something was)."""
-    host = args.host or socket.gethostname()
+@dataclass(frozen=True)
+class _Source:
+    """A polled source: take a sample, close it, say why nothing was read (None if
+    something was), and describe itself in the start lines."""
+
+    sample: Callable[[], list[Envelope]]
+    close: Callable[[], None]
+    unread: Callable[[], str | None]
+    describe: Callable[[float, str], list[str]]
+
+
+def _open_source(args: argparse.Namespace) -> _Source:
     if args.source == "nvml":
-        from ragwatch.agents.nvml import NvmlSource
-        from ragwatch.agents.procinfo import ProcInfo
+        return _open_nvml(args, args.host or socket.gethostname())
+    return _open_prom(args)
 
-        src = NvmlSource(host, proc=ProcInfo(args.proc_root), pods=_pod_resources(args))
-        src.open()  # NvmlUnavailable (a ConfigError) names NVML and the way out
-        started = [src.start_event()]
-        if not args.json:
-            log.info("nvml: %s", started[0].attrs)
 
-        def sample_nvml() -> list[Envelope]:
-            env, events = src.sample()
-            first = [] if args.json else started[:]  # agent_start goes out with the 1st tick
-            started.clear()
-            return [*first, env, *events]
+def _open_nvml(args: argparse.Namespace, host: str) -> _Source:
+    from ragwatch.agents.nvml import NvmlSource
+    from ragwatch.agents.procinfo import ProcInfo
 
-        return sample_nvml, src.close, lambda: None
+    src = NvmlSource(host, proc=ProcInfo(args.proc_root), pods=_pod_resources(args))
+    src.open()  # NvmlUnavailable (a ConfigError) names NVML and the way out
+    started = [src.start_event()]
+    attrs = started[0].attrs
+
+    def sample_nvml() -> list[Envelope]:
+        env, events = src.sample()
+        first = [] if args.json else started[:]  # agent_start goes out with the 1st tick
+        started.clear()
+        return [*first, env, *events]
+
+    def describe(interval: float, dest: str) -> list[str]:
+        return [
+            f"agent: nvml: host {host}, sampling every {interval:g}s -> {dest}",
+            f"agent: nvml: {attrs}",
+        ]
+
+    return _Source(sample_nvml, src.close, lambda: None, describe)
+
+
+def _open_prom(args: argparse.Namespace) -> _Source:
     from ragwatch.agents.prom import PromSource
+    from ragwatch.agents.prom_map import HOST_LABELS
 
     if not args.target:
-        raise ConfigError("--source prom needs at least one --target URL")
+        raise ConfigError("--source prom needs at least one --target [HOST=]URL")
+    targets = [_target(name, url, args.host) for name, url in args.target]
     try:
-        prom = PromSource(args.target, host=host, series_cap=args.series_cap)
+        prom = PromSource(
+            [t for t, _ in targets],
+            host=args.host or socket.gethostname(),
+            host_labels=tuple(args.host_label or HOST_LABELS),
+            series_cap=args.series_cap,
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -244,7 +344,42 @@ def _open_source(
             f"{url} ({st.last_error})" for url, st in prom.stats.items()
         )
 
-    return prom.sample, lambda: None, unscraped
+    def describe(interval: float, dest: str) -> list[str]:
+        head = f"agent: prom: scraping {len(targets)} target(s) every {interval:g}s -> {dest}"
+        by_label = " or ".join(prom.host_labels)
+        return [head] + [
+            f"agent: prom: {t.url} as host {t.host or prom.host} ({why}"
+            + ("" if t.pinned else f"; samples with a {by_label} label: that host")
+            + ")"
+            for t, why in targets
+        ]
+
+    return _Source(prom.sample, lambda: None, unscraped, describe)
+
+
+def _target(name: str | None, url: str, host: str | None) -> tuple[Any, str]:
+    """The :class:`~ragwatch.agents.prom.Target` of ``--target [NAME=]URL`` and why it is
+    filed under its host: named on the command line, ``--host``, this machine (a loopback
+    URL) or the URL's host name (another machine)."""
+    from ragwatch.agents.prom import Target
+
+    if name:
+        return Target(url, name, pinned=True), "named by --target"
+    if host:
+        return Target(url, host), "--host"
+    machine = urlsplit(url).hostname or ""
+    if _loopback(machine):
+        return Target(url), "this machine"
+    return Target(url, machine), "the URL's host; name it with --target HOST=URL"
+
+
+def _loopback(name: str) -> bool:
+    if name in ("localhost", "localhost.localdomain", ""):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _pod_resources(args: argparse.Namespace) -> PodResources | None:
@@ -290,14 +425,17 @@ def _run_sim(
         raise ConfigError(str(exc)) from None
     cfg, requests = world.fleet.config, world.requests
     duration = interval if args.once else args.duration
+    progress = _sim_progress(duration if not args.once else None)
     if args.json:
-        run_simulation(
-            world.fleet,
-            StreamSink(sys.stdout),
-            topics=topics,
-            duration_s=duration,
-            requests=requests,
-        )
+        with progress:
+            run_simulation(
+                world.fleet,
+                StreamSink(sys.stdout),
+                topics=topics,
+                duration_s=duration,
+                requests=requests,
+                on_tick=_on_tick(progress),
+            )
         return 0
     publisher = _publisher(args, settings)
     log.info(
@@ -307,18 +445,35 @@ def _run_sim(
         cfg.gpus,
         args.services,
         args.speed,
-        settings.kafka_bootstrap,
+        _destination(settings, topics),
     )
-    stats = run_simulation(
-        world.fleet,
-        publisher,
-        topics=topics,
-        speed=args.speed,
-        duration_s=duration,
-        stop=stop,
-        requests=requests,
-    )
+    with progress:
+        stats = run_simulation(
+            world.fleet,
+            publisher,
+            topics=topics,
+            speed=args.speed,
+            duration_s=duration,
+            stop=stop,
+            requests=requests,
+            on_tick=_on_tick(progress),
+        )
     return _report(stats.ticks, stats.envelopes, stats.events, publisher)
+
+
+def _sim_progress(duration_s: float | None) -> Progress:
+    """How much of --duration is played, on stderr (nothing without a --duration)."""
+    total = None if duration_s is None else duration_s / 3600
+    return Progress("agent", "h of event time", total=total, enabled=duration_s is not None)
+
+
+def _on_tick(progress: Progress) -> Callable[[RunStats], None]:
+    def on_tick(stats: RunStats) -> None:
+        if stats.first_ts is not None and stats.last_ts is not None:
+            progress.note(lambda: f"{stats.envelopes:,} envelopes, {stats.events:,} events")
+            progress.update((stats.last_ts - stats.first_ts) / 3600)
+
+    return on_tick
 
 
 def _publisher(args: argparse.Namespace, settings: Settings) -> Any:
@@ -328,20 +483,41 @@ def _publisher(args: argparse.Namespace, settings: Settings) -> Any:
     from ragwatch.agents.spool import Spool
     from ragwatch.kafka_admin import check_kafka
 
+    # an unwritable spool is refused before anything connects
+    spool = None if args.spool_dir is None else Spool(args.spool_dir, max_bytes=args.spool_max)
     try:
         check_kafka(settings, "agent")
     except ConfigError as exc:
-        if args.spool_dir is None or args.once:
+        if spool is None or args.once:
             raise
         log.warning("%s; spooling to %s until it answers", exc, args.spool_dir)
-
-    spool = None if args.spool_dir is None else Spool(args.spool_dir, max_bytes=args.spool_max)
+    else:
+        _ensure_topics(settings)
     return KafkaPublisher(
         settings.kafka_config(),
         queue_max=args.queue_max,
         max_in_flight=min(10_000, args.queue_max),
         spool=spool,
     )
+
+
+def _ensure_topics(settings: Settings) -> None:
+    """Create the topics the agent publishes to if they do not exist yet (with
+    RAGWATCH_TOPIC_PARTITIONS partitions, as the worker would), so an agent started
+    first loses nothing. Where the agent may not create topics, its records wait in its
+    queue (and spool) until they exist: said once."""
+    from ragwatch.kafka_admin import ensure_topics
+
+    try:
+        created = ensure_topics(settings, AGENT_TOPICS, command="agent")
+    except ConfigError as exc:
+        log.warning(
+            "agent: %s; records wait until the topics exist ('ragwatch worker' creates them)",
+            exc,
+        )
+        return
+    if created:
+        log.info("agent: created topics %s", ", ".join(created))
 
 
 def _print(envelopes: list[Envelope]) -> None:

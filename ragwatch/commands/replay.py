@@ -67,6 +67,7 @@ from ragwatch.errors import ConfigError, SchemaError
 from ragwatch.event_order import Item, sort_items
 from ragwatch.gpu_wire import GpuMessage
 from ragwatch.otlp import decode_traces
+from ragwatch.progress import Progress
 from ragwatch.request_wire import RequestsWire
 from ragwatch.schema import (
     Alert,
@@ -374,20 +375,46 @@ def _open(path: Path) -> io.BufferedIOBase:
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
 
 
-def merged(files: Sequence[Path], tally: Tally) -> Iterator[Telemetry | Point]:
+def merged(
+    files: Sequence[Path], tally: Tally, progress: Progress | None = None
+) -> Iterator[Telemetry | Point]:
     """Every file's items in event-time order: the envelopes of all JSONL files sorted
     together (a recording is in consumption order; ties keep the files' order, then each
-    file's), CSV series merged in, each in its own order."""
+    file's), CSV series merged in, each in its own order. ``progress`` is told how much
+    of the JSONL files was read (the sort reads them all before the first item), then
+    how many lines there are to replay."""
     tally.files = len(files)
     csvs: list[Iterable[Telemetry | Point]] = [
         read_csv(p, i, tally) for i, p in enumerate(files) if p.name.endswith(".csv")
     ]
     jsonl = [(i, p) for i, p in enumerate(files) if not p.name.endswith(".csv")]
-    lines = (item for i, p in jsonl for item in _lines(p, i, tally))
+    lines: Iterator[Item] = (item for i, p in jsonl for item in _lines(p, i, tally))
+    if progress is not None:
+        lines = _reading(lines, progress, counted=not csvs)
     envelopes = _decoded(sort_items(lines), files, tally)
     if not csvs:
         return iter(envelopes)
     return heapq.merge(envelopes, *csvs, key=lambda item: item.ts)
+
+
+def _reading(lines: Iterator[Item], progress: Progress, *, counted: bool) -> Iterator[Item]:
+    """``lines``, telling ``progress`` the MB read; once all are read, the next phase
+    (replaying them: their number is the total, unless CSV series add points)."""
+    n = 0
+    for item in lines:
+        n += 1
+        progress.advance(len(item.raw) / 1e6)
+        yield item
+    progress.phase("replaying", unit="envelopes", total=n if counted else None)
+
+
+def input_mb(files: Sequence[Path]) -> float | None:
+    """The JSONL input's size in MB, None when a file is compressed (its size read is
+    not known ahead)."""
+    jsonl = [p for p in files if not p.name.endswith(".csv")]
+    if any(p.name.endswith(".gz") for p in jsonl):
+        return None
+    return sum(p.stat().st_size for p in jsonl) / 1e6
 
 
 # ---------------------------------------------------------------- replaying
@@ -552,9 +579,12 @@ def replay(
     detector: str = "default",
     threshold: float = 0.5,
     err: TextIO | None = None,
+    progress: Progress | None = None,
 ) -> int:
     """Replay ``paths`` and print transitions and the summary; 0 if anything was replayed,
-    2 if nothing could be read."""
+    2 if nothing could be read. How far it got goes to ``progress`` (by default a
+    :class:`~ragwatch.progress.Progress` on ``err``: a bar on a terminal, else a line
+    every 10 s)."""
     files = input_files(paths)
     if not files:
         raise ConfigError(
@@ -566,24 +596,34 @@ def replay(
         raise ConfigError(f"replay: {exc}") from None
     tally, summary = Tally(), Summary()
     started = time.perf_counter()
-    for t in _transitions(runner, merged(files, tally), summary):
-        summary.add(t)
-        if pending or t.notify:
-            out.write(_json_line(t) if as_json else _text(t))
+    err = err or sys.stderr
+    progress = progress or Progress("replay", "MB", out=err)
+    progress.phase("reading", total=input_mb(files))
+    progress.note(lambda: f"event time {_iso(summary.last_ts)}" if summary.last_ts else "")
+    try:
+        for t in _transitions(runner, merged(files, tally, progress), summary, progress):
+            summary.add(t)
+            if pending or t.notify:
+                out.write(_json_line(t) if as_json else _text(t))
+    finally:
+        progress.close(final_line=False)  # the summary below says it all
     elapsed = time.perf_counter() - started
-    _report(tally, summary, elapsed, out, err or sys.stderr, as_json)
+    _report(tally, summary, elapsed, out, err, as_json)
     return 0 if tally.envelopes + tally.points else 2
 
 
 def _transitions(
-    runner: Replay, items: Iterable[Telemetry | Point], summary: Summary
+    runner: Replay, items: Iterable[Telemetry | Point], summary: Summary, progress: Progress
 ) -> Iterator[Transition]:
-    return runner.run(_seen(items, summary))
+    return runner.run(_seen(items, summary, progress))
 
 
-def _seen(items: Iterable[Telemetry | Point], summary: Summary) -> Iterator[Telemetry | Point]:
+def _seen(
+    items: Iterable[Telemetry | Point], summary: Summary, progress: Progress
+) -> Iterator[Telemetry | Point]:
     for item in items:
         summary.see(item.ts)
+        progress.advance()
         yield item
 
 
@@ -688,10 +728,12 @@ def record(
     duration_s: float | None = None,
     max_messages: int | None = None,
     stop: threading.Event | None = None,
+    progress: Progress | None = None,
 ) -> RecordStats:
     """Copy the valid envelopes of ``topics`` (from the beginning) to a JSONL file until
     ``max_messages`` envelopes are written, ``duration_s`` (wall clock) has passed, or
-    ``stop`` is set. Kafka's order is kept per partition."""
+    ``stop`` is set. Kafka's order is kept per partition. How many were written goes to
+    ``progress`` (by default on stderr: a bar on a terminal, else a line every 10 s)."""
     from confluent_kafka import KafkaException
 
     from ragwatch.kafka_admin import check_kafka
@@ -715,14 +757,25 @@ def record(
         with f:
             kinds = {settings.topic(name): TOPIC_KINDS[name] for name in topics}
             stats = RecordStats()
+            progress = progress or Progress("record", "envelopes", total=max_messages)
+            progress.note(lambda: _record_note(stats, deadline))
             while stats.written < limit and time.monotonic() < deadline and not stop.is_set():
                 for msg in consumer.consume(500, timeout=0.5):
                     _record_one(msg, kinds, f, stats)
                     if stats.written >= limit:
                         break
+                progress.update(stats.written)
     finally:
+        if progress is not None:
+            progress.close(final_line=False)  # the command's last line says it all
         consumer.close()
     return stats
+
+
+def _record_note(stats: RecordStats, deadline: float) -> str:
+    left = deadline - time.monotonic()
+    ends = f"; {left:,.0f} s of --duration left" if math.isfinite(deadline) else ""
+    return f"{stats.consumed:,} messages read, {stats.invalid:,} invalid{ends}"
 
 
 def _assigned_consumer(settings: Settings, topics: Sequence[str]) -> Any:

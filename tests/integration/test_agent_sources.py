@@ -166,3 +166,63 @@ def test_sim_json_with_a_duration_prints_a_replayable_recording(tmp_path: Path) 
     assert replay.returncode == 0, replay.stderr
     fired = [json.loads(x) for x in replay.stdout.splitlines()]
     assert any(r.get("status") == "firing" and r.get("rule") == "GpuMemoryLeak" for r in fired)
+
+
+def test_an_agent_started_first_creates_its_topics_and_loses_nothing(
+    rw_env: dict[str, str],
+) -> None:
+    """The README's order: the agent before the worker. Its topics do not exist yet; it
+    creates them (with the configured partitions) and every envelope arrives."""
+    settings = Settings.from_env(rw_env)
+    out = ragwatch(
+        "agent", "--source", "sim", "--hosts", "2", "--gpus", "1", "--services", "0",
+        "--speed", "0", "--duration", "5m", "--interval", "30",
+        env=rw_env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"created topics {settings.topic('gpu')}" in out.stderr
+    assert "dropped=0" in out.stderr
+    envs = [codec.decode(raw) for raw in read_topic(settings, "gpu", expect=20)]
+    assert sorted(e.host for e in envs) == ["gpu-node-01"] * 10 + ["gpu-node-02"] * 10
+
+
+def test_prom_agent_says_what_it_scrapes_and_files_a_named_target_under_its_host(
+    rw_env: dict[str, str], exporter: str
+) -> None:
+    """``--target HOST=URL`` files an engine scraped from elsewhere under the host that its
+    GPUs and SDK records name; the start lines say what is scraped, as which host, and
+    where it goes."""
+    settings = Settings.from_env(rw_env)
+    ensure_topics(settings)
+    vllm, dcgm = f"{exporter}/vllm.txt", f"{exporter}/dcgm.txt"
+    out = ragwatch(
+        "agent", "--source", "prom", "--target", f"gpu-node-07={vllm}", "--target", dcgm,
+        "--once",
+        env=rw_env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"agent: prom: scraping 2 target(s) every 15s -> Kafka {settings.kafka_bootstrap}, "
+        f"topics {settings.topic('gpu')}" in out.stderr
+    )
+    assert f"agent: prom: {vllm} as host gpu-node-07 (named by --target)" in out.stderr
+    assert f"agent: prom: {dcgm} as host " in out.stderr and "(this machine;" in out.stderr
+    metrics = {
+        e.target: e.host
+        for e in map(codec.decode, read_topic(settings, "metrics", expect=2))
+        if isinstance(e, MetricsEnvelope)
+    }
+    # the engine joins the GPUs its dcgm-exporter names (Hostname="gpu-node-07")
+    assert metrics == {vllm: "gpu-node-07", dcgm: "gpu-node-07"}
+
+
+def test_sim_json_reports_progress_on_stderr() -> None:
+    """A long --json recording says how far it got (stderr), while stdout stays data."""
+    out = ragwatch(
+        "agent", "--source", "sim", "--hosts", "1", "--gpus", "1", "--services", "0",
+        "--interval", "600", "--duration", "2h", "--start", "1767225600", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert all(line.startswith("{") for line in out.stdout.splitlines())
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("[agent] done: ") and "h of event time" in last

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ragwatch import codec
 from ragwatch.agents import prom_map
-from ragwatch.agents.prom import PromSource, ScrapeError, fetch_text
+from ragwatch.agents.prom import PromSource, ScrapeError, Target, fetch_text
 from ragwatch.schema import (
     Envelope,
     EventEnvelope,
@@ -479,7 +479,43 @@ def test_dcgm_host_comes_from_the_hostname_label_else_the_agent(
     (gpu_env,) = [e for e in envs if isinstance(e, GpuEnvelope)]
     assert gpu_env.host == host
     assert gpu_env.gpus == EXPECTED_GPUS
-    assert metrics_of(envs).host == "agent-host"
+    # the exporter's other fields are the same host's: filed beside its GPUs, not under
+    # the agent that scraped them
+    assert metrics_of(envs).host == host
+
+
+def test_a_target_named_on_the_command_line_files_everything_under_that_host(
+    exporter: Exporter,
+) -> None:
+    """``--target gpu-node-09=URL``: the name wins over the exporter's Hostname label (in
+    Kubernetes dcgm-exporter's Hostname is often its own pod's name)."""
+    url = exporter.serve("/metrics", fixture("dcgm"))
+    src = PromSource([Target(url, "gpu-node-09", pinned=True)], host="agent-host", clock=lambda: TS)
+    envs = src.sample()
+    assert {e.host for e in envs} == {"gpu-node-09"}
+    assert [e.host for e in envs if isinstance(e, GpuEnvelope)] == ["gpu-node-09"]
+
+
+def test_an_engine_target_is_filed_under_its_targets_host(exporter: Exporter) -> None:
+    """A vLLM scraped from another machine: its metrics name that machine, as the SDK's
+    records of the service on it do (the hint joins them by host)."""
+    vllm = exporter.serve("/vllm", fixture("vllm"))
+    dcgm = exporter.serve("/dcgm", fixture("dcgm"))
+    src = PromSource(
+        [Target(vllm, "gpu-node-03"), Target(dcgm)], host="agent-host", clock=lambda: TS
+    )
+    envs = src.sample()
+    by_target = {e.target: e.host for e in envs if isinstance(e, MetricsEnvelope)}
+    assert by_target == {vllm: "gpu-node-03", dcgm: NODE}
+    assert src.host_of(vllm) == ("gpu-node-03", ("Hostname", "hostname"))
+
+
+def test_host_labels_are_configurable(exporter: Exporter) -> None:
+    text = fixture("vllm").replace('model_name="', 'node="gpu-node-05",model_name="')
+    envs = scrape_one(exporter, text, host_labels=("node",))
+    hosts = {e.host: e for e in envs if isinstance(e, MetricsEnvelope)}
+    assert set(hosts) == {"gpu-node-05", "agent-host"}  # samples without the label: default
+    assert value(hosts["gpu-node-05"], "ragwatch_requests_running") == 12.0
 
 
 def _with_pods(text: str) -> str:
