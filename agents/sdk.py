@@ -22,13 +22,24 @@ Sink errors are logged and counted. When nothing was sent for ``heartbeat_s`` (3
 flusher sends an envelope without records (:meth:`RequestRecorder.heartbeat`): a quiet
 minute then reads as zero traffic to the worker, not as an instance gone silent.
 ``close()`` stops the thread and flushes what is left; it does **not** close the sink,
-which belongs to the caller.
+which belongs to the caller (one publisher may serve several recorders).
 
-The flusher is a daemon thread: close the recorder at shutdown (or use it as a context
-manager), or what is still buffered is lost. A forked child has no flusher, so make the
-recorder in each worker process, after the fork. The flusher's work (about 3-4 us of CPU per
-record on a 2-core x86 box with Python 3.11) runs under the GIL, so a request thread that
-needs the GIL meanwhile can wait up to the interpreter's switch interval (5 ms).
+Nothing is lost when a script or service ends without closing anything: at a normal
+interpreter exit, every recorder drains into its sink (within ``exit_timeout_s``, 5 s),
+and then every :class:`~ragwatch.agents.publisher.KafkaPublisher` sends what it holds
+(within its own ``exit_timeout_s``; what is still undelivered is logged and counted), as
+the OpenTelemetry SDK flushes its span processors and then its exporters at shutdown. Both
+are context managers for code that wants to say when::
+
+    with KafkaPublisher(conf) as pub, RequestRecorder(pub, service="s", instance="i") as rec:
+        ...
+
+The flusher is a daemon thread, and so is the publisher's sender: neither keeps the
+interpreter from exiting. A forked child has no flusher (and the exit hook skips what its
+parent made), so make the recorder and its publisher in each worker process, after the
+fork. The flusher's work (about 3-4 us of CPU per record on a 2-core x86 box with Python
+3.11) runs under the GIL, so a request thread that needs the GIL meanwhile can wait up to
+the interpreter's switch interval (5 ms).
 
 Times: stage, ``e2e_ms``, ``queue_ms`` and ``ttft_ms`` are milliseconds from ``perf``;
 a record's ``ts`` is the wall-clock time (``clock``) at which the request finished.
@@ -70,7 +81,8 @@ from numbers import Integral, Real
 from types import TracebackType
 from typing import Any, Literal
 
-from ragwatch.agents.publisher import Sink
+from ragwatch.agents.shutdown import register_at_exit
+from ragwatch.agents.sinks import Sink
 from ragwatch.codec import MAX_MESSAGE_BYTES, encode
 from ragwatch.schema import MAX_UINT, REQUEST_STATUSES, RequestRecord, RequestsEnvelope
 
@@ -242,7 +254,9 @@ class RequestRecorder:
     batch while it sends). ``clock`` gives wall-clock ``ts``; ``perf`` times stages.
     With ``autostart=False`` nothing runs in the background until :meth:`start`;
     :meth:`flush` still drains synchronously. Records made after :meth:`close` wait in the
-    buffer until the next :meth:`flush`.
+    buffer until the next :meth:`flush` (or the interpreter's exit).
+    ``exit_timeout_s``: how long the interpreter's exit may wait for the flusher before
+    draining what is left into the sink (None: not at exit).
     """
 
     def __init__(
@@ -261,6 +275,7 @@ class RequestRecorder:
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
         autostart: bool = True,
+        exit_timeout_s: float | None = 5.0,
     ) -> None:
         if not service or not instance or not topic:
             raise ValueError("topic, service and instance must be non-empty strings")
@@ -268,6 +283,8 @@ class RequestRecorder:
             raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s!r}")
         if not heartbeat_s > 0:
             raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
+        if exit_timeout_s is not None and not exit_timeout_s >= 0:
+            raise ValueError(f"exit_timeout_s must be >= 0 or None, got {exit_timeout_s!r}")
         self.heartbeat_s = heartbeat_s
         if max_batch < 1 or buffer_size < 1:
             raise ValueError(f"max_batch and buffer_size must be >= 1: {max_batch}, {buffer_size}")
@@ -295,6 +312,11 @@ class RequestRecorder:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # At a normal interpreter exit: drained into the sink, before publishers send.
+        self.exit_timeout_s = exit_timeout_s
+        self._pid = os.getpid()
+        if exit_timeout_s is not None:
+            register_at_exit(self, first=True)
         if autostart:
             self.start()
 

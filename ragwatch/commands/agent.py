@@ -92,7 +92,8 @@ def add_parser(sub: Any) -> None:
         "--spool-dir",
         type=Path,
         default=None,
-        help="keep what the broker cannot take on disk, and send it later (default: none, "
+        help="keep what the broker cannot take on disk, and send it later; a directory "
+        "that cannot be created or written is refused at start, exit 2 (default: none, "
         "beyond --queue-max the oldest records are dropped and counted)",
     )
     a.add_argument(
@@ -528,10 +529,13 @@ def _print(envelopes: list[Envelope]) -> None:
 
 
 def _report(ticks: int, envelopes: int, events: int, publisher: Any) -> int:
+    """The last line: what was sampled and what became of it. Exit 1 when anything was
+    lost (dropped: memory or spool full, refused, shutdown) or is still queued; records a
+    rebuilt producer re-sent (possible duplicates, not losses) are counted and said."""
     ps = publisher.stats
     log.info(
         "agent done: ticks=%d envelopes=%d events=%d produced=%d delivered=%d failed=%d "
-        "dropped=%d spooled=%d",
+        "dropped=%d spooled=%d recoveries=%d resent=%d spool_errors=%d",
         ticks,
         envelopes,
         events,
@@ -540,5 +544,12 @@ def _report(ticks: int, envelopes: int, events: int, publisher: Any) -> int:
         ps.failed,
         ps.dropped,
         ps.spooled,
+        ps.recoveries,
+        ps.resent,
+        ps.spool_errors,
     )
+    if ps.resent:
+        log.warning(
+            "agent: %d record(s) re-sent after a producer rebuild may be stored twice", ps.resent
+        )
     return 0 if ps.dropped == 0 and publisher.queued == 0 else 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -465,6 +467,7 @@ async def test_threads_and_tasks_with_the_flusher_running_add_up_exactly() -> No
         {"flush_interval_s": math.nan},
         {"max_batch": 0},
         {"buffer_size": 0},
+        {"exit_timeout_s": -1.0},
     ],
 )
 def test_bad_arguments_raise_value_error(kw: dict[str, Any]) -> None:
@@ -496,3 +499,36 @@ def test_an_idle_recorder_sends_heartbeats_so_quiet_minutes_count_as_zero_traffi
     envs = envelopes(sink)
     assert [len(e.records) for e in envs] == [1, 0] and envs[1].ts == 1031.0
     assert rec.stats.sent_envelopes == 1  # heartbeats are counted apart
+
+
+EXIT_SCRIPT = """
+import sys
+from ragwatch.agents.sdk import RequestRecorder
+
+class PrintSink:  # any sink: each envelope it gets is a line on stdout
+    def write(self, topic, key, value):
+        print(topic, key, len(value), flush=True)
+    def flush(self, timeout=30.0):
+        return 0
+    def close(self, timeout=30.0):
+        print("sink closed", flush=True)
+
+rec = RequestRecorder(PrintSink(), service="rag-api", instance="pod-1", flush_interval_s=3600)
+for _ in range(25):
+    with rec.request() as r:
+        r.tokens(context=10, output=2)
+print("script ends", flush=True)
+"""
+
+
+def test_what_a_recorder_holds_is_drained_into_its_sink_when_the_interpreter_exits() -> None:
+    """A script that records and ends without closing anything (the flusher would have
+    waited an hour): the interpreter's exit drains the recorder into its sink; the sink,
+    which belongs to the caller, is not closed by the recorder."""
+    out = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "script ends"
+    assert [line.split()[:2] for line in lines[1:]] == [["ragwatch.requests", "rag-api"]]
