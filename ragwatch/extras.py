@@ -18,6 +18,7 @@ imports (``tests/unit/test_extras.py`` holds it to ``pyproject.toml``).
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 
 # extra -> the modules it installs that ragwatch imports (top-level or dotted names)
@@ -58,6 +59,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
 
 
 def _installed(name: str) -> bool:
+    if sys.modules.get(name) is not None:  # imported already (faust's lazy module: no spec)
+        return True
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):  # a parent package missing, or a broken one

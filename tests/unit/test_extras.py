@@ -120,3 +120,12 @@ def test_a_command_without_its_extra_is_one_line_and_exit_2(argv: list[str], ext
     assert f"ragwatch {argv[0]} needs the {extra} extra: pip install 'ragwatch[{extra}]'" in (
         proc.stderr
     )
+
+
+def test_a_module_imported_already_is_installed_whatever_its_spec() -> None:
+    """faust replaces its module by a lazy one whose ``__spec__`` is None: find_spec
+    raises for it once imported, and the check must not call the stream extra missing."""
+    import faust  # noqa: F401
+
+    assert extras.missing("worker") is None
+    assert extras.missing("status") is None
