@@ -51,13 +51,19 @@ HISTORY_MAX = 10_000
 SERIES_POINTS = 1440  # a day of 1-minute points per series
 REINDEX_S = 600.0
 SERIES_CHUNK = 1000
-# KEYS: series lists; ARGV[1]: points kept; ARGV[i + 1]: the new point of KEYS[i]. One
-# Redis (not a cluster: the keys of a call may live in different slots).
+# KEYS: series lists; ARGV[1]: points kept; then for each of KEYS in turn, how many new
+# points it has and those points, oldest first. One Redis (not a cluster: the keys of a
+# call may live in different slots).
 PUSH_POINTS = """
 local keep = tonumber(ARGV[1])
+local at = 2
 for i, key in ipairs(KEYS) do
-  redis.call('LPUSH', key, ARGV[i + 1])
+  local n = tonumber(ARGV[at])
+  for j = at + 1, at + n do
+    redis.call('LPUSH', key, ARGV[j])
+  end
   redis.call('LTRIM', key, 0, keep - 1)
+  at = at + n + 1
 end
 return #KEYS
 """
@@ -169,8 +175,10 @@ class RedisState:
         old = _json(previous) if previous is not None else None
         return old if isinstance(old, dict) else {}
 
-    async def write_series(self, points: dict[str, tuple[dict[str, Any], list[Any]]]) -> None:
-        """Append one point per series (newest first, capped) and index the series."""
+    async def write_series(self, points: Mapping[str, tuple[dict[str, Any], list[Any]]]) -> None:
+        """Append each series' new points (the list is kept newest first, capped at
+        ``SERIES_POINTS``) and index the series. ``points``: series id -> (index entry, one
+        point ``[ts, value, forecast, score]`` or a list of points, oldest first)."""
         if not points:
             return
         now = time.monotonic()
@@ -182,14 +190,24 @@ class RedisState:
         }
         if new:
             await self.client.hset(self.keys.series_index, mapping=new)
-        items = list(points.items())
-        for i in range(0, len(items), SERIES_CHUNK):
-            chunk = items[i : i + SERIES_CHUNK]
-            await self._push(
-                keys=[f"{self.keys.series}:{sid}" for sid, _ in chunk],
-                args=[SERIES_POINTS, *(orjson.dumps(point) for _, (_, point) in chunk)],
-            )
+        items = [(sid, _points(given)) for sid, (_, given) in points.items()]
+        chunk: list[tuple[str, list[Any]]] = []
+        size = 0
+        for sid, pts in items:
+            chunk.append((sid, pts))
+            size += len(pts)
+            if len(chunk) >= SERIES_CHUNK or size >= SERIES_CHUNK * 4:
+                await self._push_chunk(chunk)
+                chunk, size = [], 0
+        if chunk:
+            await self._push_chunk(chunk)
         self._indexed.update(new)
+
+    async def _push_chunk(self, chunk: list[tuple[str, list[Any]]]) -> None:
+        args: list[Any] = [SERIES_POINTS]
+        for _, pts in chunk:
+            args += [len(pts), *map(orjson.dumps, pts)]
+        await self._push(keys=[f"{self.keys.series}:{sid}" for sid, _ in chunk], args=args)
 
     async def prune(self, hosts: set[str], services: set[str], prefixes: tuple[str, ...]) -> int:
         """Delete what Redis holds about hosts and services that went silent and were
@@ -270,6 +288,13 @@ def _json_page(client: Any, key: str, limit: int | None, offset: int) -> tuple[d
     return _json_objects(zip(page, values, strict=True)), len(names)
 
 
+def _points(given: list[Any]) -> list[Any]:
+    """The newest ``SERIES_POINTS`` of one point or a list of points (oldest first; a
+    point is never empty, so ``[]`` is no point)."""
+    many = not given or isinstance(given[0], list | tuple)
+    return list(given[-SERIES_POINTS:]) if many else [given]
+
+
 def _float(raw: Any) -> float | None:
     try:
         return float(raw) if raw is not None else None
@@ -313,6 +338,12 @@ def read_alerts(client: Any, prefix: str) -> list[dict[str, Any]]:
     return sorted(
         active, key=lambda a: (a.get("status") != "firing", _float(a.get("starts_at")) or 0.0)
     )
+
+
+def read_host(client: Any, prefix: str, host: str) -> dict[str, Any] | None:
+    """One host's status entry (its GPUs, their processes, memory and slopes), if any."""
+    found = _json(client.hget(Keys(prefix).hosts, host))
+    return found if isinstance(found, dict) else None
 
 
 def read_series_index(client: Any, prefix: str) -> dict[str, dict[str, Any]]:

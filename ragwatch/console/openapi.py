@@ -201,10 +201,23 @@ SCHEMAS: dict[str, Any] = {
             _obj(
                 ["columns", "points"],
                 columns=_array({"type": "string", "enum": ["ts", "value", "forecast", "score"]}),
-                points=_array(_array(_nullable("number"))),
+                points=_array(_array(_nullable("number")))
+                | {"description": "oldest first, a point a minute of event time"},
+                memory={**_ref("Memory"), "description": "only on a GPU's or a process's "
+                        "memory: what the page draws beside it (null values: no status)"},
             ),
         ]
     },
+    "Memory": _obj(
+        ["gpu_series", "total_bytes", "used_bytes", "growth_bytes_per_s", "oom_at", "ts"],
+        gpu_series={"type": "string", "description": "the id of the GPU's memory series"},
+        total_bytes=_nullable("number", description="the GPU's total memory"),
+        used_bytes=_nullable("number", description="the GPU's used memory"),
+        growth_bytes_per_s=_nullable("number", description="the GPU's memory growth"),
+        oom_at=_nullable("number", description="when the GPU runs out of memory at the "
+                         "current growth, event time (null: not growing)"),
+        ts=_nullable("number", description="the event time of these values"),
+    ),
 }  # fmt: skip
 
 _AUTH = {"401": _error("missing or wrong bearer token (when RAGWATCH_SERVE_TOKEN is set)")}

@@ -10,7 +10,9 @@ and any number of them can run. Routes (documented in :mod:`ragwatch.console.ope
 ``/api/v1/alerts/{fp}``    one alert, active or in the history: its transitions, the
                            silences that mute it and the series that chart it; 404 unknown
 ``/api/v1/series``         the chart series index (``?kind=``, ``?limit=``)
-``/api/v1/series/{id}``    points of one series, oldest first (``?limit=``); 404 unknown
+``/api/v1/series/{id}``    points of one series, oldest first (``?limit=``), and for the
+                           memory of a GPU or a process the GPU's total memory and
+                           growth (:func:`memory_of`); 404 unknown
 ``/api/v1/silences``       silences (``?all=true`` with expired ones)
 ``/healthz``               200 if Redis answers a PING, else 503 with the reason
 ``/metrics``               Prometheus exposition (:mod:`ragwatch.console.exporter`)
@@ -38,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import re
 import signal
 import time
@@ -54,7 +57,7 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from ragwatch.chart_ids import alert_prefixes, alert_series
+from ragwatch.chart_ids import alert_prefixes, alert_series, series_prefix
 from ragwatch.config import Settings, redact_url
 from ragwatch.console.exporter import METRIC_NAMES, METRICS, RedisCollector
 from ragwatch.console.openapi import spec
@@ -66,6 +69,7 @@ from ragwatch.store import (
     Keys,
     blocking_client,
     read_alerts,
+    read_host,
     read_series,
     read_series_index,
     read_silences,
@@ -215,6 +219,77 @@ def read_alert(client: Any, prefix: str, fingerprint: str, *, now: float) -> dic
     }
 
 
+# ---------------------------------------------------------------------------- memory charts
+
+MEMORY_KINDS = ("gpu", "process")
+GB = 1e9  # the status' gb_per_hour
+
+
+def memory_of(meta: dict[str, Any], host: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a chart of a GPU's or a process's memory draws beside its points, from its
+    host's status entry: the id of the GPU's memory series, the GPU's total and used
+    bytes, its growth in bytes per second, when it runs out of memory at that growth (the
+    status' time to exhaustion; None when not growing) and the event time they are of
+    (None for a series of another kind; the values None when the status does not have
+    the GPU).
+
+    >>> host = {"gpus": [{"index": 1, "mig": None, "fb_total_bytes": 8e10,
+    ...     "fb_used_bytes": 7e10, "gb_per_hour": 3.6, "tte_h": 2.75, "ts": 100.0}]}
+    >>> meta = {"kind": "process", "labels": {"host": "h", "gpu": "1", "mig": "", "pid": "7"}}
+    >>> memory_of(meta, host)
+    {'gpu_series': 'gpu:h:1:fb_used', 'total_bytes': 80000000000.0, \
+'used_bytes': 70000000000.0, 'growth_bytes_per_s': 1000000.0, 'oom_at': 10000.0, 'ts': 100.0}
+    >>> memory_of({"kind": "service", "labels": {}}, host) is None
+    True
+    """
+    labels = meta.get("labels")
+    if meta.get("kind") not in MEMORY_KINDS or not isinstance(labels, dict):
+        return None
+    gpu = _gpu_status(host, labels)
+    growth, ts, tte_h = (_number(gpu.get(k)) for k in ("gb_per_hour", "ts", "tte_h"))
+    return {
+        "gpu_series": series_prefix("gpu", labels) + "fb_used",
+        "total_bytes": _number(gpu.get("fb_total_bytes")),
+        "used_bytes": _number(gpu.get("fb_used_bytes")),
+        "growth_bytes_per_s": None if growth is None else growth * GB / 3600,
+        "oom_at": None if ts is None or tte_h is None else ts + tte_h * 3600,
+        "ts": ts,
+    }
+
+
+def _gpu_status(host: dict[str, Any] | None, labels: dict[str, Any]) -> dict[str, Any]:
+    """The status entry of the GPU (and MIG instance) ``labels`` name, else ``{}``."""
+    gpus = host.get("gpus") if isinstance(host, dict) else None
+    mig = labels.get("mig") or None
+    for g in gpus if isinstance(gpus, list) else []:
+        if (
+            isinstance(g, dict)
+            and str(g.get("index")) == str(labels.get("gpu"))
+            and (g.get("mig") or None) == mig
+        ):
+            return g
+    return {}
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def read_chart(
+    client: Any, prefix: str, series_id: str, limit: int
+) -> tuple[dict[str, Any], list[list[Any]], dict[str, Any] | None] | None:
+    """:func:`read_series` and, for a memory chart, :func:`memory_of` its host's status."""
+    found = read_series(client, prefix, series_id, limit)
+    if found is None:
+        return None
+    meta, points = found
+    labels = meta.get("labels")
+    host = labels.get("host") if isinstance(labels, dict) else None
+    if meta.get("kind") not in MEMORY_KINDS or not isinstance(host, str):
+        return meta, points, None
+    return meta, points, memory_of(meta, read_host(client, prefix, host))
+
+
 # ---------------------------------------------------------------------------- handlers
 
 
@@ -269,20 +344,21 @@ async def series(request: web.Request) -> web.Response:
     sid = request.match_info["id"]
     if len(sid) > SERIES_ID_MAX:
         raise BadRequest(f"series id longer than {SERIES_ID_MAX} characters")
-    found = await _read(request, read_series, sid, limit)
+    found = await _read(request, read_chart, sid, limit)
     typed = request.raw_path.partition("?")[0].removeprefix("/api/v1/series/")
     if found is None and typed != sid and len(typed) <= SERIES_ID_MAX:
         # an id typed as it is (names' ':' escaped as %3A in it), not URL-encoded
-        sid, found = typed, await _read(request, read_series, typed, limit)
+        sid, found = typed, await _read(request, read_chart, typed, limit)
     if found is None:
         return _error(404, f"no series {request.match_info['id']!r}")
-    meta, points = found
+    meta, points, memory = found
     return _json(
         {
             **meta,
             "id": sid,
             "columns": ["ts", "value", "forecast", "score"],
             "points": [[*p, None, None][:4] for p in points],
+            **({"memory": memory} if memory is not None else {}),
         }
     )
 

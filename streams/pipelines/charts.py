@@ -1,10 +1,15 @@
 """Recent points of the series people look at, for ``/api/v1/series/{id}`` and charts.
 
-The worker keeps the current state of every series; this module picks, for the hosts and
-services that changed, a new point per chart series at most every ``step_s`` of event
-time, and the worker appends it to Redis (:meth:`RedisState.write_series`, a capped
-list per series). Points are ``[ts, value, forecast, score]`` (forecast and score None
-where the series has none). The charts (:data:`CHARTS`):
+The worker keeps the current state of every series; this module takes a point of each
+chart series every ``step_s`` of **event time** (one a minute), as the state moves on: the
+pipelines tell :meth:`SeriesRecorder.observe` which hosts and services moved on after each
+wave of envelopes, and every second the worker appends what it took
+(:meth:`SeriesRecorder.take`) to Redis (:meth:`RedisState.write_series`, a list of the
+newest 1,440 points per series). So a replay at 720x, or as fast as the CPU allows, draws
+the same charts as the same telemetry played in real time (sampling the state once a
+second of wall time gave a point per 12 minutes of event time at 720x). Points are
+``[ts, value, forecast, score]`` (forecast and score None where the series has none). The
+charts (:data:`CHARTS`):
 
 ========================================  ==============================================
 series id                                 value, forecast, score
@@ -47,11 +52,25 @@ service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation
 service:rag-api:rag-api-0:outliers RequestOutlierCluster
 >>> rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})  # nothing new since
 {}
+
+The worker's form: observed as the envelopes are processed, taken once a second, a point a
+minute of event time whatever the batches:
+
+>>> pipes, rec = Pipelines(load_rules()), SeriesRecorder()
+>>> for env in build("leak", hosts=1, gpus=1, services=1, interval_s=10.0).envelopes(hours=1):
+...     _ = pipes.process(env)
+...     rec.observe(pipes, "host", [(env.host, env.ts)])
+>>> meta, points = rec.take()["process:gpu-node-01:0:4001:gpu_mem"]
+>>> len(points), points[1][0] - points[0][0]
+(60, 60.0)
+>>> rec.take()
+{}
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -157,15 +176,26 @@ def chart_plan(rules: Iterable[Rule]) -> Plan:
 class SeriesRecorder:
     """Remembers what it already emitted, so each point is written once: for at most
     ``max_tracked`` series (beyond, the least recently written is forgotten, and its next
-    point may be written a second time); :meth:`forget` drops swept hosts' series."""
+    point may be written a second time); :meth:`forget` drops swept hosts' series.
 
-    def __init__(self, step_s: float = 60.0, max_tracked: int = 200_000) -> None:
+    Two ways to use it: :meth:`collect` (the state of some hosts and services now: at
+    most a point per series per call), or :meth:`observe` as the state moves on and
+    :meth:`take` what was observed since the last take (the worker: many points per
+    series between two writes, at most ``keep`` of each kept)."""
+
+    def __init__(self, step_s: float = 60.0, max_tracked: int = 200_000, keep: int = 1440) -> None:
         self.step_s = step_s
         self.max_tracked = max_tracked
+        self.keep = keep
         self._last: dict[str, float] = {}  # series id -> ts of the last point emitted
         # a series' id prefix -> the event time before which none of its charts is due
         # (the least of their last points + step_s): one look instead of one per chart
         self._quiet: dict[str, float] = {}
+        # (domain, key) -> the event time before which none of its series is due, when
+        # every chart of every series of it has a point (a series new to it gets its first
+        # point up to step_s late): one look per envelope instead of one per series
+        self._key_quiet: dict[tuple[Domain, str], float] = {}
+        self._taken: dict[str, tuple[dict[str, Any], deque[Point]]] = {}  # observed, to take
         self._rules: Sequence[Rule] | None = None  # the rules self._plan was made from
         self._plan: Plan = {}
 
@@ -187,6 +217,40 @@ class SeriesRecorder:
                 self._add(out, plan.get(c.kind, ()), c)
         return out
 
+    def observe(self, pipes: Pipelines, domain: Domain, moved: Iterable[tuple[str, float]]) -> None:
+        """The state of these keys of ``domain`` moved on to (key, event time): keep a
+        point of each series of theirs that is due, for :meth:`take`. Called after each
+        wave of envelopes, every point is taken at the first state at least ``step_s``
+        after the last one: the same points whatever the batches and the speed."""
+        quiet = self._key_quiet
+        due = {k for k, ts in moved if ts >= quiet.get((domain, k), -math.inf)}
+        if not due:
+            return
+        plan = self.plan(pipes.rules)
+        out: dict[str, tuple[dict[str, Any], Point]] = {}
+        ends: dict[str, list[float | None]] = {k: [] for k in due}
+        owner = "service" if domain == "service" else "host"
+        for c in pipes.charts(domain, due):  # (read together: their signals cost less so)
+            self._add(out, plan.get(c.kind, ()), c)
+            where = c.where or series_prefix(c.kind, c.labels)
+            ends.setdefault(c.labels.get(owner, ""), []).append(self._quiet.get(where))
+        for k in due:
+            quiet.pop((domain, k), None)
+            if ends[k] and None not in ends[k]:
+                quiet[(domain, k)] = min(e for e in ends[k] if e is not None)
+                if len(quiet) > self.max_tracked:
+                    del quiet[next(iter(quiet))]
+        for sid, (meta, point) in out.items():
+            if sid not in self._taken:
+                self._taken[sid] = (meta, deque(maxlen=self.keep))
+            self._taken[sid][1].append(point)
+
+    def take(self) -> dict[str, tuple[dict[str, Any], list[Point]]]:
+        """series id -> (its index entry, its points observed since the last take, oldest
+        first)."""
+        taken, self._taken = self._taken, {}
+        return {sid: (meta, list(points)) for sid, (meta, points) in taken.items()}
+
     def _due(self, sid: str, ts: float) -> bool:
         last = self._last.get(sid)
         return last is None or ts - last >= self.step_s
@@ -203,6 +267,9 @@ class SeriesRecorder:
             del self._last[sid]
         for where in [w for w in self._quiet if w.startswith(prefixes)] if prefixes else []:
             del self._quiet[where]
+        for sid in [s for s in self._taken if s.startswith(prefixes)] if prefixes else []:
+            del self._taken[sid]
+        self._key_quiet.clear()  # (cheap to learn again: one look at each key)
         return gone
 
     def _written(self, sid: str, ts: float) -> None:

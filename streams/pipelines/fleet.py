@@ -22,7 +22,7 @@ before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ragwatch.codec import gpu_wire
@@ -47,6 +47,11 @@ from ragwatch.streams.pipelines.metrics import MetricsPipeline
 from ragwatch.streams.pipelines.requests import RequestPipeline, RequestsMessage
 
 
+# told after each wave of envelopes which keys of a domain moved on, each with the event
+# time of its newest envelope (the worker's chart recorder: charts.SeriesRecorder.observe)
+Observer = Callable[[Domain, list[tuple[str, float]]], None]
+
+
 class Pipelines:
     """The GPU, request, event and metrics pipelines of one worker, one engine, one
     correlator."""
@@ -68,6 +73,7 @@ class Pipelines:
             self.metrics,
             self.requests,
         )
+        self.observer: Observer | None = None
 
     def of(self, domain: Domain) -> tuple[SignalPipeline, ...]:
         """The pipelines whose state belongs to keys of ``domain``."""
@@ -134,6 +140,8 @@ class Pipelines:
         age with it), and the transitions get their hints while the GPU state is theirs."""
         for host, ts in envs:
             transitions += self.events.advance(host, ts)
+        if self.observer is not None:
+            self.observer("host", envs)
         return self.correlator.annotate(transitions)
 
     def request(self, env: RequestsMessage) -> list[Transition]:
@@ -143,13 +151,25 @@ class Pipelines:
         """:meth:`request` of each envelope in turn: the request pipeline closes the buckets
         of envelopes of distinct services together (:meth:`RequestPipeline.process_batch`),
         with the transitions of one envelope at a time, each wave's with its hints."""
-        return self.requests.process_batch(envs, self.correlator.annotate)
+        observer = self.observer
+        if observer is None:
+            return self.requests.process_batch(envs, self.correlator.annotate)
+        moved = [(env.service, env.ts) for env in envs]
+
+        def then(transitions: list[Transition]) -> list[Transition]:
+            observer("service", moved)  # (each part closes buckets: their states moved on)
+            return self.correlator.annotate(transitions)
+
+        return self.requests.process_batch(envs, then)
 
     def event(self, env: EventEnvelope) -> list[Transition]:
         return self.correlator.annotate(self.events.process(env))
 
     def metric(self, env: MetricsEnvelope) -> list[Transition]:
-        return self.correlator.annotate(self.metrics.process(env))
+        transitions = self.metrics.process(env)
+        if self.observer is not None:
+            self.observer("host", [(env.host, env.ts)])
+        return self.correlator.annotate(transitions)
 
     def process(self, env: Envelope) -> list[Transition]:
         """One envelope of any kind (alerts are outputs: no transitions)."""

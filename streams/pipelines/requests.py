@@ -529,7 +529,7 @@ class RequestPipeline:
         self._out.sort(key=lambda x: (x[0], x[1]))  # stable: rule order kept
         out = [t for _, _, t in self._out]
         self._out.clear()
-        return then(out) if then is not None and out else out
+        return then(out) if then is not None else out
 
     def _round(self, k: int, closes: list[_Close]) -> None:
         rows = np.array([c.row for c in closes], dtype=np.intp)

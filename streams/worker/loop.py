@@ -103,6 +103,7 @@ class WorkerLoop:
         self.dirty: dict[str, set[str]] = {kind: set() for kind in self.topics}
         self.known: dict[Domain, set[str]] = {"host": set(), "service": set()}
         self.recorder = SeriesRecorder()
+        pipes.observer = lambda domain, moved: self.recorder.observe(pipes, domain, moved)
         self.held = HeldAcks()
         self.busy: Counter[Key] = Counter()  # messages of a key being processed and sent
         self.partitions: dict[Key, set[Any]] = {}  # (domain, key) -> the TPs it came on
@@ -413,10 +414,10 @@ class WorkerLoop:
         if self.delivery.closed:
             return
         await self.prune_gone()
-        hosts, services = self._changed()
+        self._changed()
         self.sweep_marks()
         await self.delivery.write_status(self.pipes, *self.statuses_due(time.monotonic()))
-        await self.delivery.write_series(self.recorder.collect(self.pipes, hosts, services))
+        await self.delivery.write_series(self.recorder.take())
         now = time.monotonic()
         batch = self.snapshots_due(now)
         if batch:

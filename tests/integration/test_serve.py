@@ -371,9 +371,9 @@ def test_hostile_label_values_are_data_everywhere(served: Served) -> None:
     assert reply.headers["X-Content-Type-Options"] == "nosniff"
     page = get(served.url + "/", token=None)
     assert "script-src 'self'" in page.headers["Content-Security-Policy"]
-    assert (
-        "innerHTML" not in (Path(__file__).parents[2] / "ragwatch/console/web/app.js").read_text()
-    )
+    scripts = list((Path(__file__).parents[2] / "ragwatch/console/web").glob("*.js"))
+    assert {p.name for p in scripts} == {"app.js", "chart.js"}
+    assert not any("innerHTML" in p.read_text() for p in scripts)
     text = run_ragwatch("status", env=served.env).stdout
     assert "\x1b" not in text and "\\x1b[2J" in text  # no terminal escapes get through
 
@@ -521,11 +521,13 @@ chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium
 
 @chromium
 def test_live_page_renders_alerts_and_the_chart(served: Served, tmp_path: Path) -> None:
-    dom = browse(f"{served.url}/?token={TOKEN}", tmp_path / "profile")
+    # a series picked in the address (#series=), kept whatever the alerts
+    leak_series = quote(served.fleet.leak_series, safe="")
+    dom = browse(f"{served.url}/?token={TOKEN}#series={leak_series}", tmp_path / "profile")
     assert no_error(dom), dom
     leak = served.fleet.leak
     alert = re.search(rf'<li class="alert firing" data-alertname="GpuMemoryLeak" '
-                      rf'data-fingerprint="{leak.fingerprint}">(.*?)</li>', dom)  # fmt: skip
+                      rf'data-fingerprint="{leak.fingerprint}"[^>]*>(.*?)</li>', dom)  # fmt: skip
     assert alert, dom
     assert leak.annotations["hint"] in html.unescape(alert.group(1))
     assert f'<a href="alerts/{leak.fingerprint}">details</a>' in alert.group(1)

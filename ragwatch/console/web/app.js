@@ -7,7 +7,8 @@
 // "Authorization: Bearer" on every API call.
 //
 // Two pages run this script: the live page (/) and an alert's page (/alerts/<fingerprint>,
-// where notifications link to: <body data-page="alert" data-root="../">).
+// where notifications link to: <body data-page="alert" data-root="../">). The charts are
+// chart.js's. Every time shown is in UTC, and says so.
 (function () {
   "use strict";
 
@@ -81,9 +82,9 @@
     const n = num(v);
     return n === null ? "-" : (n >= 0 ? "+" : "") + n.toFixed(digits);
   }
-  function when(ts) {
-    const n = num(ts);
-    return n === null ? "-" : new Date(n * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC";
+  const when = window.ragwatchChart.utc;  // "2026-12-02 14:05 UTC"
+  function clock(ms) {  // "14:05:09 UTC"
+    return new Date(ms).toISOString().slice(11, 19) + " UTC";
   }
   function hours(v) {
     const n = num(v);
@@ -105,13 +106,28 @@
 
   // ------------------------------------------------------------------ sections
 
+  // The most urgent first: severity (critical, error, warning, info), then firing before
+  // pending, then the newest.
+  const SEVERITY = ["critical", "error", "warning", "info"];
+  function rank(list, v) {
+    const i = list.indexOf(v);
+    return i < 0 ? list.length : i;
+  }
+  function byUrgency(a, b) {
+    return rank(SEVERITY, a.severity) - rank(SEVERITY, b.severity) ||
+      rank(["firing", "pending"], a.status) - rank(["firing", "pending"], b.status) ||
+      (num(b.starts_at) || 0) - (num(a.starts_at) || 0) ||
+      String(a.fingerprint).localeCompare(String(b.fingerprint));
+  }
+
   function renderAlerts(alerts) {
     const firing = alerts.filter((a) => a.status === "firing").length;
     $("alert-counts").textContent = "(" + firing + " firing, " + (alerts.length - firing) + " pending)";
     const items = alerts.map((a) => {
       const ann = a.annotations || {};
       return el("li", { class: "alert " + (a.status === "firing" ? "firing" : "pending"),
-                        "data-alertname": a.rule, "data-fingerprint": a.fingerprint },
+                        "data-alertname": a.rule, "data-fingerprint": a.fingerprint,
+                        "data-severity": a.severity, "data-status": a.status },
         el("span", { class: "state" }, a.status),
         el("span", { class: "rule" }, a.rule),
         el("span", { class: "severity muted" }, a.severity + " "),
@@ -213,45 +229,86 @@
     const n = notifier || {};
     $("notifier").textContent = "notifier: " + (n.outbox_pending || 0) + " due in the outbox, " +
       (n.dead_letters || 0) + " dead letters" +
-      (num(n.seen) !== null ? ", last seen " + new Date(n.seen * 1000).toLocaleTimeString() : ", never reported");
+      (num(n.seen) !== null ? ", last seen " + clock(n.seen * 1000) : ", never reported");
   }
 
   // ------------------------------------------------------------------ series chart
 
   let selected = null;       // series id shown
+  let picked = false;        // chosen by the user (the list or #series=): kept
   let indexLoadedAt = 0;
+  let indexIds = new Set();
   let charts = [];
+  let drawn = "";            // what the charts show: series id and which lines
+  const details = new Map(); // fingerprint -> /api/v1/alerts/{fp} of the alerts on top
 
-  // The chart of the first alert that has one. The server says which series chart an
-  // alert: the signal its rule is about (streams/series.py), not a table here.
-  async function seriesForAlerts(alerts) {
-    for (const a of alerts.slice(0, 5)) {
+  // The alerts on top, read again when their status changes: which series chart each
+  // one (the server says: the signal its rule is about, ragwatch/chart_ids.py) and its
+  // transitions (the markers).
+  async function readDetails(alerts) {
+    const top = alerts.slice(0, 5);
+    for (const a of top) {
+      const known = details.get(a.fingerprint);
+      if (known && known.alert.status === a.status) continue;
       try {
-        const found = await api("api/v1/alerts/" + encodeURIComponent(a.fingerprint));
-        if (found.series.length) return found.series[0];
+        details.set(a.fingerprint, await api("api/v1/alerts/" + encodeURIComponent(a.fingerprint)));
       } catch (err) {
         if (err.status !== 404) throw err;  // 404: it resolved since
       }
     }
+    const keep = new Set(top.map((a) => a.fingerprint));
+    for (const fp of Array.from(details.keys())) if (!keep.has(fp)) details.delete(fp);
+  }
+
+  // The chart of the most urgent alert that has one.
+  function seriesForAlerts(alerts) {
+    for (const a of alerts) {
+      const found = details.get(a.fingerprint);
+      if (found && found.series.length) return found.series[0];
+    }
     return null;
   }
 
-  async function loadIndex(alerts) {
+  // Each state change of the alerts this series charts: [{status, ts}], oldest first.
+  function markersFor(sid, founds) {
+    const out = [];
+    for (const found of founds) {
+      if (!(found.series || []).includes(sid)) continue;
+      for (const h of found.history || []) {
+        const ts = num(h.at) === null ? (h.status === "resolved" ? h.ends_at : h.starts_at) : h.at;
+        if (num(ts) !== null) out.push({ status: h.status, ts: ts, fingerprint: h.fingerprint });
+      }
+    }
+    return out.sort((a, b) => a.ts - b.ts);
+  }
+
+  async function loadIndex() {
     const index = await api("api/v1/series?limit=5000");
-    const select = $("series-select");
-    const ids = new Set(index.series.map((s) => s.id));
     const groups = {};
     for (const s of index.series) (groups[s.kind] = groups[s.kind] || []).push(s);
     const options = Object.keys(groups).sort().map((kind) => el("optgroup", { label: kind },
       ...groups[kind].map((s) => el("option", { value: s.id }, s.id))));
-    select.replaceChildren(...options);
+    $("series-select").replaceChildren(...options);
+    indexIds = new Set(index.series.map((s) => s.id));
     indexLoadedAt = Date.now();
-    if (!selected || !ids.has(selected)) {
-      const fromHash = seriesInHash();
-      const fromAlert = ids.has(fromHash) ? null : await seriesForAlerts(alerts);
-      selected = ids.has(fromHash) ? fromHash : fromAlert || (index.series[0] || {}).id || null;
+    return index;
+  }
+
+  async function chooseSeries(alerts) {
+    const first = !indexLoadedAt;
+    const index = Date.now() - indexLoadedAt > INDEX_REFRESH_MS ? await loadIndex() : null;
+    if (first && indexIds.has(seriesInHash())) {
+      selected = seriesInHash();
+      picked = true;
     }
-    if (selected && !ids.has(selected)) select.append(el("option", { value: selected }, selected));
+    if (!picked || !indexIds.has(selected)) {
+      picked = false;
+      const fromAlert = seriesForAlerts(alerts);
+      const any = index ? (index.series[0] || {}).id : selected;
+      selected = fromAlert || (indexIds.has(selected) ? selected : any) || null;
+    }
+    const select = $("series-select");
+    if (selected && !indexIds.has(selected)) select.append(el("option", { value: selected }, selected));
     if (selected) select.value = selected;
   }
 
@@ -261,61 +318,42 @@
 
   function chartWidth() { return Math.max(320, $("series-section").clientWidth - 20); }
 
-  let drawn = "";            // what the charts show: series id and which lines
-
-  function drawSeries(s) {
-    const bytes = s.unit === "bytes";
-    const scale = (v) => (v === null || v === undefined ? null : bytes ? v / GB : v);
-    const ts = s.points.map((p) => p[0]);
-    const value = s.points.map((p) => scale(p[1]));
-    const forecast = s.points.map((p) => scale(p[2]));
-    const score = s.points.map((p) => p[3]);
-    const hasForecast = forecast.some((v) => v !== null);
-    const hasScore = score.some((v) => v !== null);
-    const data = hasForecast ? [ts, value, forecast] : [ts, value];
-    const shape = [s.id, hasForecast, hasScore].join("|");
+  function drawSeries(s, gpu, marks) {
+    const m = window.ragwatchChart.model(s, gpu, marks);
+    const shape = [s.id, m.lines.map((l) => l.opts.label).join(","), !!m.score].join("|");
     if (shape === drawn && charts.length) {
-      // same series: new data into the same charts (no flicker; scales follow the data)
-      charts[0].setData(data);
-      if (hasScore) charts[1].setData([ts, score]);
+      // same series and lines: new data into the same charts (no flicker)
+      window.ragwatchChart.update(charts, [$("chart"), $("score-chart")], m);
     } else {
       for (const c of charts) c.destroy();
-      charts = [newValueChart(s, data, bytes ? "GB" : s.unit || "", hasForecast)];
-      if (hasScore) charts.push(newScoreChart([ts, score]));
+      $("chart").replaceChildren();
+      $("score-chart").replaceChildren();
+      charts = [window.ragwatchChart.valueChart($("chart"), chartWidth(), m)];
+      if (m.score) charts.push(window.ragwatchChart.scoreChart($("score-chart"), chartWidth(), m));
       drawn = shape;
     }
+    const ts = s.points.map((p) => p[0]);
     $("chart").dataset.points = String(ts.length);
     $("chart").dataset.series = s.id;
-    $("score-chart").dataset.points = String(hasScore ? ts.length : 0);
+    $("score-chart").dataset.points = String(m.score ? ts.length : 0);
+    const box = $("chart").getBoundingClientRect();
+    $("chart").dataset.bottom = String(Math.round(box.bottom + window.scrollY));
     $("series-meta").textContent = s.kind + " · " + labelText(s.labels || {}) + " · " +
-      ts.length + " points" + (ts.length ? " · " + when(ts[0]) + " to " + when(ts[ts.length - 1]) : "");
+      ts.length + " points" + (ts.length ? ", " + when(ts[0]) + " to " + when(ts[ts.length - 1]) : "");
   }
 
-  function newValueChart(s, data, unit, hasForecast) {
-    const series = [{}, { label: s.signal + " (" + unit + ")", stroke: "#1565c0", width: 2 }];
-    const opts = { width: chartWidth(), height: 260, series: series, axes: [{}, { label: unit }],
-                   scales: { x: { time: true } } };
-    if (hasForecast) {
-      series.push({ label: "forecast / baseline", stroke: "#6d4c41", dash: [6, 4], width: 1.5 });
-      // the band between actual and forecast: red where below it, amber where above
-      opts.bands = [{ series: [2, 1], fill: "rgba(198,40,40,0.18)" },
-                    { series: [1, 2], fill: "rgba(224,161,0,0.18)" }];
-    }
-    return new uPlot(opts, data, $("chart"));
-  }
-
-  function newScoreChart(data) {
-    return new uPlot({
-      width: chartWidth(), height: 120,
-      series: [{}, { label: "anomaly score", stroke: "#c62828", width: 1.5, fill: "rgba(198,40,40,0.1)" }],
-      scales: { x: { time: true }, y: { range: [0, 1] } }, axes: [{}, { label: "score" }],
-    }, data, $("score-chart"));
-  }
-
-  async function loadSeries() {
+  async function loadSeries(founds) {
     if (!selected) return;
     const s = await api("api/v1/series/" + encodeURIComponent(selected));
-    drawSeries(s);
+    let gpu = null;
+    if (s.kind === "process" && s.memory && s.memory.gpu_series) {
+      try {
+        gpu = await api("api/v1/series/" + encodeURIComponent(s.memory.gpu_series));
+      } catch (err) {
+        if (err.status !== 404) throw err;  // no chart of the GPU: the process alone
+      }
+    }
+    drawSeries(s, gpu, markersFor(s.id, founds));
   }
 
   // ------------------------------------------------------------------ refresh loop
@@ -323,16 +361,18 @@
   async function refresh() {
     try {
       const status = await api("api/v1/status");
-      renderAlerts(status.alerts || []);
+      const alerts = (status.alerts || []).slice().sort(byUrgency);
+      renderAlerts(alerts);
       renderHosts(status.hosts || []);
       renderServices(status.services || []);
       renderSilences(status.silences || [], status.notifier);
       const gpus = (status.hosts || []).reduce((n, h) => n + (h.gpus || []).length, 0);
       $("summary").textContent = (status.hosts || []).length + " hosts, " + gpus + " GPUs, " +
         (status.services || []).length + " services";
-      if (Date.now() - indexLoadedAt > INDEX_REFRESH_MS) await loadIndex(status.alerts || []);
-      await loadSeries();
-      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      await readDetails(alerts);
+      await chooseSeries(alerts);
+      await loadSeries(Array.from(details.values()));
+      $("updated").textContent = "updated " + clock(Date.now());
       $("error").textContent = "";
     } catch (err) {
       $("error").textContent = String(err.message || err);
@@ -370,7 +410,7 @@
     const keys = ANNOTATION_ORDER.filter((k) => k in ann)
       .concat(Object.keys(ann).filter((k) => !ANNOTATION_ORDER.includes(k)).sort());
     pairs($("alert-annotations"), keys.map((k) => [k, ann[k]]));
-    const changes = (found.history || []).map((h) => el("li", null,
+    const changes = (found.history || []).map((h) => el("li", { "data-status": h.status },
       when(num(h.at) === null ? h.starts_at : h.at) + " " + h.status + ", value " + number(h.value)));
     if (!changes.length) changes.push(el("li", { class: "muted" }, "none in the alert history"));
     $("alert-history").replaceChildren(...changes);
@@ -393,14 +433,17 @@
     $("alert-note").textContent = "It is not active and not in the alert history.";
   }
 
+  let alertFound = [];  // the alert of this page, for the markers of a series picked
+
   async function refreshAlert() {
     const fp = pageFingerprint();
     try {
       const found = await api("api/v1/alerts/" + encodeURIComponent(fp));
+      alertFound = [found];
       renderAlertPage(found);
       chooseAlertSeries(found.series || []);
-      await loadSeries();
-      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      await loadSeries([found]);
+      $("updated").textContent = "updated " + clock(Date.now());
       $("error").textContent = "";
     } catch (err) {
       if (err.status === 404) renderMissing(fp);
@@ -412,8 +455,10 @@
 
   $("series-select").addEventListener("change", (ev) => {
     selected = ev.target.value;
+    picked = true;
     window.history.replaceState(null, "", "#series=" + encodeURIComponent(selected));
-    loadSeries().catch((err) => { $("error").textContent = String(err.message || err); });
+    const founds = PAGE === "alert" ? alertFound : Array.from(details.values());
+    loadSeries(founds).catch((err) => { $("error").textContent = String(err.message || err); });
   });
 
   const run = PAGE === "alert" ? refreshAlert : refresh;
