@@ -374,6 +374,7 @@ def cmd_dev(args: argparse.Namespace, settings: Settings, environ: Mapping[str, 
 
     stack = EmbeddedStack(settings.state_dir)
     if args.action == "up":
+        settings.state_subdir()  # an unwritable RAGWATCH_STATE_DIR: one line, exit 2
         stack.up()
         from ragwatch.kafka_admin import ensure_topics
 

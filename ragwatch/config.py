@@ -1,7 +1,10 @@
 """One typed, frozen settings object, read from ``RAGWATCH_*`` environment variables.
 
 Only ``main()`` reads the environment (``Settings.from_env(os.environ)``); everything
-else receives a :class:`Settings`. Secrets are :class:`Secret` and never printed.
+else receives a :class:`Settings`. Secrets are :class:`Secret` and never printed. Every
+value is parsed and bounded where it is read (:mod:`ragwatch.setting_values`: a port is
+1..65535, a session timeout what Kafka brokers accept, a topic prefix Kafka's characters);
+a bad one is one :class:`~ragwatch.errors.ConfigError` line naming the variable.
 
 >>> s = Settings.from_env({"RAGWATCH_KAFKA_BOOTSTRAP": "k1:9092,k2:9092",
 ...                        "RAGWATCH_TOPIC_PREFIX": "prod."})
@@ -14,7 +17,7 @@ else receives a :class:`Settings`. Secrets are :class:`Secret` and never printed
 from __future__ import annotations
 
 import dataclasses
-import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +25,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ragwatch import setting_values as values
 from ragwatch.errors import ConfigError
+from ragwatch.setting_values import parse_duration as parse_duration
 
 PREFIX = "RAGWATCH_"
 TOPICS = ("gpu", "requests", "events", "metrics", "alerts", "deadletter")
@@ -97,12 +102,46 @@ def _bootstrap(v: str) -> str:
     return ",".join(servers)
 
 
+def _http_url(url: str) -> bool:
+    """Whether ``url`` is ``http(s)://host[:port]...`` with a valid port and no spaces."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a bad port raises ValueError
+    except ValueError:
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and url.isprintable()
+        and (not any(c.isspace() for c in url))
+    )
+
+
 def _url_list(v: str) -> tuple[str, ...]:
     urls = tuple(u.strip() for u in v.split(",") if u.strip())
     for u in urls:
-        if urlsplit(u).scheme not in ("http", "https") or not urlsplit(u).netloc:
+        if not _http_url(u):
             raise ValueError(f"webhook URLs must be http(s)://host..., got {mask_webhook(u)!r}")
     return urls
+
+
+def _external_url(v: str) -> str:
+    """Links in notifications start with it: http(s) only (a ``javascript:`` or ``file:``
+    link would be followed by whoever clicks it), no credentials (every notification
+    carries it), no query or fragment (``/alerts/<id>`` is appended); empty = no links."""
+    if not v:
+        return v
+    if not _http_url(v):
+        raise ValueError(f"expected an http(s)://host[:port][/path] URL, got {redact_url(v)!r}")
+    parts = urlsplit(v)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            f"must not hold a user or password (every notification carries it), got "
+            f"{redact_url(v)!r}"
+        )
+    if parts.query or parts.fragment:
+        raise ValueError(f"must not have a query or fragment (links append /alerts/...), got {v!r}")
+    return v
 
 
 def _redis_url(v: str) -> str:
@@ -114,44 +153,20 @@ def _redis_url(v: str) -> str:
             "the user or password holds '/', '?' or '#': percent-encode them "
             f"(%2F, %3F, %23), got {redact_url(v)!r}"
         )
+    parts = urlsplit(v)
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ValueError(f"bad port in {redact_url(v)!r}") from None
+    db = parts.path.strip("/")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"expected unix:///path/to/redis.sock, got {redact_url(v)!r}")
+    if parts.scheme != "unix" and (not parts.hostname or not (db == "" or db.isdigit())):
+        raise ValueError(
+            f"expected {parts.scheme}://[[user]:password@]host[:port][/db number], "
+            f"got {redact_url(v)!r}"
+        )
     return v
-
-
-def _positive_float(v: str) -> float:
-    f = float(v)
-    if not (f > 0 and math.isfinite(f)):
-        raise ValueError(f"must be > 0, got {v!r}")
-    return f
-
-
-def _positive_int(v: str) -> int:
-    i = int(v)
-    if i <= 0:
-        raise ValueError(f"must be > 0, got {v!r}")
-    return i
-
-
-def _bool(v: str) -> bool:
-    low = v.lower()
-    if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-        raise ValueError(f"must be true or false, got {v!r}")
-    return low in ("true", "1", "yes", "on")
-
-
-def _port(v: str) -> int:
-    i = int(v)
-    if not 0 < i < 65536:
-        raise ValueError(f"must be a port in 1..65535, got {v!r}")
-    return i
-
-
-def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(v: str) -> str:
-        if v.upper() not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}, got {v!r}")
-        return v.upper()
-
-    return parse
 
 
 OTLP_ENCODINGS = ("auto", "otlp_proto", "otlp_json")
@@ -188,8 +203,9 @@ def _stage_patterns(v: str) -> str:
     return v
 
 
-def _opt_path(v: str) -> Path | None:
-    return Path(v) if v else None
+_TOPIC_CHAR = r"[A-Za-z0-9._-]"  # Kafka's legal characters of topic names
+MAX_TOPIC_NAME = 249  # Kafka's longest topic name
+_LONGEST_TOPIC = max(len(f"ragwatch.{t}") for t in TOPICS)
 
 
 def mask_webhook(url: str) -> str:
@@ -200,26 +216,6 @@ def mask_webhook(url: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc
     return f"{parts.scheme}://{host}/***" if parts.path.strip("/") else f"{parts.scheme}://{host}"
-
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(v: str | float) -> float:
-    """Seconds from ``"90"``, ``"30s"``, ``"10m"``, ``"2h"``, ``"1d"`` or a number.
-
-    >>> parse_duration("10m"), parse_duration(5)
-    (600.0, 5.0)
-    """
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        if not (math.isfinite(v) and v >= 0):
-            raise ValueError(f"duration must be finite and >= 0, got {v!r}")
-        return float(v)
-    m = _DURATION.match(str(v).strip())
-    if not m:
-        raise ValueError(f"bad duration {v!r} (use e.g. 30s, 10m, 2h)")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"]
 
 
 def _setting(default: Any, parse: Callable[[str], Any], doc: str, *, secret: bool = False) -> Any:
@@ -234,42 +230,91 @@ class Settings:
         "localhost:9092", _bootstrap, "Kafka bootstrap servers, host:port[,host:port]"
     )
     kafka_security_protocol: str = _setting(
-        "PLAINTEXT", _choice(SECURITY_PROTOCOLS), "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+        "PLAINTEXT", values.choice(SECURITY_PROTOCOLS), "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
     )
     kafka_sasl_mechanism: str = _setting(
-        "PLAIN", _choice(SASL_MECHANISMS), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+        "PLAIN", values.choice(SASL_MECHANISMS), "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
     )
-    kafka_sasl_username: str = _setting("", str, "SASL username")
+    kafka_sasl_username: str = _setting("", values.text, "SASL username")
     kafka_sasl_password: Secret = _setting(Secret(""), Secret, "SASL password (secret)")
-    kafka_ssl_cafile: Path | None = _setting(None, _opt_path, "CA bundle for SSL/SASL_SSL")
+    kafka_ssl_cafile: Path | None = _setting(
+        None, values.ca_file, "CA bundle for SSL/SASL_SSL (a file)"
+    )
     kafka_session_timeout: float = _setting(
-        10.0, _positive_float, "consumer group session timeout, seconds"
+        10.0,
+        values.seconds(6.0, 1800.0),
+        "consumer group session timeout, seconds, 6 s..30 min (what Kafka brokers accept by "
+        "default: group.min/max.session.timeout.ms)",
     )
     kafka_fetch_max_wait_ms: int = _setting(
         100,
-        _positive_int,
-        "longest a worker's or the notifier's fetch waits for data, ms (Faust's fixed 1500 "
-        "delays every alert on brokers that hold a fetch for the whole wait)",
+        values.integer(1, 30_000, " ms"),
+        "longest a worker's or the notifier's fetch waits for data, ms, 1..30000 (Faust's "
+        "fixed 1500 delays every alert on brokers that hold a fetch for the whole wait; more "
+        "than 30 s nears aiokafka's 40 s request timeout, and every alert waits that long)",
     )
-    topic_prefix: str = _setting("", str, "prefix for every topic name, e.g. 'prod.'")
-    topic_partitions: int = _setting(4, _positive_int, "partitions of topics ragwatch creates")
-    app_id: str = _setting("ragwatch", str, "Faust app id = Kafka consumer group of workers")
+    topic_prefix: str = _setting(
+        "",
+        values.name(
+            "a topic name takes letters, digits, '.', '_' and '-' (Kafka)",
+            _TOPIC_CHAR,
+            MAX_TOPIC_NAME - _LONGEST_TOPIC,
+            empty=True,
+        ),
+        f"prefix for every topic name, e.g. 'prod.' (Kafka's topic characters; at most "
+        f"{MAX_TOPIC_NAME - _LONGEST_TOPIC}: topic names end at {MAX_TOPIC_NAME})",
+    )
+    topic_partitions: int = _setting(
+        4,
+        values.integer(1, 1000),
+        "partitions of topics ragwatch creates, 1..1000 (the most workers that share a topic; "
+        "six topics of 1000 are more partitions than Kafka advises a broker to hold)",
+    )
+    app_id: str = _setting(
+        "ragwatch",
+        values.name(
+            "expected letters, digits, '.', '_' or '-' (it names a Kafka consumer group and a "
+            "directory)",
+            _TOPIC_CHAR,
+            200,
+        ),
+        "Faust app id = Kafka consumer group of workers",
+    )
     worker_id: str = _setting(
         "",
-        str,
+        values.name(
+            "expected a name without spaces or control characters",
+            r"[^\s\x00-\x1f\x7f]",
+            253,
+            empty=True,
+        ),
         "a worker's name in status and /metrics (label worker); empty: the host name, a pod's "
         "name under Kubernetes. Set it apart for each of several workers on one host",
     )
     redis_url: str = _setting(
         "redis://localhost:6379/0", _redis_url, "Redis URL (redis:// or rediss://)", secret=True
     )
-    redis_prefix: str = _setting("ragwatch", str, "prefix of every Redis key")
+    redis_prefix: str = _setting(
+        "ragwatch",
+        values.name(
+            "expected a prefix without spaces or control characters", r"[^\s\x00-\x1f\x7f]", 100
+        ),
+        "prefix of every Redis key",
+    )
     webhook_urls: tuple[str, ...] = _setting(
         (), _url_list, "comma-separated http(s) URLs that receive alert webhooks", secret=True
     )
-    webhook_timeout: float = _setting(5.0, _positive_float, "webhook request timeout, seconds")
+    webhook_timeout: float = _setting(
+        5.0,
+        values.seconds(0.1, 300.0),
+        "webhook request timeout, seconds, 0.1 s..5 min (a receiver slower than that is down; "
+        "each attempt holds the receiver's queue that long)",
+    )
     webhook_max_attempts: int = _setting(
-        8, _positive_int, "webhook delivery attempts before giving up"
+        8,
+        values.integer(1, 1000),
+        "webhook delivery attempts before giving up, 1..1000 (1000 are over 3 days of retries "
+        "at the 5-minute backoff cap)",
     )
     alertmanager_urls: tuple[str, ...] = _setting(
         (),
@@ -280,70 +325,94 @@ class Settings:
     )
     alertmanager_resend: float = _setting(
         60.0,
-        _positive_float,
-        "seconds between two posts of a firing alert to Alertmanager (Prometheus' resend delay)",
+        values.seconds(1.0, 3600.0),
+        "seconds between two posts of a firing alert to Alertmanager (Prometheus' resend "
+        "delay), 1 s..1 h (faster floods Alertmanager; endsAt is 4 resends ahead, so an alert "
+        "of a stopped notifier would stay firing for 4 h at the most)",
     )
     rules_file: Path | None = _setting(
-        None, _opt_path, "YAML rules file; empty = the shipped default rules"
+        None,
+        values.optional_path,
+        "YAML rules file (checked when read); empty = the shipped default rules",
     )
     external_url: str = _setting(
-        "http://localhost:8080", str, "URL of 'ragwatch serve' put in notifications (links)"
+        "http://localhost:8080",
+        _external_url,
+        "http(s) URL of 'ragwatch serve' put in notifications (links); no credentials, query "
+        "or fragment; empty = no links",
     )
     notify_file: Path | None = _setting(
         None,
-        _opt_path,
-        "YAML receivers/routes/inhibit rules of 'ragwatch notify'; empty = one webhook "
-        "receiver for RAGWATCH_WEBHOOK_URLS",
+        values.optional_path,
+        "YAML receivers/routes/inhibit rules of 'ragwatch notify' (checked when read); empty = "
+        "one webhook receiver for RAGWATCH_WEBHOOK_URLS",
     )
     webhook_hmac_secret: Secret = _setting(
         Secret(""), Secret, "signs webhook bodies (X-Ragwatch-Signature) if set (secret)"
     )
-    serve_host: str = _setting("127.0.0.1", str, "bind address of 'ragwatch serve'")
-    serve_port: int = _setting(8080, _port, "port of 'ragwatch serve'")
+    serve_host: str = _setting(
+        "127.0.0.1",
+        values.bind_host,
+        "bind address of 'ragwatch serve' (an IP address or host name)",
+    )
+    serve_port: int = _setting(8080, values.port, "port of 'ragwatch serve'")
     serve_token: Secret = _setting(
         Secret(""), Secret, "bearer token 'ragwatch serve' requires if set (secret)"
     )
     state_dir: Path = _setting(
         Path(".ragwatch"),
-        Path,
-        "where 'ragwatch dev up' keeps pids, ports and logs, and the worker its Faust data",
+        values.state_dir,
+        "where 'ragwatch dev up' keeps pids, ports and logs, and the worker its Faust data "
+        "(not under /proc, /sys or /dev; created by the command that uses it)",
     )
     max_series: int = _setting(
-        100_000, _positive_int, "cap on tracked series per worker (new ones are dropped)"
+        100_000,
+        values.integer(1, 10_000_000),
+        "cap on tracked series per worker (new ones are dropped), 1..10,000,000 (at ~3 KB a "
+        "GPU series and up to ~100 KB a request series, more would not fit in memory)",
     )
     max_clock_skew: float = _setting(
         3600.0,
-        _positive_float,
+        values.seconds(1.0, 36500 * values.DAY),
         "envelopes stamped more than this many seconds ahead of the worker's clock are "
-        "dead-lettered (event time would jump ahead)",
+        "dead-lettered (event time would jump ahead), 1 s..100 years (replays of simulated "
+        "data stamped ahead set years; clocks in sync differ by less than a second)",
     )
     slow_message: float = _setting(
         1.0,
-        _positive_float,
+        values.seconds(0.001, 1800.0),
         "seconds: processing one message (or one batch of GPU messages) for longer holds "
-        "every partition of the worker; it is logged and counted (slow_messages)",
+        "every partition of the worker; it is logged and counted (slow_messages); 1 ms..30 min "
+        "(longer than the longest session timeout, the worker has left its group anyway)",
     )
     snapshot_interval: float = _setting(
         10.0,
-        _positive_float,
+        values.seconds(0.1, 3600.0),
         "seconds between two state snapshots of a changing host or service in Redis "
-        "(what a restarted worker resumes from)",
+        "(what a restarted worker resumes from), 0.1 s..1 h (committed offsets wait for "
+        "snapshots: a restart re-reads up to this much)",
     )
     snapshot_legacy: bool = _setting(
         True,
-        _bool,
+        values.boolean,
         "read snapshots of the previous format (pickles) once, during a rolling upgrade; "
         "set false to never unpickle",
     )
     status_interval: float = _setting(
         5.0,
-        _positive_float,
+        values.seconds(0.1, 600.0),
         "seconds between two status writes of a changing host or service in Redis (what "
-        "'ragwatch status', the API and the live page show; a new one is written at once)",
+        "'ragwatch status', the API and the live page show; a new one is written at once), "
+        "0.1 s..10 min (a status older than that no longer tells what a host is doing)",
     )
     otlp_topic: str = _setting(
         "otlp_spans",
-        str,
+        values.name(
+            "a topic name takes letters, digits, '.', '_' and '-' (Kafka)",
+            _TOPIC_CHAR,
+            MAX_TOPIC_NAME,
+            empty=True,
+        ),
         "topic of OTLP traces the worker reads (the OTel Collector's Kafka exporter's default; "
         "with the topic prefix); empty = none",
     )
@@ -354,9 +423,10 @@ class Settings:
     )
     otlp_grace: float = _setting(
         30.0,
-        _positive_float,
+        values.seconds(0.1, 3600.0),
         "seconds of event time after a trace's newest span before its requests are emitted "
-        "(spans of one trace arrive in several messages)",
+        "(spans of one trace arrive in several messages), 0.1 s..1 h (the worker holds every "
+        "open trace that long, and its requests' signals wait for it)",
     )
     otlp_stage_patterns: str = _setting(
         "",
@@ -365,14 +435,14 @@ class Settings:
         "before the semantic conventions, e.g. 'retriever=^vector_search'",
     )
     log_level: str = _setting(
-        "INFO", _choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level of ragwatch"
+        "INFO", values.choice(("DEBUG", "INFO", "WARNING", "ERROR")), "log level of ragwatch"
     )
     explicit: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Build settings from ``RAGWATCH_*`` variables; ``ConfigError`` names the bad one."""
-        values: dict[str, Any] = {}
+        parsed: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if "parse" not in f.metadata:
                 continue
@@ -380,20 +450,43 @@ class Settings:
             if name in env:
                 raw = env[name] if f.type == "Secret" else env[name].strip()
                 try:
-                    values[f.name] = f.metadata["parse"](raw)
+                    parsed[f.name] = f.metadata["parse"](raw)
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
         unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in env_names())
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
-        return cls(**values, explicit=frozenset(values)).validated()
+        return cls(**parsed, explicit=frozenset(parsed)).validated()
 
     def validated(self) -> Settings:
+        """The checks that involve several settings (ConfigError names the variable)."""
         if self.kafka_security_protocol.startswith("SASL") and not self.kafka_sasl_username:
             raise ConfigError(
                 "RAGWATCH_KAFKA_SASL_USERNAME: required when the security protocol is SASL_*"
             )
+        otlp = self.otlp_topic_name()
+        if otlp is not None and len(otlp) > MAX_TOPIC_NAME:
+            raise ConfigError(
+                f"RAGWATCH_OTLP_TOPIC: with the topic prefix {len(otlp)} characters, more than "
+                f"Kafka's {MAX_TOPIC_NAME}"
+            )
+        if otlp in {self.topic(t) for t in TOPICS}:
+            raise ConfigError(f"RAGWATCH_OTLP_TOPIC: {otlp!r} is one of ragwatch's own topics")
         return self
+
+    def state_subdir(self, *parts: str) -> Path:
+        """``state_dir/parts...``, created if missing, for a command that writes there; a
+        ConfigError (one line) if it cannot be created or written."""
+        path = self.state_dir.joinpath(*parts)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"RAGWATCH_STATE_DIR: cannot create {path}: {exc.strerror or exc}"
+            ) from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"RAGWATCH_STATE_DIR: {path} is not writable by this user")
+        return path
 
     def topic(self, name: str) -> str:
         """Full topic name for one of :data:`TOPICS`, with the configured prefix."""
@@ -412,13 +505,17 @@ class Settings:
         return KafkaClient.of(self).librdkafka()
 
     def describe(self) -> dict[str, str]:
-        """Every setting as ``RAGWATCH_NAME -> printable value`` (secrets masked)."""
+        """Every setting as ``RAGWATCH_NAME -> printable value``: a secret that is set as
+        ``**********``, one that is not as ``""`` (like every unset value), passwords in
+        URLs and webhook paths masked."""
         out = {}
         for f in dataclasses.fields(self):
             if "parse" not in f.metadata:
                 continue
             v = getattr(self, f.name)
-            if isinstance(v, tuple):
+            if isinstance(v, Secret):
+                v = "**********" if v else ""  # empty: not set
+            elif isinstance(v, tuple):
                 v = ",".join(mask_webhook(u) for u in v)
             elif f.name == "redis_url":
                 v = redact_url(v)

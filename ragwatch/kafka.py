@@ -13,10 +13,13 @@ for aiokafka (the notifier's consumer; Faust's credentials are built from the sa
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ragwatch.errors import ConfigError
 
 if TYPE_CHECKING:
     from ragwatch.config import Settings
@@ -53,10 +56,18 @@ class KafkaClient:
         return self.protocol in ("SSL", "SASL_SSL")
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context of a TLS protocol (the CA file if set), else None."""
+        """The TLS context of a TLS protocol (the CA file if set), else None; a CA file
+        that cannot be read is a ConfigError (one line)."""
         if not self.tls:
             return None
-        return ssl.create_default_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
+        cafile = str(self.ssl_cafile) if self.ssl_cafile else None
+        try:
+            return ssl.create_default_context(cafile=cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise self._cafile_error(getattr(exc, "strerror", None) or str(exc)) from None
+
+    def _cafile_error(self, why: str) -> ConfigError:
+        return ConfigError(f"RAGWATCH_KAFKA_SSL_CAFILE: cannot read {self.ssl_cafile}: {why}")
 
     def librdkafka(self) -> dict[str, Any]:
         """confluent-kafka options: the one place snake_case meets dotted keys."""
@@ -69,6 +80,8 @@ class KafkaClient:
             conf["sasl.username"] = self.sasl_username
             conf["sasl.password"] = self.sasl_password
         if self.ssl_cafile is not None:
+            if not os.access(self.ssl_cafile, os.R_OK):  # librdkafka would say it much later
+                raise self._cafile_error("no such file, or not readable")
             conf["ssl.ca.location"] = str(self.ssl_cafile)
         return conf
 

@@ -27,7 +27,10 @@ alert's value reports (default: ``expr``'s first), so that it can be in the unit
 ``> >= < <= == !=``; numbers take the suffixes ``KB MB GB TB`` (powers of 1000) and
 ``KiB MiB GiB TiB``. Annotations are ``str.format`` templates over the alert's labels and
 the series' signals. Everything is checked at load time: a bad rule is a
-:class:`~ragwatch.errors.ConfigError` naming the rule and the field.
+:class:`~ragwatch.errors.ConfigError` naming the field; from a file, its path, file and line
+(``rules.yaml:12:11: rules[3].expr: ...``). Thresholds and numbers are finite, label and
+annotation names follow Prometheus' rule for label names, a key given twice is an error,
+and a file without a rule is refused (nothing would ever page).
 
 >>> rule = parse_rule({"name": "Big", "series": "gpu", "expr": "fb_used_bytes > 1.5GB"})
 >>> rule.conditions[0].threshold
@@ -48,8 +51,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ragwatch import yamlfile
 from ragwatch.catalog import (
     BASELINES,
     EVIDENCE_SIGNAL,
@@ -194,7 +196,12 @@ def parse_expr(expr: str, series: str, where: str) -> tuple[Condition, ...]:
                 f"{where}.expr: unknown signal {signal!r} for series {series!r}; "
                 f"known: {', '.join(SERIES_SIGNALS[series])}"
             )
-        conds.append(Condition(signal, op, float(num) * UNITS[unit.upper()]))
+        threshold = float(num) * UNITS[unit.upper()]
+        if not math.isfinite(threshold):
+            raise ConfigError(
+                f"{where}.expr: the threshold of {signal} must be a finite number, got {num}{unit}"
+            )
+        conds.append(Condition(signal, op, threshold))
     return tuple(conds)
 
 
@@ -227,9 +234,27 @@ def _resolve(v: Any, series: str, where: str) -> tuple[Condition, ...]:
     return parse_expr(v, series, f"{where}.resolve")
 
 
+def _expected(v: Any, series: str, where: str) -> float | str | None:
+    """A finite number, or the signal that holds the forecast. A number YAML 1.1 reads as
+    a string (``1e3``: no dot) counts as the number."""
+    if v is None or (isinstance(v, str) and v in SERIES_SIGNALS[series]):
+        return v
+    try:
+        number = float(v) if isinstance(v, str | int | float) and not isinstance(v, bool) else None
+    except ValueError:
+        raise ConfigError(f"{where}: unknown signal {v!r} for {series!r}") from None
+    if number is None or not math.isfinite(number):
+        raise ConfigError(
+            f"{where}: must be a finite number or a signal name, got {yamlfile.shown(v)}"
+        )
+    return number
+
+
 def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
+    """One rule from its mapping; ``where`` names it in errors: ``rule`` (the default)
+    becomes ``rule NAME``, a path from a file (``rules[3]``) stays, so its line is found."""
     if not isinstance(d, Mapping):
-        raise ConfigError(f"{where}: expected a mapping")
+        raise ConfigError(f"{where}: expected a mapping, got {yamlfile.shown(d)}")
     known = {
         "name",
         "series",
@@ -244,14 +269,13 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         "keep_firing_requests",
         "value",
     }
-    extra = set(d) - known
+    extra = {str(k) for k in d} - known
     if extra:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
     name = d.get("name")
     if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
         raise ConfigError(f"{where}.name: required, letters/digits/underscore, got {name!r}")
-    source = where.rpartition(": ")[0]  # the file, when loaded from one
-    where = f"{source}: rule {name}" if source else f"rule {name}"
+    where = f"rule {name}" if where == "rule" else where
     series = d.get("series", "process")
     if not isinstance(series, str) or series not in SERIES_SIGNALS:
         raise ConfigError(f"{where}.series: must be one of {', '.join(SERIES_SIGNALS)}")
@@ -260,20 +284,8 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
     severity = d.get("severity", "warning")
     if severity not in SEVERITIES:
         raise ConfigError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}")
-    labels, annotations = d.get("labels") or {}, d.get("annotations") or {}
-    for fname, m in (("labels", labels), ("annotations", annotations)):
-        if not isinstance(m, Mapping) or not all(isinstance(v, str) for v in m.values()):
-            raise ConfigError(f"{where}.{fname}: must map names to strings")
-    expected = d.get("expected")
-    if isinstance(expected, str):
-        if expected not in SERIES_SIGNALS[series]:
-            raise ConfigError(f"{where}.expected: unknown signal {expected!r} for {series!r}")
-    elif expected is not None and (
-        isinstance(expected, bool)
-        or not isinstance(expected, int | float)
-        or not math.isfinite(expected)
-    ):
-        raise ConfigError(f"{where}.expected: must be a finite number or a signal name")
+    labels = yamlfile.label_map(d.get("labels"), f"{where}.labels")
+    annotations = yamlfile.label_map(d.get("annotations"), f"{where}.annotations")
     rule = Rule(
         name=name,
         series=series,
@@ -284,9 +296,9 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         value_signal=_signal(d.get("value"), series, f"{where}.value"),
         resolve=_resolve(d.get("resolve"), series, where),
         severity=severity,
-        expected=expected if expected is None or isinstance(expected, str) else float(expected),
-        labels={str(k): v for k, v in labels.items()},
-        annotations={str(k): v for k, v in annotations.items()},
+        expected=_expected(d.get("expected"), series, f"{where}.expected"),
+        labels=labels,
+        annotations=annotations,
     )
     _check_templates(rule, where)
     return rule
@@ -308,29 +320,42 @@ def _check_templates(rule: Rule, where: str) -> None:
 
 
 def load_rules(path: Path | None = None) -> list[Rule]:
-    """Rules from a YAML file, or the shipped defaults (``default_rules.yaml``)."""
+    """Rules from a YAML file, or the shipped defaults (``default_rules.yaml``); a
+    ConfigError names the file, the line and the field."""
     if path is None:
         text = (
             resources.files("ragwatch.streams.alerting").joinpath("default_rules.yaml").read_text()
         )
-        where = "default_rules.yaml"
+        doc = yamlfile.parse(text, "default_rules.yaml")
     else:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"rules file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"rules file {path}: not UTF-8 text") from None
-        where = str(path)
+        doc = yamlfile.read(Path(path), "rules file")
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"rules file {where}: invalid YAML: {exc}") from None
+        return rules_of(doc.data)
+    except ConfigError as exc:
+        raise doc.locate(exc) from None
+
+
+def rules_of(doc: Any) -> list[Rule]:
+    """The rules of a decoded rules file (errors start with the path of the bad node)."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("rules"), list):
-        raise ConfigError(f"rules file {where}: expected a top-level 'rules:' list")
-    rules = [parse_rule(r, f"{where}: rules[{i}]") for i, r in enumerate(doc["rules"])]
-    names = [r.name for r in rules]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"rules file {where}: duplicate rule name(s) {', '.join(dupes)}")
+        hint = ""
+        if isinstance(doc, Mapping) and "groups" in doc:
+            hint = " (this looks like a Prometheus rules file: ragwatch's has no groups)"
+        raise ConfigError(f"expected a top-level 'rules:' list{hint}")
+    for key in doc:
+        if key != "rules":
+            raise ConfigError(f"{key}: unknown field (a rules file holds one list, rules:)")
+    if not doc["rules"]:
+        raise ConfigError(
+            "rules: the list is empty: without a rule nothing would ever page "
+            "(set no rules file to run the shipped default rules)"
+        )
+    rules = [parse_rule(r, f"rules[{i}]") for i, r in enumerate(doc["rules"])]
+    first: dict[str, int] = {}
+    for i, r in enumerate(rules):
+        if r.name in first:
+            raise ConfigError(
+                f"rules[{i}].name: duplicate rule name {r.name!r} (rules[{first[r.name]}] has it)"
+            )
+        first[r.name] = i
     return rules

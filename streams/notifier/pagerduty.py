@@ -85,6 +85,7 @@ from ragwatch.streams.notifier.notification import (
     Retry,
 )
 from ragwatch.streams.notifier.webhook import rfc3339
+from ragwatch.yamlfile import label_name
 
 if TYPE_CHECKING:
     from ragwatch.streams.notifier.notification import Sender
@@ -137,14 +138,18 @@ class PagerDutyConfig:
     @classmethod
     def from_mapping(cls, name: str, d: Mapping[str, Any]) -> PagerDutyConfig:
         f = ReceiverFields("pagerduty", name, d, cls.FIELDS)
+        severity_map = f.string_map("severity_map", DEFAULT_SEVERITY_MAP, values=PD_SEVERITIES)
+        for ours in set(severity_map) - set(DEFAULT_SEVERITY_MAP):  # a typo would map nothing
+            raise f.error(f"severity_map.{ours}", f"not a severity ({', '.join(PD_SEVERITIES)})")
+        labels = f.names("source_labels", ("host", "service", "instance"))
         return cls(
             name=name,
             routing_key=f.secret("routing_key"),
             url=f.url("url", EVENTS_URL),
             rate_per_min=f.integer("rate_per_min", 120),
             timeout_s=f.number("timeout_s", 10.0, duration=True),
-            severity_map=f.string_map("severity_map", DEFAULT_SEVERITY_MAP, values=PD_SEVERITIES),
-            source_labels=f.names("source_labels", ("host", "service", "instance")),
+            severity_map=severity_map,
+            source_labels=tuple(label_name(x, f"{f.where}.source_labels") for x in labels),
         )
 
 

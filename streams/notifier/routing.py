@@ -33,6 +33,14 @@ URL in ``RAGWATCH_WEBHOOK_URLS`` (``group_by: ['...']``, no waits).
 Times of the intervals are event time (the alerts' own ``at``), advancing with the wall
 clock between alerts (see :mod:`ragwatch.streams.notifier.grouping`).
 
+Every key is checked when the file is read, and an error names the file, the line and
+the path of the bad value (``notify.yaml:7:5: route.routes[0].continue: expected true or
+false, got the string 'false' (write false without quotes)``): unknown fields, booleans
+that are strings, label names that are not label names (``group_by``, ``equal``, matcher
+names), a root route with matchers (the alerts it does not match would go nowhere), an
+inhibition rule without source or target matchers (it would mute on any alert), a
+``repeat_interval`` of 0, and every receiver's own fields (before anything connects).
+
 >>> cfg = parse_config({"receivers": [{"name": "w", "type": "webhook", "url": "http://x/h"}],
 ...                     "route": {"receiver": "w", "group_by": ["alertname"]}}, {})
 >>> [r.receiver for r in cfg.route.match({"alertname": "A", "severity": "critical"})]
@@ -48,13 +56,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ragwatch import yamlfile
 from ragwatch.config import parse_duration
 from ragwatch.errors import ConfigError
 from ragwatch.matchers import Matcher, matchers_of
 
 RECEIVER_TYPES = ("webhook", "slack", "pagerduty")
+MAX_ATTEMPTS = 1000  # over 3 days of retries at the outbox's 5-minute backoff cap
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ALL_LABELS = "..."
 
@@ -139,9 +147,22 @@ def _interval(d: Mapping[str, Any], key: str, parent: float, where: str) -> floa
     if key not in d:
         return parent
     try:
-        return parse_duration(d[key])
+        seconds = parse_duration(d[key])
     except ValueError as exc:
         raise ConfigError(f"{where}.{key}: {exc}") from None
+    if key == "repeat_interval" and seconds == 0:
+        raise ConfigError(
+            f"{where}.{key}: must be > 0 (0 would re-send every firing group at every flush)"
+        )
+    return seconds
+
+
+def _matchers(d: Any, where: str) -> tuple[Matcher, ...]:
+    if d is not None and not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of label: value, got {yamlfile.shown(d)}")
+    for name in d or {}:
+        yamlfile.label_name(name, where)
+    return matchers_of(d, where)
 
 
 ROUTE_FIELDS = {
@@ -160,19 +181,23 @@ def _route(
     d: Any, parent: Route | None, receivers: Mapping[str, Any], where: str, path: str = "0"
 ) -> Route:
     if not isinstance(d, Mapping):
-        raise ConfigError(f"{where}: expected a mapping")
-    extra = set(d) - ROUTE_FIELDS
+        raise ConfigError(f"{where}: expected a mapping, got {yamlfile.shown(d)}")
+    extra = {str(k) for k in d} - ROUTE_FIELDS
     if extra:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
     receiver = d.get("receiver", parent.receiver if parent else None)
+    if parent is None and receiver is None:
+        raise ConfigError(f"{where}.receiver: required on the root route")
     if not isinstance(receiver, str) or receiver not in receivers:
         raise ConfigError(f"{where}.receiver: {receiver!r} is not a configured receiver")
-    group_by = d.get("group_by", list(parent.group_by) if parent else ["alertname"])
-    if not isinstance(group_by, list) or not all(isinstance(x, str) for x in group_by):
-        raise ConfigError(f"{where}.group_by: expected a list of label names")
+    group_by = yamlfile.label_names(
+        d.get("group_by", list(parent.group_by) if parent else ["alertname"]),
+        f"{where}.group_by",
+        wildcard=ALL_LABELS,
+    )
     node = Route(
         receiver=receiver,
-        group_by=tuple(group_by),
+        group_by=group_by,
         group_wait_s=_interval(d, "group_wait", parent.group_wait_s if parent else 30.0, where),
         group_interval_s=_interval(
             d, "group_interval", parent.group_interval_s if parent else 300.0, where
@@ -180,13 +205,20 @@ def _route(
         repeat_interval_s=_interval(
             d, "repeat_interval", parent.repeat_interval_s if parent else 4 * 3600.0, where
         ),
-        matchers=matchers_of(d.get("matchers"), f"{where}.matchers"),
-        continue_=bool(d.get("continue", False)),
+        matchers=_matchers(d.get("matchers"), f"{where}.matchers"),
+        continue_=yamlfile.boolean(d.get("continue", False), f"{where}.continue"),
         path=path,
     )
+    if parent is None and node.matchers:
+        raise ConfigError(
+            f"{where}.matchers: not allowed on the root route (the alerts they do not match "
+            "would go nowhere): put them on a child route"
+        )
+    if parent is None and node.continue_:
+        raise ConfigError(f"{where}.continue: not allowed on the root route (it has no sibling)")
     children = d.get("routes", [])
     if not isinstance(children, list):
-        raise ConfigError(f"{where}.routes: expected a list")
+        raise ConfigError(f"{where}.routes: expected a list, got {yamlfile.shown(children)}")
     kids = tuple(
         _route(c, node, receivers, f"{where}.routes[{i}]", f"{path}.{i}")
         for i, c in enumerate(children)
@@ -195,45 +227,72 @@ def _route(
 
 
 def parse_config(d: Any, env: Mapping[str, str], source: str = "<dict>") -> NotifyConfig:
-    """Validate a decoded notify file; ``ConfigError`` names the bad field."""
+    """Validate a decoded notify file; ``ConfigError`` names ``source`` and the bad field."""
+    try:
+        return _config(d, env, source)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _config(d: Any, env: Mapping[str, str], source: str) -> NotifyConfig:
+    """The checked config; errors start with the path of the bad node (``route.receiver``)."""
     if not isinstance(d, Mapping):
-        raise ConfigError(f"{source}: expected a mapping with receivers and route")
-    extra = set(d) - {"receivers", "route", "inhibit_rules", "max_attempts"}
-    if extra:
-        raise ConfigError(f"{source}: unknown field(s) {', '.join(sorted(extra))}")
+        raise ConfigError(f"expected a mapping with receivers and route, got {yamlfile.shown(d)}")
+    for key in d:
+        if key not in ("receivers", "route", "inhibit_rules", "max_attempts"):
+            raise ConfigError(
+                f"{key}: unknown field (a notify file holds receivers, route, inhibit_rules "
+                "and max_attempts)"
+            )
     receivers: dict[str, dict[str, Any]] = {}
     raw = d.get("receivers")
     if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{source}: receivers: expected a non-empty list")
+        raise ConfigError(f"receivers: expected a non-empty list, got {yamlfile.shown(raw)}")
     for i, r in enumerate(raw):
-        where = f"{source}: receivers[{i}]"
+        where = f"receivers[{i}]"
         if not isinstance(r, Mapping) or not isinstance(r.get("name"), str) or not r["name"]:
             raise ConfigError(f"{where}: needs a name")
         if r.get("type") not in RECEIVER_TYPES:
             raise ConfigError(f"{where}.type: must be one of {', '.join(RECEIVER_TYPES)}")
         if r["name"] in receivers:
-            raise ConfigError(f"{where}: duplicate receiver name {r['name']!r}")
+            raise ConfigError(f"{where}.name: duplicate receiver name {r['name']!r}")
         receivers[r["name"]] = _expand(dict(r), env, where)
-    route = _route(d.get("route"), None, receivers, f"{source}: route")
-    rules = []
-    for i, r in enumerate(d.get("inhibit_rules") or []):
-        where = f"{source}: inhibit_rules[{i}]"
-        if not isinstance(r, Mapping):
-            raise ConfigError(f"{where}: expected a mapping")
-        equal = r.get("equal", [])
-        if not isinstance(equal, list):
-            raise ConfigError(f"{where}.equal: expected a list of label names")
-        rules.append(
-            InhibitRule(
-                matchers_of(r.get("source_matchers"), f"{where}.source_matchers"),
-                matchers_of(r.get("target_matchers"), f"{where}.target_matchers"),
-                tuple(str(x) for x in equal),
-            )
-        )
+    route = _route(d.get("route"), None, receivers, "route")
+    rules = _inhibit_rules(d.get("inhibit_rules", []))
     attempts = d.get("max_attempts", 10)
-    if not isinstance(attempts, int) or attempts < 1:
-        raise ConfigError(f"{source}: max_attempts: expected an integer >= 1")
-    return NotifyConfig(receivers, route, tuple(rules), attempts, source)
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        raise ConfigError(f"max_attempts: expected an integer, got {yamlfile.shown(attempts)}")
+    if not 1 <= attempts <= MAX_ATTEMPTS:
+        raise ConfigError(f"max_attempts: expected 1..{MAX_ATTEMPTS}, got {attempts}")
+    return NotifyConfig(receivers, route, rules, attempts, source)
+
+
+INHIBIT_FIELDS = ("source_matchers", "target_matchers", "equal")
+
+
+def _inhibit_rules(raw: Any) -> tuple[InhibitRule, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"inhibit_rules: expected a list, got {yamlfile.shown(raw)}")
+    rules = []
+    for i, r in enumerate(raw):
+        where = f"inhibit_rules[{i}]"
+        if not isinstance(r, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {yamlfile.shown(r)}")
+        extra = sorted(str(k) for k in r if k not in INHIBIT_FIELDS)
+        if extra:
+            raise ConfigError(
+                f"{where}: unknown field(s) {', '.join(extra)} (an inhibit rule takes "
+                f"{', '.join(INHIBIT_FIELDS)})"
+            )
+        source, target = (_matchers(r.get(k), f"{where}.{k}") for k in INHIBIT_FIELDS[:2])
+        for key, got in (("source_matchers", source), ("target_matchers", target)):
+            if not got:
+                raise ConfigError(
+                    f"{where}.{key}: required (without it the rule would mute on any alert)"
+                )
+        equal = yamlfile.label_names(r.get("equal", []), f"{where}.equal")
+        rules.append(InhibitRule(source, target, equal))
+    return tuple(rules)
 
 
 def default_config(
@@ -265,12 +324,26 @@ def default_config(
 
 
 def load_config(path: Path, env: Mapping[str, str] | None = None) -> NotifyConfig:
-    """The notify file at ``path``; ``${VAR}`` read from ``env`` (default: the process's)."""
+    """The notify file at ``path``; ``${VAR}`` read from ``env`` (default: the process's).
+    Every receiver is checked too; an error names the file, the line and the field."""
     env = os.environ if env is None else env
+    doc = yamlfile.read(Path(path), "notify file")
     try:
-        d = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"notify file {path}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"notify file {path}: not valid YAML: {exc}") from None
-    return parse_config(d, env, str(path))
+        config = _config(doc.data, env, str(path))
+        for i, (name, spec) in enumerate(config.receivers.items()):
+            _check_receiver(i, name, spec)
+    except ConfigError as exc:
+        raise doc.locate(exc) from None
+    return config
+
+
+def _check_receiver(i: int, name: str, spec: Mapping[str, Any]) -> None:
+    """The receiver's own fields, its errors as ``receivers[i].field: ...``."""
+    from ragwatch.streams.notifier.service import sender_config
+
+    try:
+        sender_config(name, spec)
+    except ConfigError as exc:
+        message, own = str(exc), f"receiver {name}"
+        rest = message[len(own) :] if message.startswith(own) else f": {message}"
+        raise ConfigError(f"receivers[{i}]{rest}") from None

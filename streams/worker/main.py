@@ -16,7 +16,7 @@ def run_worker(settings: Settings) -> int:
 
     app = build_app(settings)  # loads the rules first: a bad file fails before any I/O
     check_kafka(settings, "worker")  # one line and exit 2, not seconds of aiokafka retries
-    (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
+    settings.state_subdir("faust")  # an unwritable state dir: one line, exit 2
     ensure_topics(settings, command="worker")
     worker = Worker(app, loglevel=settings.log_level, redirect_stdouts=False, quiet=True)
     try:

@@ -8,6 +8,7 @@ environment is never read or changed.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ragwatch.config import (
 )
 from ragwatch.errors import ConfigError, RagwatchError
 
+CA_FILE = str(Path(__file__).resolve())  # any readable file stands for a CA bundle
 SASL_ENV = {
     "RAGWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
     "RAGWATCH_KAFKA_SASL_USERNAME": "ragwatch-svc",
@@ -113,10 +115,11 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_KAFKA_SASL_MECHANISM", "SCRAM-SHA-256", "kafka_sasl_mechanism", "SCRAM-SHA-256"),
     ("RAGWATCH_KAFKA_SASL_USERNAME", "alice", "kafka_sasl_username", "alice"),
     ("RAGWATCH_KAFKA_SASL_PASSWORD", "s3cr3t", "kafka_sasl_password", Secret("s3cr3t")),
-    ("RAGWATCH_KAFKA_SSL_CAFILE", "/etc/ssl/ca.pem", "kafka_ssl_cafile", Path("/etc/ssl/ca.pem")),
+    ("RAGWATCH_KAFKA_SSL_CAFILE", CA_FILE, "kafka_ssl_cafile", Path(CA_FILE)),
     ("RAGWATCH_KAFKA_SSL_CAFILE", "", "kafka_ssl_cafile", None),
     ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "45", "kafka_session_timeout", 45.0),
-    ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "0.5", "kafka_session_timeout", 0.5),
+    ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "6", "kafka_session_timeout", 6.0),
+    ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "10m", "kafka_session_timeout", 600.0),
     ("RAGWATCH_TOPIC_PREFIX", "prod.", "topic_prefix", "prod."),
     ("RAGWATCH_TOPIC_PARTITIONS", "12", "topic_partitions", 12),
     ("RAGWATCH_TOPIC_PARTITIONS", " 3 ", "topic_partitions", 3),
@@ -302,7 +305,38 @@ BAD: list[tuple[str, str]] = [
     ("RAGWATCH_OTLP_STAGE_PATTERNS", "no-equals-sign"),
     ("RAGWATCH_ALERTMANAGER_URLS", "ftp://am:9093"),
     ("RAGWATCH_ALERTMANAGER_RESEND", "-1"),
+    # issue 29, point 9: accepted silently before
+    ("RAGWATCH_TOPIC_PREFIX", "a b/c"),
+    ("RAGWATCH_EXTERNAL_URL", "javascript:alert(1)"),
+    ("RAGWATCH_STATE_DIR", "/proc/nope"),
+    ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "100000"),
+    ("RAGWATCH_KAFKA_FETCH_MAX_WAIT_MS", "999999999"),
+    ("RAGWATCH_OTLP_GRACE", "1e12"),
+    ("RAGWATCH_ALERTMANAGER_RESEND", "0.001"),
+    # and one refused value for every other variable that has bounds
+    ("RAGWATCH_KAFKA_SASL_USERNAME", "svc\nuser"),
+    ("RAGWATCH_KAFKA_SSL_CAFILE", "/"),
+    ("RAGWATCH_APP_ID", "rag watch"),
+    ("RAGWATCH_WORKER_ID", "worker 1"),
+    ("RAGWATCH_REDIS_PREFIX", ""),
+    ("RAGWATCH_SERVE_HOST", "http://0.0.0.0"),
+    ("RAGWATCH_STATUS_INTERVAL", "1h"),
+    ("RAGWATCH_SNAPSHOT_LEGACY", "maybe"),
+    ("RAGWATCH_OTLP_TOPIC", "spans/otlp"),
 ]
+
+# variables that take any value: secrets, and files checked when they are read
+UNBOUNDED = {
+    "RAGWATCH_KAFKA_SASL_PASSWORD",
+    "RAGWATCH_WEBHOOK_HMAC_SECRET",
+    "RAGWATCH_SERVE_TOKEN",
+    "RAGWATCH_RULES_FILE",
+    "RAGWATCH_NOTIFY_FILE",
+}
+
+
+def test_every_variable_but_secrets_and_files_has_a_refused_value() -> None:
+    assert {var for var, _ in BAD} == set(env_names()) - UNBOUNDED
 
 
 @pytest.mark.parametrize(("var", "raw"), BAD, ids=[f"{v}={r!r}" for v, r in BAD])
@@ -322,8 +356,8 @@ def test_bad_value_raises_config_error_naming_the_variable(var: str, raw: str) -
             "TLS",
             "must be one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL, got 'TLS'",
         ),
-        ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "0", "must be > 0, got '0'"),
-        ("RAGWATCH_TOPIC_PARTITIONS", "-3", "must be > 0, got '-3'"),
+        ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "0", "expected 6 s..30 min (seconds, or a duration"),
+        ("RAGWATCH_TOPIC_PARTITIONS", "-3", "expected an integer 1..1,000, got '-3'"),
         (
             "RAGWATCH_REDIS_URL",
             "http://localhost:6379",
@@ -432,7 +466,7 @@ def test_kafka_config_sasl_ssl_with_ca_file() -> None:
             "RAGWATCH_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
             "RAGWATCH_KAFKA_SASL_USERNAME": "ragwatch-svc",
             "RAGWATCH_KAFKA_SASL_PASSWORD": "hunter2-kafka",
-            "RAGWATCH_KAFKA_SSL_CAFILE": "/etc/kafka/ca.pem",
+            "RAGWATCH_KAFKA_SSL_CAFILE": CA_FILE,
         }
     )
     assert s.kafka_config() == {
@@ -441,7 +475,7 @@ def test_kafka_config_sasl_ssl_with_ca_file() -> None:
         "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "ragwatch-svc",
         "sasl.password": "hunter2-kafka",
-        "ssl.ca.location": "/etc/kafka/ca.pem",
+        "ssl.ca.location": CA_FILE,
     }
 
 
@@ -461,17 +495,17 @@ def test_kafka_config_sasl_plaintext_without_ca_file() -> None:
 
 def test_kafka_config_ssl_with_ca_file_has_no_sasl_keys() -> None:
     s = Settings.from_env(
-        {"RAGWATCH_KAFKA_SECURITY_PROTOCOL": "SSL", "RAGWATCH_KAFKA_SSL_CAFILE": "ca.pem"}
+        {"RAGWATCH_KAFKA_SECURITY_PROTOCOL": "SSL", "RAGWATCH_KAFKA_SSL_CAFILE": CA_FILE}
     )
     assert s.kafka_config() == {
         "bootstrap.servers": "localhost:9092",
         "security.protocol": "SSL",
-        "ssl.ca.location": "ca.pem",
+        "ssl.ca.location": CA_FILE,
     }
 
 
 def test_kafka_config_keys_are_librdkafka_dotted_names() -> None:
-    s = Settings.from_env({**SASL_ENV, "RAGWATCH_KAFKA_SSL_CAFILE": "ca.pem"})
+    s = Settings.from_env({**SASL_ENV, "RAGWATCH_KAFKA_SSL_CAFILE": CA_FILE})
     for key in s.kafka_config():
         assert "_" not in key and "." in key and key == key.lower()
 
@@ -550,7 +584,8 @@ def test_secrets_never_appear_in_repr_or_str(secret_settings: Settings) -> None:
 def test_secrets_never_appear_in_describe(secret_settings: Settings) -> None:
     described = secret_settings.describe()
     _assert_no_secret(repr(described))
-    assert described["RAGWATCH_KAFKA_SASL_PASSWORD"] == "Secret('**********')"
+    assert described["RAGWATCH_KAFKA_SASL_PASSWORD"] == "**********"
+    assert described["RAGWATCH_SERVE_TOKEN"] == described["RAGWATCH_WEBHOOK_HMAC_SECRET"]
     assert described["RAGWATCH_REDIS_URL"] == "rediss://default:***@cache.example.com:6380/1"
     assert described["RAGWATCH_WEBHOOK_URLS"] == (
         "https://hooks.slack.com/***,http://receiver.local:9000/***"
@@ -685,7 +720,7 @@ def test_describe_values_are_printable_strings() -> None:
     assert described["RAGWATCH_WEBHOOK_URLS"] == ""
     assert described["RAGWATCH_TOPIC_PARTITIONS"] == "4"
     assert described["RAGWATCH_STATE_DIR"] == ".ragwatch"
-    assert described["RAGWATCH_KAFKA_SASL_PASSWORD"] == "Secret('')"
+    assert described["RAGWATCH_KAFKA_SASL_PASSWORD"] == ""  # not set
 
 
 def test_describe_of_non_secret_settings_reads_back_to_the_same_settings() -> None:
@@ -693,7 +728,7 @@ def test_describe_of_non_secret_settings_reads_back_to_the_same_settings() -> No
         {
             "RAGWATCH_KAFKA_BOOTSTRAP": "k1:9092,k2:9092",
             "RAGWATCH_KAFKA_SECURITY_PROTOCOL": "ssl",
-            "RAGWATCH_KAFKA_SSL_CAFILE": "/ca.pem",
+            "RAGWATCH_KAFKA_SSL_CAFILE": CA_FILE,
             "RAGWATCH_TOPIC_PREFIX": "p.",
             "RAGWATCH_TOPIC_PARTITIONS": "6",
             "RAGWATCH_WEBHOOK_TIMEOUT": "1.5",
@@ -724,3 +759,253 @@ def test_bug_redis_password_in_query_string_is_masked() -> None:
 def test_bug_bootstrap_port_out_of_range_is_refused(port: str) -> None:
     with pytest.raises(ConfigError, match=r"^RAGWATCH_KAFKA_BOOTSTRAP: "):
         Settings.from_env({"RAGWATCH_KAFKA_BOOTSTRAP": f"k1:{port}"})
+
+
+# ---------------------------------------------------------------- bounds (issue 29, point 9)
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "message"),
+    [
+        ("RAGWATCH_SERVE_PORT", "abc", "expected a port number 1..65535, got 'abc'"),
+        (
+            "RAGWATCH_TOPIC_PREFIX",
+            "a b/c",
+            "a topic name takes letters, digits, '.', '_' and '-' (Kafka), got 'a b/c'",
+        ),
+        (
+            "RAGWATCH_EXTERNAL_URL",
+            "javascript:alert(1)",
+            "expected an http(s)://host[:port][/path] URL, got 'javascript:alert(1)'",
+        ),
+        (
+            "RAGWATCH_STATE_DIR",
+            "/proc/nope",
+            "'/proc/nope' is under /proc, a kernel file system: no state can be kept there",
+        ),
+        (
+            "RAGWATCH_KAFKA_SESSION_TIMEOUT",
+            "100000",
+            "expected 6 s..30 min (seconds, or a duration such as 30s or 5m), got '100000'",
+        ),
+        (
+            "RAGWATCH_KAFKA_FETCH_MAX_WAIT_MS",
+            "999999999",
+            "expected an integer 1..30,000 ms, got '999999999'",
+        ),
+        (
+            "RAGWATCH_OTLP_GRACE",
+            "1e12",
+            "expected 100 ms..1 h (seconds, or a duration such as 30s or 5m), got '1e12'",
+        ),
+        (
+            "RAGWATCH_ALERTMANAGER_RESEND",
+            "0.001",
+            "expected 1 s..1 h (seconds, or a duration such as 30s or 5m), got '0.001'",
+        ),
+    ],
+)
+def test_the_issues_examples_are_one_line_naming_the_variable(
+    var: str, raw: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({var: raw})
+    assert str(info.value) == f"{var}: {message}"
+
+
+@pytest.mark.parametrize(
+    ("var", "lowest", "highest", "below", "above"),
+    [
+        ("RAGWATCH_KAFKA_SESSION_TIMEOUT", "6", "30m", "5.9", "1801"),
+        ("RAGWATCH_KAFKA_FETCH_MAX_WAIT_MS", "1", "30000", "0", "30001"),
+        ("RAGWATCH_TOPIC_PARTITIONS", "1", "1000", "0", "1001"),
+        ("RAGWATCH_WEBHOOK_TIMEOUT", "0.1", "300", "0.09", "301"),
+        ("RAGWATCH_WEBHOOK_MAX_ATTEMPTS", "1", "1000", "0", "1001"),
+        ("RAGWATCH_ALERTMANAGER_RESEND", "1s", "1h", "0.999", "3601"),
+        ("RAGWATCH_MAX_SERIES", "1", "10000000", "0", "10000001"),
+        ("RAGWATCH_MAX_CLOCK_SKEW", "1", "36500d", "0.5", "36501d"),
+        ("RAGWATCH_SLOW_MESSAGE", "0.001", "30m", "0.0009", "31m"),
+        ("RAGWATCH_SNAPSHOT_INTERVAL", "0.1", "1h", "0.05", "61m"),
+        ("RAGWATCH_STATUS_INTERVAL", "0.1", "10m", "0.05", "601"),
+        ("RAGWATCH_OTLP_GRACE", "100ms", "3600", "99ms", "3601"),
+    ],
+)
+def test_numbers_are_bounded_by_what_they_mean(
+    var: str, lowest: str, highest: str, below: str, above: str
+) -> None:
+    for ok in (lowest, highest):
+        Settings.from_env({var: ok})
+    for bad in (below, above, "nan", "inf", "-1", "1e400"):
+        with pytest.raises(ConfigError, match=rf"^{var}: expected .*, got '{re.escape(bad)}'$"):
+            Settings.from_env({var: bad})
+
+
+def test_every_durations_unit_reads_as_seconds() -> None:
+    s = Settings.from_env(
+        {
+            "RAGWATCH_OTLP_GRACE": "250ms",
+            "RAGWATCH_WEBHOOK_TIMEOUT": "1.5s",
+            "RAGWATCH_SNAPSHOT_INTERVAL": "2m",
+            "RAGWATCH_ALERTMANAGER_RESEND": "1h",
+            "RAGWATCH_MAX_CLOCK_SKEW": "1d",
+            "RAGWATCH_STATUS_INTERVAL": "1e1",
+        }
+    )
+    assert (s.otlp_grace, s.webhook_timeout, s.snapshot_interval) == (0.25, 1.5, 120.0)
+    assert (s.alertmanager_resend, s.max_clock_skew, s.status_interval) == (3600.0, 86400.0, 10.0)
+
+
+def test_topic_names_stay_within_kafkas_249_characters() -> None:
+    longest = "p" * 230
+    s = Settings.from_env({"RAGWATCH_TOPIC_PREFIX": longest})
+    assert max(len(s.topic(t)) for t in TOPICS) == 249
+    with pytest.raises(ConfigError, match=r"^RAGWATCH_TOPIC_PREFIX: at most 230 characters"):
+        Settings.from_env({"RAGWATCH_TOPIC_PREFIX": longest + "p"})
+    with pytest.raises(ConfigError, match=r"^RAGWATCH_OTLP_TOPIC: with the topic prefix 250"):
+        Settings.from_env({"RAGWATCH_TOPIC_PREFIX": longest, "RAGWATCH_OTLP_TOPIC": "o" * 20})
+
+
+def test_the_otlp_topic_cannot_be_one_of_ragwatchs_own() -> None:
+    with pytest.raises(ConfigError, match=r"'p\.ragwatch\.requests' is one of ragwatch's own"):
+        Settings.from_env(
+            {"RAGWATCH_TOPIC_PREFIX": "p.", "RAGWATCH_OTLP_TOPIC": "ragwatch.requests"}
+        )
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("javascript:alert(1)", "expected an http"),
+        ("file:///etc/passwd", "expected an http"),
+        ("ftp://ragwatch.example", "expected an http"),
+        ("https://", "expected an http"),
+        ("https://ragwatch example", "expected an http"),
+        ("https://ragwatch.example:99999", "expected an http"),
+        ("https://admin:hunter2@ragwatch.example", "must not hold a user or password"),
+        ("https://ragwatch.example/?tab=alerts", "must not have a query or fragment"),
+        ("https://ragwatch.example/#alerts", "must not have a query or fragment"),
+    ],
+)
+def test_external_url_is_a_plain_http_link(url: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^RAGWATCH_EXTERNAL_URL: {why}") as info:
+        Settings.from_env({"RAGWATCH_EXTERNAL_URL": url})
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["", "http://10.0.0.5:8080", "https://ops.example.com/ragwatch/"])
+def test_external_url_accepts_http_links_and_empty_for_none(url: str) -> None:
+    assert Settings.from_env({"RAGWATCH_EXTERNAL_URL": url}).external_url == url
+
+
+def test_state_dir_is_checked_as_far_as_possible_without_creating_it(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for bad, why in (
+        ("/proc/nope", "is under /proc, a kernel file system"),
+        ("/sys/kernel/ragwatch", "is under /sys"),
+        (str(a_file / "state"), f"{a_file} is a file, not a directory"),
+        (str(a_file), "is a file, not a directory"),
+        ("~/.ragwatch", "'~' is not expanded here"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^RAGWATCH_STATE_DIR: .*{re.escape(why)}"):
+            Settings.from_env({"RAGWATCH_STATE_DIR": bad})
+    not_yet = tmp_path / "a" / "b"
+    assert Settings.from_env({"RAGWATCH_STATE_DIR": str(not_yet)}).state_dir == not_yet
+    assert not not_yet.exists()  # reading settings creates nothing
+
+
+def test_state_subdir_creates_it_or_says_in_one_line_why_it_cannot(tmp_path: Path) -> None:
+    s = Settings.from_env({"RAGWATCH_STATE_DIR": str(tmp_path / "state")})
+    assert s.state_subdir("faust") == tmp_path / "state" / "faust"
+    assert (tmp_path / "state" / "faust").is_dir()
+    blocked = Settings.from_env({"RAGWATCH_STATE_DIR": str(tmp_path / "later")})
+    (tmp_path / "later").write_text("a file took its place after the settings were read")
+    with pytest.raises(ConfigError, match=r"^RAGWATCH_STATE_DIR: cannot create .*later/faust: "):
+        blocked.state_subdir("faust")
+
+
+def test_ca_file_is_a_file_not_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^RAGWATCH_KAFKA_SSL_CAFILE: not a file: "):
+        Settings.from_env({"RAGWATCH_KAFKA_SSL_CAFILE": str(tmp_path)})
+    # one not on this machine is checked where a Kafka client starts, not here: settings
+    # are checked on machines that do not hold it (a deployment's env files, in CI)
+    elsewhere = tmp_path / "ca.pem"
+    assert Settings.from_env({"RAGWATCH_KAFKA_SSL_CAFILE": str(elsewhere)}).kafka_ssl_cafile == (
+        elsewhere
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [
+        ("0.0.0.0", True),
+        ("::", True),
+        ("127.0.0.1", True),
+        ("localhost", True),
+        ("ragwatch-serve.monitoring.svc", True),
+        ("http://0.0.0.0", False),
+        ("0.0.0.0:8080", False),
+        ("[::1]", False),
+        ("my host", False),
+    ],
+)
+def test_serve_host_is_an_address_or_a_host_name(host: str, ok: bool) -> None:
+    if ok:
+        assert Settings.from_env({"RAGWATCH_SERVE_HOST": host}).serve_host == host
+    else:
+        with pytest.raises(ConfigError, match=r"^RAGWATCH_SERVE_HOST: expected an IP address"):
+            Settings.from_env({"RAGWATCH_SERVE_HOST": host})
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://cache:6379/zero", "redis:///0", "redis://cache:port/0", "unix://"]
+)
+def test_redis_url_needs_a_host_and_a_database_number(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"^RAGWATCH_REDIS_URL: "):
+        Settings.from_env({"RAGWATCH_REDIS_URL": url})
+
+
+def test_the_cli_prints_a_bad_setting_as_one_line_and_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ragwatch.cli import main
+
+    assert main(["settings"], environ={"RAGWATCH_SERVE_PORT": "abc"}) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        "ragwatch: error: RAGWATCH_SERVE_PORT: expected a port number 1..65535, got 'abc'\n",
+    )
+
+
+def test_ragwatch_settings_shows_unset_secrets_empty_and_set_ones_masked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ragwatch.cli import main
+
+    assert main(["settings"], environ={"RAGWATCH_SERVE_TOKEN": SERVE_TOKEN}) == 0
+    lines = {
+        line.split("=", 1)[0]: line.split("=", 1)[1].split("    # ")[0]
+        for line in capsys.readouterr().out.splitlines()
+    }
+    assert lines["RAGWATCH_SERVE_TOKEN"] == "**********"
+    assert lines["RAGWATCH_KAFKA_SASL_PASSWORD"] == lines["RAGWATCH_WEBHOOK_HMAC_SECRET"] == ""
+    _assert_no_secret(repr(lines))
+    assert "Secret(" not in repr(lines)
+
+
+def test_a_ca_file_that_cannot_be_read_is_one_line_where_the_client_is_made(
+    tmp_path: Path,
+) -> None:
+    """Checked where it is read: by the client config (the env examples of deploy/ name a
+    CA file of the target host, so the settings alone do not require it here)."""
+    missing = tmp_path / "nope.pem"
+    s = Settings.from_env(
+        {"RAGWATCH_KAFKA_SECURITY_PROTOCOL": "SSL", "RAGWATCH_KAFKA_SSL_CAFILE": str(missing)}
+    )
+    with pytest.raises(ConfigError, match=rf"^RAGWATCH_KAFKA_SSL_CAFILE: cannot read {missing}"):
+        s.kafka_config()
+    from ragwatch.kafka import KafkaClient
+
+    with pytest.raises(ConfigError, match=r"^RAGWATCH_KAFKA_SSL_CAFILE: cannot read "):
+        KafkaClient.of(s).aiokafka()

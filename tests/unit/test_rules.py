@@ -226,10 +226,17 @@ def test_for_durations(value: Any, seconds: float) -> None:
         ({"severity": "CRITICAL"}, r"^rule R\.severity"),
         ({"summary": "x"}, r"^rule: unknown field\(s\) summary"),
         ({"summary": "x", "runbook": "y"}, r"^rule: unknown field\(s\) runbook, summary"),
-        ({"labels": {"team": 1}}, r"^rule R\.labels: must map names to strings"),
-        ({"labels": ["team"]}, r"^rule R\.labels: must map names to strings"),
-        ({"annotations": {"summary": None}}, r"^rule R\.annotations: must map names"),
-        ({"annotations": "summary"}, r"^rule R\.annotations: must map names"),
+        ({"labels": {"team": 1}}, r"^rule R\.labels\.team: expected a string, got 1$"),
+        ({"labels": ["team"]}, r"^rule R\.labels: expected a mapping of names to strings"),
+        ({"labels": {"te am": "x"}}, r"^rule R\.labels: 'te am' is not a label name"),
+        ({"labels": {3: "x"}}, r"^rule R\.labels: expected a label name, got 3$"),
+        ({"annotations": {"summary": None}}, r"^rule R\.annotations\.summary: expected a str"),
+        ({"annotations": "summary"}, r"^rule R\.annotations: expected a mapping of names"),
+        ({"expr": "gb_per_hour > 1e999"}, r"^rule R\.expr: the threshold of gb_per_hour must"),
+        ({"expr": "gb_per_hour > 1e300TB"}, r"^rule R\.expr: the threshold .* got 1e300TB$"),
+        ({"expected": "1e999"}, r"^rule R\.expected: must be a finite number .*'1e999'$"),
+        ({"expected": [0]}, r"^rule R\.expected: must be a finite number .*, got a list$"),
+        ({"for": "9" * 400 + "d"}, r"^rule R\.for: bad duration"),
         ({"expected": "zero"}, r"^rule R\.expected: unknown signal .zero. for .process."),
         ({"expected": True}, r"^rule R\.expected: must be a finite number"),
         (
@@ -395,8 +402,19 @@ rules:
     assert (b.name, b.series, b.for_s) == ("GpuFull", "gpu", 0.0)
 
 
-def test_empty_rules_list_is_allowed(tmp_path: Path) -> None:
-    assert load_rules(write(tmp_path, "rules: []\n")) == []
+def test_an_empty_rules_list_is_refused(tmp_path: Path) -> None:
+    """A rules file with no rule would never page: refused, naming the file and line."""
+    path = write(tmp_path, "# our rules\nrules: []\n")
+    with pytest.raises(ConfigError) as err:
+        load_rules(path)
+    assert str(err.value) == (
+        f"{path}:2:8: rules: the list is empty: without a rule nothing would ever page "
+        "(set no rules file to run the shipped default rules)"
+    )
+
+
+def test_a_number_yaml_reads_as_a_string_is_still_a_number() -> None:
+    assert rule(expected="1e3").expected == 1000.0  # YAML 1.1 reads 1e3 (no dot) as text
 
 
 @pytest.mark.parametrize(
@@ -407,19 +425,19 @@ def test_empty_rules_list_is_allowed(tmp_path: Path) -> None:
         ("rules:\n", r"expected a top-level 'rules:' list"),
         ("rules: {name: R}\n", r"expected a top-level 'rules:' list"),
         ("- name: R\n  expr: gb_per_hour > 1\n", r"expected a top-level 'rules:' list"),
-        ("rules: [\n", r"invalid YAML"),
-        ("rules:\n  - name: R\n   expr: x\n", r"invalid YAML"),
+        ("rules: [\n", r":2:1: expected the node content, but found '<stream end>'"),
+        ("rules:\n  - name: R\n   expr: x\n", r":3:4: expected <block end>, but found"),
         (
             "rules:\n  - name: A\n    expr: gb_per_hour > 1\n  - name: A\n    expr: tte_h < 1\n",
-            r"duplicate rule name\(s\) A",
+            r":4:11: rules\[1\]\.name: duplicate rule name 'A' \(rules\[0\] has it\)$",
         ),
         (
             "rules:\n  - name: A\n    expr: gb_per_hour > 1\n  - oops\n",
-            r"rules\[1\]: expected a mapping",
+            r":4:5: rules\[1\]: expected a mapping, got the string 'oops'$",
         ),
         (
             "rules:\n  - name: A\n    expr: gb_per_hour > 1\n  - name: B\n    expr: x >> 1\n",
-            r"rule B\.expr: cannot parse 'x >> 1'",
+            r":5:11: rules\[1\]\.expr: cannot parse 'x >> 1'",
         ),
     ],
     ids=[
@@ -439,8 +457,8 @@ def test_bad_files(tmp_path: Path, text: str, match: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError, match=match) as err:
         load_rules(path)
-    if "rule B" not in match:  # errors inside a named rule name the rule, not the file
-        assert str(path) in str(err.value)
+    assert str(err.value).startswith(f"{path}:" if match.startswith(":") else f"{path}: ")
+    assert "\n" not in str(err.value)
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
@@ -517,4 +535,94 @@ def test_an_outlier_clusters_resolution_names_the_cluster_that_ended() -> None:
     (fired, fired_text), (resolved, resolved_text) = summaries
     assert (fired, resolved) == ("firing", "resolved")
     assert "a new cluster of " in fired_text and "n/a" not in fired_text
-    assert resolved_text == fired_text  # the same cluster, not "a cluster of n/a"
+    size = fired_text.split("a new cluster of ")[1].split()[0]
+    # the same cluster (not "a cluster of n/a"), said in the past tense (issue 29, point 10)
+    assert f"the cluster of {size} unusual requests ended after " in resolved_text
+
+
+# ---------------------------------------------------------------- file and line (issue 29, point 9)
+
+RULES_WITH_A_BAD_FOURTH = """\
+rules:
+  - {name: A, series: gpu, expr: temp_c > 90}
+  - {name: B, series: gpu, expr: temp_c > 95}
+  - name: C
+    series: gpu
+    expr: fb_used_ratio > 0.97
+  - name: D
+    series: gpu
+    for: 5m
+    severity: critical
+    # the threshold is beyond any float
+    expr: fb_used_bytes > 1e999
+"""
+
+
+def test_a_bad_value_names_the_file_the_line_and_the_path(tmp_path: Path) -> None:
+    path = write(tmp_path, RULES_WITH_A_BAD_FOURTH)
+    with pytest.raises(ConfigError) as err:
+        load_rules(path)
+    assert str(err.value) == (
+        f"{path}:12:11: rules[3].expr: the threshold of fb_used_bytes must be a finite number, "
+        "got 1e999"
+    )
+
+
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "rules:\n  - name: A\n    expr: temp_c > 1\n    series: gpu\n  severity: x\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_rules(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:5:3: expected <block end>, but found '?'")
+    assert "\n" not in message and "<unicode string>" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "rules:\n  - name: A\n    series: gpu\n    expr: temp_c > 90\n    expr: temp_c > 50\n",
+            ":5:5: duplicate key 'expr' (first at 4:5)",
+        ),
+        (
+            "rules:\n  - {name: A, series: gpu, expr: temp_c > 90}\nalerts: []\n",
+            ":3:9: alerts: unknown field (a rules file holds one list, rules:)",
+        ),
+        (
+            "groups:\n  - name: g\n    rules: []\n",
+            ": expected a top-level 'rules:' list (this looks like a Prometheus rules file: "
+            "ragwatch's has no groups)",
+        ),
+        (
+            "rules:\n  - {name: A, series: gpu, expr: temp_c > 90, labels: {team: [ml]}}\n",
+            ":2:62: rules[0].labels.team: expected a string, got a list",
+        ),
+        (
+            "rules:\n  - name: A\n    series: gpu\n    expr: temp_c > 90\n    expected: .inf\n",
+            ":5:15: rules[0].expected: must be a finite number or a signal name, got inf",
+        ),
+    ],
+    ids=["duplicate-key", "unknown-top-level", "prometheus-groups", "label-list", "expected-inf"],
+)
+def test_every_key_is_checked_where_it_is(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_rules(path)
+    assert str(err.value) == f"{path}{message}"
+
+
+def test_the_cli_prints_a_bad_rules_file_as_one_line_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragwatch.cli import main
+
+    path = write(tmp_path, RULES_WITH_A_BAD_FOURTH)
+    env = {"RAGWATCH_RULES_FILE": str(path)}
+    assert main(["replay", str(tmp_path / "recording.jsonl")], environ=env) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"ragwatch: error: {path}:12:11: rules[3].expr: the threshold of fb_used_bytes must be "
+        "a finite number, got 1e999\n"
+    )
