@@ -38,6 +38,8 @@ from typing import Any, TextIO
 
 INTERVAL_S = 10.0  # between two plain lines
 _TTY_REFRESH_S = 0.1  # between two redraws of the bar
+BAR_WIDTH = 20
+_BESIDE_BAR = BAR_WIDTH + 18  # the bar, "/", percentage and time left, the gaps, a margin
 
 
 class Progress:
@@ -76,7 +78,7 @@ class Progress:
         if enabled and (_is_tty(self.out) if tty is None else tty):
             self._bar = _rich_bar(self.out)
             if self._bar is not None:
-                self._task = self._bar.add_task(self._label(), total=total)
+                self._task = self._bar.add_task(self._label(), total=total, detail="")
                 self._bar.start()
 
     # ------------------------------------------------------------ counting
@@ -123,9 +125,7 @@ class Progress:
         if self._bar is not None:
             if now >= self._next:
                 self._next = now + _TTY_REFRESH_S
-                self._bar.update(
-                    self._task, completed=self.done, description=self._label(), refresh=True
-                )
+                self._redraw()
             return
         if now >= self._next:
             self._next = now + self.interval_s
@@ -153,9 +153,7 @@ class Progress:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.update(
-                self._task, completed=self.done, description=self._label(), refresh=True
-            )
+            self._redraw()
             self._bar.stop()
             self._bar = None
         self.enabled = False
@@ -180,10 +178,19 @@ class Progress:
     ) -> None:
         self.close()
 
+    def _redraw(self) -> None:
+        label, detail = self._label(), self.detail
+        room = self._bar.console.width - len(label) - len(f"{self.total or 0:,.0f}") * 2
+        room -= _BESIDE_BAR
+        if len(detail) > room:  # the detail is cut to the line, never the bar
+            detail = detail[: room - 1] + "…" if room > 12 else ""
+        self._bar.update(
+            self._task, completed=self.done, description=label, detail=detail, refresh=True
+        )
+
     def _label(self) -> str:
         stage = f" {self.stage}" if self.stage else ""
-        detail = self.detail
-        return f"[{self.what}]{stage} {self.unit}" + (f" ({detail})" if detail else "")
+        return f"[{self.what}]{stage} {self.unit}"
 
     def _write(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # a closed or broken stderr
@@ -208,19 +215,23 @@ def _rich_bar(out: TextIO) -> Any:
             MofNCompleteColumn,
             TaskProgressColumn,
             TextColumn,
-            TimeElapsedColumn,
             TimeRemainingColumn,
         )
         from rich.progress import Progress as RichProgress
+        from rich.table import Column
     except ImportError:
         return None
+
+    def fixed() -> Column:
+        return Column(no_wrap=True)
+
     return RichProgress(
-        TextColumn("{task.description}", markup=False),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        TextColumn("{task.description}", markup=False, table_column=fixed()),
+        BarColumn(bar_width=BAR_WIDTH, table_column=fixed()),
+        MofNCompleteColumn(table_column=fixed()),
+        TaskProgressColumn(table_column=fixed()),
+        TimeRemainingColumn(table_column=fixed()),
+        TextColumn("{task.fields[detail]}", markup=False, table_column=fixed()),
         console=Console(file=out),
         transient=False,
         auto_refresh=False,
