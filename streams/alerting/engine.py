@@ -54,6 +54,7 @@ class AlertState:
     cleared_evidence: float | None = None  # the series' evidence counter at cleared_since
 
 
+RESOLVED_SUMMARY = "resolved_summary"  # the annotation that is a recovered alert's summary
 FLAP_WINDOW_S = 6 * 3600.0  # firing again this soon after resolving is a flap
 MAX_RECENT_RESOLVED = 100_000  # resolved alerts remembered to count flaps
 
@@ -63,7 +64,13 @@ class AlertEngine:
 
     Resolutions say why (``Alert.resolution``): the condition cleared ("recovered"), the
     rule's baseline accepted the deviation as a new level ("relearned", with an
-    annotation ``resolution`` that says so), or the series went silent ("gone"). An alert
+    annotation ``resolution`` that says so), or the series went silent ("gone"). A rule's
+    ``resolved_summary`` annotation is the summary of its alert once it has recovered:
+    what happened, in the past tense, and the engine adds how long it lasted (" after
+    1.2 h"); the firing alert's ``description`` (the present, while it fires) is left
+    out then. Pending and firing alerts never carry ``resolved_summary``. A firing alert
+    whose series ended says so as its summary ("ended after 11.9 h: its series went
+    silent (no data since then); while firing: ..."). An alert
     that fires again within ``flap_window_s`` of resolving is a flap: counted per
     fingerprint in :attr:`flaps` and marked on its transition.
     """
@@ -170,7 +177,7 @@ class AlertEngine:
             for fp, state in self._states.items()
             if all(state.alert.labels.get(k) == v for k, v in match.items())
         ]
-        return self.clear_fingerprints(gone, ts, "its series went silent: no data since this time")
+        return self.clear_fingerprints(gone, ts, "its series went silent (no data since then)")
 
     def clear_fingerprints(self, fps: Iterable[str], ts: float, note: str) -> list[Transition]:
         """Resolve the active alerts among ``fps`` as gone, with ``note`` as the reason (a
@@ -188,7 +195,7 @@ class AlertEngine:
                 ends_at=end,
                 at=end,
                 resolution="gone",
-                annotations={**a.annotations, "resolution": note},
+                annotations=_gone(a, state.status, end, note),
             )
             self._remember(fp, state.status, end)
             out.append(Transition(resolved, state.status))
@@ -264,12 +271,14 @@ class AlertEngine:
         at: float,
     ) -> Alert:
         value = rule.value(signals)
+        annotations = rule.render(labels, signals)
+        annotations.pop(RESOLVED_SUMMARY, None)  # only a recovered alert's (_resolution)
         return Alert(
             rule=rule.name,
             severity=rule.severity,
             status=status,
             labels=dict(labels),  # the caller's dict is reused across evaluations
-            annotations=rule.render(labels, signals),
+            annotations=annotations,
             value=0.0 if value != value else value,
             expected=rule.expected_value(signals),
             starts_at=starts_at,
@@ -288,11 +297,12 @@ def _evidence(rule: Rule, signals: Mapping[str, float | None]) -> float | None:
 
 def _resolution(rule: Rule, alert: Alert, signals: Mapping[str, float | None]) -> Alert:
     """A firing alert's resolution: "relearned" if its baseline accepted a new level while
-    it fired (and an annotation that says so, with the level before), else "recovered"."""
+    it fired (and an annotation that says so, with the level before), else "recovered"
+    (and, if the rule has a ``resolved_summary``, that as its summary)."""
     family = rule.baseline
     at = signals.get(f"{family}_relearned_at") if family else None
     if family is None or at is None or at < alert.starts_at:
-        return replace(alert, resolution="recovered")
+        return _recovered(rule, alert, signals)
     before = signals.get(f"{family}_relearned_from")
     now = rule.expected_value(signals)
     note = (
@@ -304,6 +314,44 @@ def _resolution(rule: Rule, alert: Alert, signals: Mapping[str, float | None]) -
     return replace(
         alert, resolution="relearned", annotations={**alert.annotations, "resolution": note}
     )
+
+
+def _recovered(rule: Rule, alert: Alert, signals: Mapping[str, float | None]) -> Alert:
+    """A recovered alert: its summary says what happened and how long it lasted, from the
+    rule's ``resolved_summary`` over the signals at the resolution (else as it was)."""
+    if RESOLVED_SUMMARY not in rule.annotations:
+        return replace(alert, resolution="recovered")
+    text = rule.render(alert.labels, signals)[RESOLVED_SUMMARY]
+    ends = alert.ends_at if alert.ends_at is not None else alert.starts_at
+    annotations = {k: v for k, v in alert.annotations.items() if k != "description"}
+    annotations["summary"] = f"{text} after {lasted(ends - alert.starts_at)}"
+    return replace(alert, resolution="recovered", annotations=annotations)
+
+
+def _gone(alert: Alert, status: str, end: float, note: str) -> dict[str, str]:
+    """The annotations of an alert resolved because its series ended: ``resolution`` says
+    why; a firing one's summary says so in the past tense, and what it fired with."""
+    ann = {**alert.annotations, "resolution": note}
+    if status == "firing":
+        ann.pop("description", None)  # the present while it fired (a time to OOM...)
+        was = ann.get("summary")
+        ann["summary"] = f"ended after {lasted(end - alert.starts_at)}: {note}" + (
+            f"; while firing: {was}" if was else ""
+        )
+    return ann
+
+
+def lasted(seconds: float) -> str:
+    """How long an alert lasted, for a person: minutes under an hour, then hours, then days.
+
+    >>> lasted(25 * 60), lasted(4320), lasted(3 * 86400)
+    ('25 min', '1.2 h', '3.0 days')
+    """
+    if seconds < 3600:
+        return f"{max(seconds, 0.0) / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def _num(v: float) -> str:

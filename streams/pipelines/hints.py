@@ -25,7 +25,11 @@ worker to be joined (always true with one worker; see the README for several). T
 joined only within ``window_s`` of the alert's own event time: a worker reads topics and
 partitions at different paces (a catch-up reads one hours ahead of another), so the other
 side's state is used only if it is about the same time, and the hint says so when it is
-not ("GPU telemetry of gpu-node-01 is read up to 2.0 h before this alert: not joined").
+not ("GPU telemetry of gpu-node-01 has not caught up with this alert yet (2.0 h behind),
+so GPU causes cannot be checked: look at the service itself first").
+
+Every hint reads as advice to a person: what else is wrong, and what to suspect or do;
+never the worker's internal state.
 
 >>> from ragwatch.schema import Alert
 >>> from ragwatch.streams.pipelines.gpu import GpuPipeline
@@ -35,8 +39,8 @@ not ("GPU telemetry of gpu-node-01 is read up to 2.0 h before this alert: not jo
 ...           annotations={}, value=1.0, expected=None, starts_at=0.0, ends_at=None,
 ...           fingerprint="f")
 >>> print(c.hint(a))  # doctest: +NORMALIZE_WHITESPACE
-no request telemetry names h9 as its host and no other GPU signal stands out: nothing to
-correlate with yet
+nothing else on the GPUs of h9 stands out, and no RAG service reports requests from h9:
+the alert's own signal is all there is to go on
 """
 
 from __future__ import annotations
@@ -133,17 +137,22 @@ class Correlator:
 
     def _gpu_lag(self, host: str, at: float) -> str | None:
         """Why the host's GPU state cannot be joined with an alert at ``at`` (None: it
-        can): no GPU telemetry of it, or only far from that time."""
+        can): the worker has its GPU telemetry only from far from that time."""
         times = [s.last_ts for s in self.gpus.host_series(host).values()]
         if not times:
             return None  # nothing to join: the hint says what it knows without it
         gap = max(times) - at
         if abs(gap) <= self.window_s:
             return None
-        side = "after" if gap > 0 else "before"
+        hours = f"{abs(gap) / 3600:.1f} h"
+        if gap < 0:
+            return (
+                f"GPU telemetry of {host} has not caught up with this alert yet ({hours} "
+                "behind), so GPU causes cannot be checked"
+            )
         return (
-            f"GPU telemetry of {host} is read up to {abs(gap) / 3600:.1f} h {side} this "
-            "alert: not joined"
+            f"the GPU telemetry of {host} at hand is from {hours} after this alert (the "
+            "worker is catching up), so GPU causes at its time cannot be checked"
         )
 
     # ------------------------------------------------------------------ the two views
@@ -158,11 +167,11 @@ class Correlator:
         effects = f"{instance} also shows {', '.join(symptoms)}" if symptoms else ""
         text = ", while ".join(x for x in (", ".join(causes), effects) if x)
         if lag:
-            suspicion = f"{lag}: suspect the service itself until it is"
+            suspicion = f"{lag}: look at the service itself first"
         elif host is None:
             suspicion = (
-                f"the host of {instance} is unknown (the SDK sends it; set host=), so no GPU "
-                "signal can be joined: suspect the service itself"
+                f"the host of {instance} is unknown (set host= in the SDK), so GPU causes "
+                "cannot be checked: suspect the service itself"
             )
         elif self._active_events(host, "oom_kill"):
             suspicion = f"suspect GPU memory exhaustion on {host}: the OOM killer took a process"
@@ -216,18 +225,20 @@ class Correlator:
                 f"services on {host} ({', '.join(served)}) are not degraded yet: restart "
                 f"pid {culprit.pid} before the CUDA OOM killer does{when}"
                 if served
-                else f"suspect a leak in pid {culprit.pid}{when}; no request telemetry names "
-                f"{host} as its host"
+                else f"suspect a leak in pid {culprit.pid}{when}; no RAG service reports "
+                f"requests from {host}, so none can be checked for harm"
             )
         elif degraded:
             suspicion = f"suspect the GPU problem on {host} degrading {names}"
         else:
             served = [i for i, _ in instances]
             suspicion = (
-                f"services on {host} ({', '.join(served)}) are healthy: no correlated signal"
+                f"services on {host} ({', '.join(served)}) look healthy and nothing else on "
+                "its GPUs stands out: the alert's own signal is all there is to go on"
                 if served
-                else f"no request telemetry names {host} as its host and no other GPU signal "
-                "stands out: nothing to correlate with yet"
+                else f"nothing else on the GPUs of {host} stands out, and no RAG service "
+                f"reports requests from {host}: the alert's own signal is all there is to "
+                "go on"
             )
         return f"{text}: {suspicion}" if text else suspicion
 

@@ -56,6 +56,23 @@ def test_demo_catches_the_leak_and_leaves_nothing_running(stack: EmbeddedStack) 
     assert our_processes() == before
 
 
+def as_the_docs_say(scenario: str, out: Any, keys: tuple[str, ...]) -> None:
+    """A fresh demo run's numbers are within what the docs quote: the runs recorded by
+    bench/docs_numbers.py (README's and docs/commands.md's blocks are rendered from them,
+    tests/unit/test_docs_numbers.py), widened by its stated tolerance. A change that moves
+    them fails here until the script is run again and the docs say the new numbers."""
+    from tests.bench_modules import load
+
+    tool = load("docs_numbers")
+    data = json.loads(tool.RESULTS.read_text())
+    said = "\n".join(ln for ln in out.stderr.splitlines() if ln.startswith("[demo] "))
+    got = tool.numbers(scenario, out.stdout, said)
+    for key in keys:
+        lo, hi = tool.spread(data, scenario, key)
+        tol = data["tolerance"][key]
+        assert got[key] is not None and lo - tol <= got[key] <= hi + tol, (key, got, lo, hi)
+
+
 def test_demo_uses_existing_kafka_and_redis_when_configured(stack: EmbeddedStack) -> None:
     before = our_processes()
     out = ragwatch("demo", env=stack.env(), timeout=200)
@@ -64,6 +81,16 @@ def test_demo_uses_existing_kafka_and_redis_when_configured(stack: EmbeddedStack
     assert "FIRING GpuMemoryLeak host=gpu-node-01 gpu=1 pid=4011" in out.stdout
     assert our_processes() == before
     assert all(s.alive for s in stack.services().values())
+    # what it injects, true for the scenario; the numbers the README quotes
+    assert (
+        "at minute 20, rag-worker pid 4011 on gpu-node-01 GPU 1 starts leaking 1.2 GB/h; "
+        "waiting for: GpuMemoryLeak alert for gpu-node-01 GPU 1 pid 4011"
+    ) in out.stderr
+    as_the_docs_say(
+        "leak",
+        out,
+        ("gb_per_hour", "increase_gb", "window_h", "tte_h", "webhook_bodies", "slack_messages"),
+    )
 
 
 def test_dev_up_is_idempotent_prints_exports_and_down_stops(tmp_path: Path) -> None:
@@ -274,3 +301,49 @@ def test_demo_all_pages_every_fault_with_its_culprit(stack: EmbeddedStack) -> No
     assert all(a["annotations"].get("summary") for a in firing)
     assert {a["labels"]["instance"] for a in firing if "instance" in a["labels"]} == {"rag-api-1"}
     assert our_processes() == before
+    # the alerts it does not wait for are consequences of the faults, and it says why
+    err = out.stderr
+    assert (
+        "[demo] also firing: ThroughputDrop service=rag-api instance=rag-api-1: the throughput "
+        "fault cuts rag-api-1's requests 37% and its tokens per request 36%"
+    ) in err
+    assert (
+        "[demo] also firing: GpuMemoryHigh host=gpu-node-01 gpu=1: the leak fills GPU 1 of "
+        "gpu-node-01"
+    ) in err
+    assert "UNEXPECTED" not in err
+    # progress while it waits: event time, messages processed, alerts so far
+    progress = re.findall(
+        r"^\[demo\] [\d.]+ of 13 simulated hours \([\d.]+%\), .*; event time "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d UTC, [\d,]+ messages processed, \d+ alerts? so far$",
+        err,
+        re.M,
+    )
+    assert len(progress) >= 3, err[-3000:]
+    # resolved alerts say what happened, in the past tense
+    resolved = {
+        a["labels"]["alertname"]: a["annotations"]["summary"]
+        for a in map(json.loads, out.stdout.splitlines())
+        if a["status"] == "resolved"
+    }
+    assert re.fullmatch(
+        r"rag-api \(rag-api-1\): the cluster of \d+ unusual requests ended after \d\.\d h",
+        resolved["RequestOutlierCluster"],
+    ), resolved
+    assert re.fullmatch(
+        r"rag-api \(rag-api-1\): retrieval P99 came back to \d+ ms \(baseline \d+ ms\) after "
+        r"\d\.\d h",
+        resolved["RetrievalSlowdown"],
+    ), resolved
+    # what docs/commands.md quotes of this scenario
+    as_the_docs_say(
+        "all",
+        out,
+        (
+            "expected",
+            "webhook_bodies",
+            "slack_messages",
+            "pagerduty_triggers",
+            "pagerduty_resolves",
+        ),
+    )
