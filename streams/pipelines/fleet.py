@@ -46,7 +46,6 @@ from ragwatch.streams.pipelines.hints import Correlator
 from ragwatch.streams.pipelines.metrics import MetricsPipeline
 from ragwatch.streams.pipelines.requests import RequestPipeline, RequestsMessage
 
-
 # told after each wave of envelopes which keys of a domain moved on, each with the event
 # time of its newest envelope (the worker's chart recorder: charts.SeriesRecorder.observe)
 Observer = Callable[[Domain, list[tuple[str, float]]], None]
