@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from ragwatch.commands.children import Children
 from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack, free_port
 from ragwatch.kafka_admin import ensure_topics
@@ -89,49 +90,17 @@ def shoot(url: str, png: Path, profile: Path, window: tuple[int, int] = WINDOW) 
         raise SystemExit(f"screenshots: chromium failed on {url}:\n{out.stderr[-2000:]}")
 
 
-class Children:
-    """``python -m ragwatch ...`` children, each in its own session, logs in ``run_dir``."""
-
-    def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
-        self.run_dir, self.env = run_dir, env
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        with open(self.run_dir / f"{name}.log", "wb") as out:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "ragwatch", *args],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self.procs[name]
-
-    def check(self) -> None:
-        for name, proc in self.procs.items():
-            if name != "agent" and proc.poll() is not None:
-                tail = (self.run_dir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise SystemExit(f"screenshots: {name} exited ({proc.returncode}):\n{tail}")
-
-    def stop_all(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+def check(children: Children) -> None:
+    """Stop with the log of a child (other than the agent) that exited."""
+    for name in children.dead():
+        tail = children.log_tail(name, 2000)
+        raise SystemExit(f"screenshots: {name} exited:\n{tail}")
 
 
 def wait_for(what: str, check: Callable[[], Any], children: Children, timeout_s: float) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        children.check()
+        check(children)
         if found := check():
             return found
         time.sleep(0.3)

@@ -15,13 +15,7 @@ alert that nothing in the scenario explains.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -29,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from ragwatch.commands.children import Children
 from ragwatch.commands.demo_scenarios import (
     GPUS,
     HEAL_AFTER,
@@ -41,7 +36,7 @@ from ragwatch.commands.demo_scenarios import (
 )
 from ragwatch.commands.demo_watch import Watch, check_receivers, say
 from ragwatch.config import Settings, parse_duration
-from ragwatch.embedded import EmbeddedStack, stop_process
+from ragwatch.embedded import EmbeddedStack
 from ragwatch.receiver import WebhookReceiver
 
 # speed, sample interval, simulated duration: faults play 12 h at 720x (an hour in five
@@ -76,55 +71,6 @@ inhibit_rules:
 DEFAULT_PACE = ("720", "10", "12h")
 
 
-class _Children:
-    """Subprocesses of the demo, each in its own session, logs in the run dir."""
-
-    def __init__(self, run_dir: Path, env: Mapping[str, str]) -> None:
-        self.run_dir, self.env = run_dir, dict(env)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *args: str) -> None:
-        with open(self.run_dir / f"{name}.log", "wb") as out:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "ragwatch", *args],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    def dead(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() is not None and n != "agent"]
-
-    def agent_done(self) -> bool:
-        return "agent" in self.procs and self.procs["agent"].poll() is not None
-
-    def agent_delivered(self) -> int | None:
-        """How many envelopes the agent delivered, from its last line (None: not said)."""
-        found = re.findall(r"\bdelivered=(\d+)", self.log_tail("agent", 4000))
-        return int(found[-1]) if found else None
-
-    def log_tail(self, name: str, chars: int = 1500) -> str:
-        with contextlib.suppress(OSError):
-            return (self.run_dir / f"{name}.log").read_text(errors="replace")[-chars:]
-        return ""
-
-    def stop_all(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            stop_process(proc.pid, 0.1)
-
-
 def expectations(scenario: str) -> list[Expectation]:
     """What ``ragwatch demo --scenario`` waits for (nothing, for ``healthy``)."""
     return story(scenario).expected
@@ -156,7 +102,7 @@ def _demo_env(
     return env
 
 
-def _start_agent(children: _Children, told: Story) -> tuple[float, float | None]:
+def _start_agent(children: Children, told: Story) -> tuple[float, float | None]:
     """The simulated fleet of the scenario, played at its pace; says what it injects and
     what the demo waits for. Returns the fleet's first event time and how many hours the
     demo watches it play (None: it ends when the alerts come, long before the end)."""
@@ -210,7 +156,7 @@ def run_demo(
     slack = WebhookReceiver().start()
     pager = WebhookReceiver().start()
     pager.status = 202  # as PagerDuty's Events API answers
-    children: _Children | None = None
+    children: Children | None = None
     deadline = time.monotonic() + timeout_s
     ok = False
     try:
@@ -226,7 +172,7 @@ def run_demo(
             f"kafka {demo_settings.kafka_bootstrap}; local receivers: webhook {receiver.url}, "
             f"Slack-like {slack.url}, PagerDuty-like {pager.url}"
         )
-        children = _Children(run_dir, env)
+        children = Children(run_dir, env)
         children.start("worker", "worker")
         children.start("notify", "notify")
         start, hours = _start_agent(children, told)

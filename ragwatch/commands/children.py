@@ -1,0 +1,71 @@
+"""The processes a demo starts: ``python -m ragwatch ...`` children, as a user starts them.
+
+Used by ``ragwatch demo`` and ``scripts/screenshots.py``. Each child runs in its own
+session, with its output in ``<run_dir>/<name>.log``; :meth:`Children.stop_all` stops
+every process group it started, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from ragwatch.embedded import stop_process
+
+
+class Children:
+    """``python -m ragwatch ...`` subprocesses, each in its own session (so a stop reaches
+    what they start), logs in ``run_dir``."""
+
+    def __init__(self, run_dir: Path, env: Mapping[str, str]) -> None:
+        self.run_dir, self.env = run_dir, dict(env)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        with open(self.run_dir / f"{name}.log", "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "ragwatch", *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self.procs[name]
+
+    def dead(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is not None and n != "agent"]
+
+    def agent_done(self) -> bool:
+        return "agent" in self.procs and self.procs["agent"].poll() is not None
+
+    def agent_delivered(self) -> int | None:
+        """How many envelopes the agent delivered, from its last line (None: not said)."""
+        found = re.findall(r"\bdelivered=(\d+)", self.log_tail("agent", 4000))
+        return int(found[-1]) if found else None
+
+    def log_tail(self, name: str, chars: int = 1500) -> str:
+        with contextlib.suppress(OSError):
+            return (self.run_dir / f"{name}.log").read_text(errors="replace")[-chars:]
+        return ""
+
+    def stop_all(self) -> None:
+        """SIGTERM to every process group, newest first; SIGKILL after 20 s."""
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            stop_process(proc.pid, 0.1)
