@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -200,9 +201,13 @@ class Progress:
 
 
 def _is_tty(out: TextIO) -> bool:
+    """``out`` is a terminal this process has in the foreground: a background job
+    (``ragwatch agent ... &``) prints lines instead of redrawing a bar over the shell."""
     try:
-        return out.isatty()
-    except (AttributeError, ValueError):
+        if not out.isatty():
+            return False
+        return os.tcgetpgrp(out.fileno()) == os.getpgrp()
+    except (AttributeError, ValueError, OSError):
         return False
 
 
@@ -235,6 +240,9 @@ def _rich_bar(out: TextIO) -> Any:
         console=Console(file=out),
         transient=False,
         auto_refresh=False,
+        # stdout carries the command's data (JSON lines, alerts), whatever the bar does
+        redirect_stdout=False,
+        redirect_stderr=False,
     )
 
 

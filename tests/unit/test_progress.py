@@ -5,7 +5,11 @@ tests/integration/test_agent_sources.py and test_replay.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import pty
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,3 +115,46 @@ def test_replay_reports_reading_then_replaying_with_event_time(tmp_path: Path) -
     assert "; event time 2025-12-29T" in replaying[-1]
     assert "replayed 600 envelopes" in out.getvalue()  # stdout: transitions and summary only
     assert "[replay]" not in out.getvalue()
+
+
+CHILD = """
+import sys
+from ragwatch.progress import Progress
+with Progress("job", "items", total=2) as p:   # stderr: the terminal, in the foreground
+    assert p._bar is not None, "no bar on a terminal in the foreground"
+    print('{"v":1}', flush=True)
+    p.advance(2)
+"""
+
+
+def test_a_bar_on_the_terminal_never_takes_stdout(tmp_path: Path) -> None:
+    """``agent --json > file`` on a terminal: the bar is drawn on stderr, the data still
+    goes to the file (rich redirects stdout into its console while a bar is live, unless
+    told not to). The child runs on a pseudo-terminal of its own, in its foreground."""
+    data = tmp_path / "out.jsonl"
+    pid, master = pty.fork()
+    if pid == 0:  # the child: stdout to the file, stderr the terminal
+        fd = os.open(data, os.O_WRONLY | os.O_CREAT)
+        os.dup2(fd, 1)
+        os.execv(sys.executable, [sys.executable, "-c", CHILD])
+    drawn = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(master, 4096):
+            drawn += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    assert os.waitstatus_to_exitcode(status) == 0, drawn.decode(errors="replace")
+    assert data.read_text() == '{"v":1}\n'
+    assert b"[job] items" in drawn and b'{"v":1}' not in drawn
+
+
+def test_a_terminal_this_process_does_not_hold_in_the_foreground_gets_lines() -> None:
+    """A background job (``ragwatch agent ... &``) must not redraw a bar over the shell:
+    a terminal whose foreground is another process group gets plain lines."""
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as out:
+        assert out.isatty()
+        p = Progress("job", "items", total=10, out=out, interval_s=1, clock=ticking(2))
+        assert p._bar is None  # not our terminal's foreground: lines, not a bar
+        p.close()
+    os.close(master)
