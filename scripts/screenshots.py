@@ -90,7 +90,7 @@ def shoot(url: str, png: Path, profile: Path, window: tuple[int, int] = WINDOW) 
         raise SystemExit(f"screenshots: chromium failed on {url}:\n{out.stderr[-2000:]}")
 
 
-def check(children: Children) -> None:
+def fail_if_dead(children: Children) -> None:
     """Stop with the log of a child (other than the agent) that exited."""
     for name in children.dead():
         tail = children.log_tail(name, 2000)
@@ -100,7 +100,7 @@ def check(children: Children) -> None:
 def wait_for(what: str, check: Callable[[], Any], children: Children, timeout_s: float) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        check(children)
+        fail_if_dead(children)
         if found := check():
             return found
         time.sleep(0.3)
