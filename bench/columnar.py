@@ -8,7 +8,8 @@ full), not timed; then, each on its own ``--ticks`` ticks, side by side in one r
 
 1. ``orjson.loads`` of the envelopes (the floor any JSON consumer pays);
 2. ``decode_gpu_wire`` alone (parse and validate);
-3. the pipelines alone, on envelopes decoded beforehand;
+3. the pipelines alone, on envelopes decoded beforehand (with ``--charts``, twice more on
+   fresh ticks: alone, then with the worker's chart recorder attached);
 4. decode + pipelines: the worker's GPU path.
 
 Prints series updates (GPU and process samples) per second of CPU, CPU per envelope, and
@@ -39,6 +40,7 @@ import orjson
 from ragwatch.codec import decode_gpu_wire
 from ragwatch.gpu_wire import from_mapping
 from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.pipelines.gpu import COLUMNS
 
@@ -146,6 +148,8 @@ def timing(args: argparse.Namespace, tick: Callable[[int], list[dict]]) -> dict[
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    if args.charts:  # the worker's chart recorder, told after each wave (issue 29)
+        rows.update(charts_cost(pipes, tick, t1 + 2 * args.ticks, args))
     return {
         "series": len(pipes.gpus),
         "points_per_window_min": full,
@@ -154,6 +158,28 @@ def timing(args: argparse.Namespace, tick: Callable[[int], list[dict]]) -> dict[
         "updates_per_s": {k: round(n * per_env / v) for k, v in rows.items()},
         "us_per_envelope": {k: round(v / n * 1e6, 1) for k, v in rows.items()},
     }
+
+
+def charts_cost(
+    pipes: Pipelines, tick: Callable[[int], list[dict]], t0: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """The pipelines on two fresh runs of ``--ticks`` ticks each: without the chart
+    recorder, then with it attached as the worker attaches it (a point a minute of event
+    time per chart series, taken after each wave)."""
+    plain = [from_mapping(e) for t in range(t0, t0 + args.ticks) for e in tick(t)]
+    t1 = t0 + args.ticks
+    charted = [from_mapping(e) for t in range(t1, t1 + args.ticks) for e in tick(t)]
+    out = {"pipelines (again)": cpu(lambda: _feed(pipes, plain, args.batch))}
+    rec = SeriesRecorder()
+    pipes.observer = lambda domain, moved: rec.observe(pipes, domain, moved)
+    out["pipelines+charts"] = cpu(lambda: _feed(pipes, charted, args.batch))
+    pipes.observer = None
+    return out
+
+
+def _feed(pipes: Pipelines, envs: list[Any], batch: int) -> None:
+    for b in batches(envs, batch):
+        pipes.gpu_batch(b)
 
 
 def memory(args: argparse.Namespace, tick: Callable[[int], list[dict]]) -> dict[str, Any]:
@@ -190,6 +216,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument(
+        "--charts", action="store_true", help="also the pipelines with the chart recorder"
+    )
     args = ap.parse_args()
     tick = fleet(args.hosts, args.gpus, args.procs)
     t = timing(args, tick)

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -231,7 +231,7 @@ class SeriesRecorder:
         ends: dict[str, list[float | None]] = {k: [] for k in due}
         owner = "service" if domain == "service" else "host"
         for c in pipes.charts(domain, due):  # (read together: their signals cost less so)
-            self._add(out, plan.get(c.kind, ()), c)
+            self._add(out, plan.get(c.kind, ()), c, known=self._taken)
             where = c.where or series_prefix(c.kind, c.labels)
             ends.setdefault(c.labels.get(owner, ""), []).append(self._quiet.get(where))
         for k in due:
@@ -285,6 +285,7 @@ class SeriesRecorder:
         out: dict[str, tuple[dict[str, Any], Point]],
         charts: tuple[tuple[Chart, dict[str, Any]], ...],
         series: ChartSeries,
+        known: Container[str] = (),
     ) -> None:
         kind, labels, ts = series.kind, series.labels, series.ts
         where = series.where or series_prefix(kind, labels)
@@ -292,7 +293,7 @@ class SeriesRecorder:
             return
         due = [(sid, c, meta) for c, meta in charts if self._due(sid := where + c.suffix, ts)]
         if due:  # (signals read only then: a GPU series computes them when read)
-            self._emit(out, due, labels, ts, series.holder)
+            self._emit(out, due, labels, ts, series.holder, known)
         self._quiet.pop(where, None)
         lasts = [self._last.get(where + c.suffix) for c, _ in charts]
         if lasts and None not in lasts:
@@ -307,7 +308,10 @@ class SeriesRecorder:
         labels: Mapping[str, str],
         ts: float,
         holder: _HasSignals,
+        known: Container[str] = (),
     ) -> None:
+        """The due points; a series in ``known`` (its index entry is held already) gets
+        the plan's entry as it is, not a copy with its labels."""
         signals = holder.signals
         for sid, chart, meta in due:
             v = signals.get(chart.value)
@@ -316,4 +320,5 @@ class SeriesRecorder:
             self._written(sid, ts)
             ref = signals.get(chart.reference) if chart.reference else None
             score = signals.get(chart.score) if chart.score else None
-            out[sid] = ({**meta, "labels": dict(labels)}, [ts, v, ref, score])
+            entry = meta if sid in known else {**meta, "labels": dict(labels)}
+            out[sid] = (entry, [ts, v, ref, score])
