@@ -56,6 +56,7 @@ from typing import Any
 from ragwatch.agents.shutdown import register_at_exit
 from ragwatch.agents.sinks import ListSink, Sink, StreamSink
 from ragwatch.agents.spool import Spool
+from ragwatch.logs import log_sometimes
 
 __all__ = ["KafkaPublisher", "ListSink", "PublishStats", "Sink", "StreamSink"]  # sinks: re-exported
 
@@ -169,7 +170,7 @@ class KafkaPublisher:
         with self._lock:
             if self._closed:
                 self.stats.dropped += 1
-                _log_sometimes(self.stats.dropped, "publisher closed: record dropped")
+                log_sometimes(log, self.stats.dropped, "publisher closed: record dropped")
                 return
             self._memory.append((topic, key, value))
             while len(self._memory) > self.queue_max:
@@ -178,7 +179,8 @@ class KafkaPublisher:
                     self._spool_put(self.spool, oldest)
                 else:
                     self.stats.dropped += 1
-                    _log_sometimes(
+                    log_sometimes(
+                        log,
                         self.stats.dropped,
                         "publisher queue full (%d): dropped oldest; use --spool-dir to keep them",
                         self.queue_max,
@@ -368,7 +370,7 @@ class KafkaPublisher:
             self._purged_in_flight += 1
         elif code != PURGE_QUEUE:
             self.stats.failed += 1
-            _log_sometimes(self.stats.failed, "delivery failed, will be re-sent: %s", err)
+            log_sometimes(log, self.stats.failed, "delivery failed, will be re-sent: %s", err)
 
     def _after_poll(self) -> None:
         if self._reclaimed:
@@ -519,9 +521,3 @@ def _counters(s: PublishStats) -> str:
         f"spooled={s.spooled} recoveries={s.recoveries} resent={s.resent} "
         f"spool_errors={s.spool_errors}"
     )
-
-
-def _log_sometimes(n: int, msg: str, *args: object) -> None:
-    """Log the first ten occurrences of a problem, then every thousandth."""
-    if n <= 10 or n % 1000 == 0:
-        log.warning(msg + " (%d so far)", *args, n)

@@ -84,6 +84,7 @@ from typing import Any, Literal
 from ragwatch.agents.shutdown import register_at_exit
 from ragwatch.agents.sinks import Sink
 from ragwatch.codec import MAX_MESSAGE_BYTES, encode
+from ragwatch.logs import log_sometimes
 from ragwatch.schema import MAX_UINT, REQUEST_STATUSES, RequestRecord, RequestsEnvelope
 
 log = logging.getLogger(__name__)
@@ -363,7 +364,7 @@ class RequestRecorder:
             self._recorded += 1
             self._invalid += 1
             invalid = self._invalid
-        _log_sometimes(invalid, "request record refused on capture", exc_info=True)
+        log_sometimes(log, invalid, "request record refused on capture", exc_info=True)
 
     # ------------------------------------------------------------ flushing
 
@@ -472,7 +473,7 @@ class RequestRecorder:
                     with self._lock:
                         self._invalid += 1
                         invalid = self._invalid
-                    _log_sometimes(invalid, "invalid request record dropped: %s", exc)
+                    log_sometimes(log, invalid, "invalid request record dropped: %s", exc)
             del chunk
             if records:
                 sent += self._write(records)
@@ -502,7 +503,8 @@ class RequestRecorder:
         except Exception:
             self._sink_errors += 1
             self._failed += len(records)
-            _log_sometimes(
+            log_sometimes(
+                log,
                 self._sink_errors,
                 "sink write failed topic=%s key=%s: %d record(s) lost",
                 self.topic,
@@ -571,9 +573,3 @@ def _to_record(item: _Item) -> RequestRecord:
         queue_ms=None if queue_ms is None else _ms(queue_ms),
         ttft_ms=None if ttft_ms is None else _ms(ttft_ms),
     )
-
-
-def _log_sometimes(n: int, msg: str, *args: object, exc_info: bool = False) -> None:
-    """Log the first ten occurrences of a problem, then every thousandth."""
-    if n <= 10 or n % 1000 == 0:
-        log.warning(msg + " (%d so far)", *args, n, exc_info=exc_info)
