@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +100,28 @@ def stack_env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
         "RAGWATCH_MAX_CLOCK_SKEW": str(10 * 365 * 86400),
         "RAGWATCH_STATE_DIR": str(tmp_path / "state"),
     }
+
+
+@pytest.fixture
+def exporter() -> Iterator[str]:
+    """A real HTTP server serving the recorded exposition texts of tests/fixtures/prom
+    (``{exporter}/vllm.txt``, ``/dcgm.txt``...), as a scrape target."""
+    handler = partial(SimpleHTTPRequestHandler, directory=str(HERE.parent / "fixtures" / "prom"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium, for the live page's tests: ``make test`` installs it, so its
+    absence fails the tests that need it instead of skipping them."""
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("chromium is not installed: make chromium (make test installs it)")
+    return path
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -94,13 +95,17 @@ def simulate() -> Run:
     return run
 
 
-async def _write(url: str, prefix: str, run: Run) -> None:
+async def write_run(url: str, prefix: str, run: Run, extra: Sequence[Alert] = ()) -> None:
+    """What a worker would have written of ``run`` to Redis, and ``extra`` alerts (each a
+    transition from inactive)."""
     client = aioredis.from_url(url)
     state = RedisState(client, prefix)
     pipes = run.pipes
     try:
         for t in run.transitions:
             await state.write_transition(t)
+        for a in extra:
+            await state.write_transition(Transition(a, "inactive"))
         for points in run.steps:
             await state.write_series(points)
         await state.write_hosts(
@@ -165,7 +170,7 @@ def write_fleet(url: str, prefix: str, now: float | None = None) -> Fleet:
     run.transitions.append(Transition(hostile, "pending"))
     if not any(a.rule == "ThroughputDrop" for a in run.pipes.engine.active.values()):
         run.transitions.append(Transition(pending_throughput_drop(leak), "inactive"))
-    asyncio.run(_write(url, prefix, run))
+    asyncio.run(write_run(url, prefix, run))
 
     now = time.time() if now is None else now
     keys = Keys(prefix)

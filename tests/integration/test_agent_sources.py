@@ -4,10 +4,6 @@ source prints exactly what it would send with ``--once --json``."""
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,19 +16,6 @@ from ragwatch.schema import EventEnvelope, GpuEnvelope, MetricsEnvelope
 from tests.integration.conftest import read_records
 from tests.integration.conftest import run_ragwatch as ragwatch
 from tests.unit.test_nvml import GIB, FakeGpu, FakeNvml, write_proc
-
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "prom"
-
-
-@pytest.fixture
-def exporter() -> Iterator[str]:
-    """A real HTTP server serving the recorded exposition texts."""
-    handler = partial(SimpleHTTPRequestHandler, directory=str(FIXTURES))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def read_topic(settings: Settings, role: str, expect: int) -> list[bytes]:

@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import uuid
@@ -37,13 +36,13 @@ from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.chart_ids import series_prefix
 from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
-from ragwatch.schema import Alert, Transition
+from ragwatch.schema import Alert
 from ragwatch.store import SERIES_POINTS, Keys, RedisState, read_series
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from tests.integration.conftest import Proc, hosts_reached, wait_until
-from tests.integration.fleet_data import Run, simulate
+from tests.integration.fleet_data import simulate, write_run
 from tests.integration.test_serve import TOKEN, get, start_serve
 
 START = 1_767_225_600.0  # 2026-01-01 00:00 UTC
@@ -184,25 +183,6 @@ def ended_leak(leak: Alert) -> list[Alert]:
     return [pending, firing, replace(firing, status="resolved", ends_at=t + 1500, at=t + 1500)]
 
 
-async def _write(url: str, prefix: str, run: Run, extra: list[Alert]) -> None:
-    client = aioredis.from_url(url)
-    state, pipes = RedisState(client, prefix), run.pipes
-    try:
-        for t in run.transitions:
-            await state.write_transition(t)
-        for a in extra:
-            await state.write_transition(Transition(a, "inactive"))
-        for points in run.steps:
-            await state.write_series(points)
-        await state.write_hosts(
-            {h: {**pipes.gpus.host_snapshot(h), "engines": pipes.metrics.engine_snapshot(h)}
-             for h in run.hosts}
-        )  # fmt: skip
-        await state.write_services({s: pipes.requests.service_snapshot(s) for s in run.services})
-    finally:
-        await client.aclose()
-
-
 @pytest.fixture(scope="module")
 def page(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
     prefix = f"live-{uuid.uuid4().hex[:8]}"
@@ -211,7 +191,7 @@ def page(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory) -> Iter
     leak = next(t.alert for t in run.transitions if t.alert.status == "firing")
     assert leak.rule == "GpuMemoryLeak" and leak.severity == "critical"
     extra = others(leak) + ended_leak(leak)
-    asyncio.run(_write(env["RAGWATCH_REDIS_URL"], prefix, run, extra))
+    asyncio.run(write_run(env["RAGWATCH_REDIS_URL"], prefix, run, extra))
     lab = leak.labels
     host = run.pipes.gpus.host_snapshot(lab["host"])
     (gpu,) = (g for g in host["gpus"] if str(g["index"]) == lab["gpu"])
@@ -279,26 +259,30 @@ def check_memory(chart: dict[str, str], dom: str, gpu: dict[str, Any]) -> None:
     assert label and f"OOM {utc(oom):%Y-%m-%d %H:%M} UTC" in label.group(1), dom
 
 
-chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium: make chromium")
+def the_leak_chart(dom: str, page: Page) -> dict[str, str]:
+    """The page drew without an error, and its chart is the leak's series, whole on
+    screen, with UTC ticks, the GPU's total memory and the projection to its OOM."""
+    assert re.search(r'id="error"[^>]*></span>', dom), dom
+    chart = attributes(dom, "chart")
+    assert chart["data-series"] == page.leak_series
+    assert 0 < int(chart["data-bottom"]) <= WINDOW[1]
+    check_utc_ticks(chart)
+    check_memory(chart, dom, page.gpu_status)
+    return chart
 
 
-@chromium
+@pytest.mark.usefixtures("chromium")
 def test_the_live_page_puts_the_most_urgent_alert_and_its_chart_on_screen(
     page: Page, tmp_path: Path
 ) -> None:
     dom = browse(f"{page.url}/?token={TOKEN}", tmp_path / "live")
-    assert re.search(r'id="error"[^>]*></span>', dom), dom
+    # the most urgent alert's own chart, whole on screen at 1400x1000
+    chart = the_leak_chart(dom, page)
     # critical, error, warning, info; firing before pending; the newest first
     shown = re.findall(r'<li class="alert [^"]*" data-alertname="[^"]*" data-fingerprint="([^"]*)"',
                        dom)  # fmt: skip
     assert shown == page.order
-    # the most urgent alert's own chart, whole on screen at 1400x1000
-    chart = attributes(dom, "chart")
-    assert chart["data-series"] == page.leak_series
     assert int(chart["data-points"]) >= 100
-    assert 0 < int(chart["data-bottom"]) <= WINDOW[1]
-    check_utc_ticks(chart)
-    check_memory(chart, dom, page.gpu_status)
     # where the alert went pending and firing, from its history
     changes = get(f"{page.url}/api/v1/alerts/{page.leak.fingerprint}").json()["history"]
     marks = sorted([h["status"], h["at"]] for h in changes)
@@ -314,17 +298,12 @@ def test_the_live_page_puts_the_most_urgent_alert_and_its_chart_on_screen(
     assert f"since {utc(page.leak.starts_at):%Y-%m-%d %H:%M} UTC" in dom
 
 
-@chromium
+@pytest.mark.usefixtures("chromium")
 def test_an_alerts_page_charts_its_changes_total_memory_and_the_oom(
     page: Page, tmp_path: Path
 ) -> None:
     dom = browse(f"{page.url}/alerts/{page.ended.fingerprint}?token={TOKEN}", tmp_path / "ended")
-    assert re.search(r'id="error"[^>]*></span>', dom), dom
-    chart = attributes(dom, "chart")
-    assert chart["data-series"] == page.leak_series
-    assert 0 < int(chart["data-bottom"]) <= WINDOW[1]
-    check_utc_ticks(chart)
-    check_memory(chart, dom, page.gpu_status)
+    chart = the_leak_chart(dom, page)
     t = page.ended.starts_at
     assert json.loads(chart["data-markers"]) == [
         ["pending", t],

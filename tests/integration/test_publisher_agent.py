@@ -8,11 +8,8 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +20,11 @@ from ragwatch.config import Settings
 from ragwatch.embedded import EmbeddedStack
 from tests.integration.conftest import read_records, run_ragwatch, stack_env, wait_until
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "prom"
-
 
 @pytest.fixture
-def metrics_url() -> Iterator[str]:
+def metrics_url(exporter: str) -> str:
     """A real HTTP server serving a vLLM /metrics page."""
-    handler = partial(SimpleHTTPRequestHandler, directory=str(FIXTURES))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/vllm.txt"
-    server.shutdown()
-    server.server_close()
+    return f"{exporter}/vllm.txt"
 
 
 def counters(output: str, line: str) -> dict[str, int]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -516,10 +515,7 @@ def no_error(dom: str) -> bool:
     return re.search(r'id="error"[^>]*></span>', dom) is not None
 
 
-chromium = pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium: make chromium")
-
-
-@chromium
+@pytest.mark.usefixtures("chromium")
 def test_live_page_renders_alerts_and_the_chart(served: Served, tmp_path: Path) -> None:
     # a series picked in the address (#series=), kept whatever the alerts
     leak_series = quote(served.fleet.leak_series, safe="")
@@ -543,7 +539,7 @@ def test_live_page_renders_alerts_and_the_chart(served: Served, tmp_path: Path) 
     assert "<img" not in dom and "<script>alert" not in dom
 
 
-@chromium
+@pytest.mark.usefixtures("chromium")
 def test_alert_pages_show_the_alert_and_the_chart_of_its_signal(
     served: Served, tmp_path: Path
 ) -> None:

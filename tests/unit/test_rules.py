@@ -12,11 +12,9 @@ from typing import Any
 
 import pytest
 
-from ragwatch.agents.scenario import build
 from ragwatch.catalog import SERIES_LABELS, SERIES_SIGNALS
 from ragwatch.errors import ConfigError
 from ragwatch.streams.alerting.rules import Condition, Rule, load_rules, parse_expr, parse_rule
-from ragwatch.streams.pipelines.fleet import Pipelines
 
 GIB = 1024.0**3
 
@@ -521,23 +519,6 @@ def test_keep_firing_requests_is_for_series_that_count_requests() -> None:
         parse_rule(
             {"name": "C", "series": "service", "expr": "rps > 1", "keep_firing_requests": -1}
         )
-
-
-def test_an_outlier_clusters_resolution_names_the_cluster_that_ended() -> None:
-    world = build("outliers", hosts=1, gpus=1, services=1, interval_s=60, heal_after_s=2400)
-    pipes = Pipelines(load_rules())
-    summaries = [
-        (t.alert.status, t.alert.annotations["summary"])
-        for env in world.envelopes(hours=2.0)
-        for t in pipes.process(env)
-        if t.alert.rule == "RequestOutlierCluster" and t.notify
-    ]
-    (fired, fired_text), (resolved, resolved_text) = summaries
-    assert (fired, resolved) == ("firing", "resolved")
-    assert "a new cluster of " in fired_text and "n/a" not in fired_text
-    size = fired_text.split("a new cluster of ")[1].split()[0]
-    # the same cluster (not "a cluster of n/a"), said in the past tense (issue 29, point 10)
-    assert f"the cluster of {size} unusual requests ended after " in resolved_text
 
 
 # ---------------------------------------------------------------- file and line (issue 29, point 9)
