@@ -177,8 +177,8 @@ class RedisState:
 
     async def write_series(self, points: Mapping[str, tuple[dict[str, Any], list[Any]]]) -> None:
         """Append each series' new points (the list is kept newest first, capped at
-        ``SERIES_POINTS``) and index the series. ``points``: series id -> (index entry, one
-        point ``[ts, value, forecast, score]`` or a list of points, oldest first)."""
+        ``SERIES_POINTS``) and index the series. ``points``: series id -> (index entry, its
+        points ``[ts, value, forecast, score]``, oldest first)."""
         if not points:
             return
         now = time.monotonic()
@@ -190,7 +190,7 @@ class RedisState:
         }
         if new:
             await self.client.hset(self.keys.series_index, mapping=new)
-        items = [(sid, _points(given)) for sid, (_, given) in points.items()]
+        items = [(sid, given[-SERIES_POINTS:]) for sid, (_, given) in points.items()]
         chunk: list[tuple[str, list[Any]]] = []
         size = 0
         for sid, pts in items:
@@ -286,13 +286,6 @@ def _json_page(client: Any, key: str, limit: int | None, offset: int) -> tuple[d
     page = names[offset:] if limit is None else names[offset : offset + limit]
     values = client.hmget(key, page) if page else []
     return _json_objects(zip(page, values, strict=True)), len(names)
-
-
-def _points(given: list[Any]) -> list[Any]:
-    """The newest ``SERIES_POINTS`` of one point or a list of points (oldest first; a
-    point is never empty, so ``[]`` is no point)."""
-    many = not given or isinstance(given[0], list | tuple)
-    return list(given[-SERIES_POINTS:]) if many else [given]
 
 
 def _float(raw: Any) -> float | None:

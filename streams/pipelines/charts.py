@@ -42,7 +42,9 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 >>> for env in build("leak", hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=1):
 ...     _ = pipes.process(env)
 >>> rec = SeriesRecorder()
->>> points = rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})
+>>> rec.observe(pipes, "host", [("gpu-node-01", env.ts)])
+>>> rec.observe(pipes, "service", [("rag-api", env.ts)])
+>>> points = rec.take()
 >>> for sid in sorted(points)[:5]:  # of 13
 ...     print(sid, *points[sid][0]["rules"])
 gpu:gpu-node-01:0:fb_used GpuMemoryHigh GpuMemoryLeakUnattributed GpuOomKill GpuXidCritical
@@ -50,11 +52,11 @@ process:gpu-node-01:0:2000:gpu_mem GpuMemoryLeak GpuOomKill GpuXidCritical
 process:gpu-node-01:0:4001:gpu_mem GpuMemoryLeak GpuOomKill GpuXidCritical
 service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation
 service:rag-api:rag-api-0:outliers RequestOutlierCluster
->>> rec.collect(pipes, {"gpu-node-01"}, {"rag-api"})  # nothing new since
+>>> rec.observe(pipes, "host", [("gpu-node-01", env.ts)]); rec.take()  # nothing new since
 {}
 
-The worker's form: observed as the envelopes are processed, taken once a second, a point a
-minute of event time whatever the batches:
+As the worker uses it: observed after each wave of envelopes, taken once a second, a
+point a minute of event time whatever the batches:
 
 >>> pipes, rec = Pipelines(load_rules()), SeriesRecorder()
 >>> for env in build("leak", hosts=1, gpus=1, services=1, interval_s=10.0).envelopes(hours=1):
@@ -71,7 +73,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -178,10 +180,9 @@ class SeriesRecorder:
     ``max_tracked`` series (beyond, the least recently written is forgotten, and its next
     point may be written a second time); :meth:`forget` drops swept hosts' series.
 
-    Two ways to use it: :meth:`collect` (the state of some hosts and services now: at
-    most a point per series per call), or :meth:`observe` as the state moves on and
-    :meth:`take` what was observed since the last take (the worker: many points per
-    series between two writes, at most ``keep`` of each kept)."""
+    :meth:`observe` as the state of hosts and services moves on, :meth:`take` what was
+    observed since the last take (many points per series between two writes, at most
+    ``keep`` of each kept)."""
 
     def __init__(self, step_s: float = 60.0, max_tracked: int = 200_000, keep: int = 1440) -> None:
         self.step_s = step_s
@@ -205,18 +206,6 @@ class SeriesRecorder:
             self._rules, self._plan = rules, chart_plan(rules)
         return self._plan
 
-    def collect(
-        self, pipes: Pipelines, hosts: Collection[str], services: Collection[str]
-    ) -> dict[str, tuple[dict[str, Any], Point]]:
-        """series id -> (its index entry, the new point) for what changed."""
-        plan = self.plan(pipes.rules)
-        out: dict[str, tuple[dict[str, Any], Point]] = {}
-        wanted: list[tuple[Domain, Collection[str]]] = [("host", hosts), ("service", services)]
-        for domain, keys in wanted:
-            for c in pipes.charts(domain, keys):
-                self._add(out, plan.get(c.kind, ()), c)
-        return out
-
     def observe(self, pipes: Pipelines, domain: Domain, moved: Iterable[tuple[str, float]]) -> None:
         """The state of these keys of ``domain`` moved on to (key, event time): keep a
         point of each series of theirs that is due, for :meth:`take`. Called after each
@@ -231,7 +220,7 @@ class SeriesRecorder:
         ends: dict[str, list[float | None]] = {k: [] for k in due}
         owner = "service" if domain == "service" else "host"
         for c in pipes.charts(domain, due):  # (read together: their signals cost less so)
-            self._add(out, plan.get(c.kind, ()), c, known=self._taken)
+            self._add(out, plan.get(c.kind, ()), c)
             where = c.where or series_prefix(c.kind, c.labels)
             ends.setdefault(c.labels.get(owner, ""), []).append(self._quiet.get(where))
         for k in due:
@@ -285,7 +274,6 @@ class SeriesRecorder:
         out: dict[str, tuple[dict[str, Any], Point]],
         charts: tuple[tuple[Chart, dict[str, Any]], ...],
         series: ChartSeries,
-        known: Container[str] = (),
     ) -> None:
         kind, labels, ts = series.kind, series.labels, series.ts
         where = series.where or series_prefix(kind, labels)
@@ -293,7 +281,7 @@ class SeriesRecorder:
             return
         due = [(sid, c, meta) for c, meta in charts if self._due(sid := where + c.suffix, ts)]
         if due:  # (signals read only then: a GPU series computes them when read)
-            self._emit(out, due, labels, ts, series.holder, known)
+            self._emit(out, due, labels, ts, series.holder)
         self._quiet.pop(where, None)
         lasts = [self._last.get(where + c.suffix) for c, _ in charts]
         if lasts and None not in lasts:
@@ -308,10 +296,9 @@ class SeriesRecorder:
         labels: Mapping[str, str],
         ts: float,
         holder: _HasSignals,
-        known: Container[str] = (),
     ) -> None:
-        """The due points; a series in ``known`` (its index entry is held already) gets
-        the plan's entry as it is, not a copy with its labels."""
+        """The due points; a series taken already since the last :meth:`take` (its index
+        entry is held) gets the plan's entry as it is, not a copy with its labels."""
         signals = holder.signals
         for sid, chart, meta in due:
             v = signals.get(chart.value)
@@ -320,5 +307,5 @@ class SeriesRecorder:
             self._written(sid, ts)
             ref = signals.get(chart.reference) if chart.reference else None
             score = signals.get(chart.score) if chart.score else None
-            entry = meta if sid in known else {**meta, "labels": dict(labels)}
+            entry = meta if sid in self._taken else {**meta, "labels": dict(labels)}
             out[sid] = (entry, [ts, v, ref, score])

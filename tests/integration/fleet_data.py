@@ -90,7 +90,9 @@ def simulate() -> Run:
         services = {env.service} if isinstance(env, RequestsEnvelope) else set()
         run.hosts |= hosts
         run.services |= services
-        if points := recorder.collect(pipes, hosts, services):
+        recorder.observe(pipes, "host", [(h, env.ts) for h in hosts])
+        recorder.observe(pipes, "service", [(s, env.ts) for s in services])
+        if points := recorder.take():
             run.steps.append(points)
     return run
 
@@ -206,8 +208,8 @@ def write_fleet(url: str, prefix: str, now: float | None = None) -> Fleet:
 
     counts: dict[str, int] = {}
     for points in run.steps:
-        for sid in points:
-            counts[sid] = counts.get(sid, 0) + 1
+        for sid, (_, taken) in points.items():
+            counts[sid] = counts.get(sid, 0) + len(taken)
     lab = leak.labels
     return Fleet(
         leak=leak,

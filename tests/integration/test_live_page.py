@@ -113,7 +113,7 @@ async def test_the_writer_appends_many_points_per_series_and_keeps_the_newest(
         store = RedisState(client, prefix)
         await store.write_series({"gpu:h1:0:fb_used": (meta, many[:3])})
         await store.write_series(
-            {"gpu:h1:0:fb_used": (meta, many[3]), "gpu:h2:0:fb_used": (meta, [])}
+            {"gpu:h1:0:fb_used": (meta, many[3:4]), "gpu:h2:0:fb_used": (meta, [])}
         )
         await store.write_series({"gpu:h1:0:fb_used": (meta, many[4:])})
     finally:

@@ -21,14 +21,16 @@ async def test_chart_points_are_indexed_once_trimmed_and_read_newest_first(
     total = SERIES_POINTS + 5
     try:
         for i in range(total):
-            await store.write_series({"gpu:h1:0:fb_used": (meta, [float(i), float(i), None, None])})
+            await store.write_series(
+                {"gpu:h1:0:fb_used": (meta, [[float(i), float(i), None, None]])}
+            )
             if i == 0:
                 await client.hdel(keys.series_index, "gpu:h1:0:fb_used")  # lost: not rewritten
         assert await client.hget(keys.series_index, "gpu:h1:0:fb_used") is None
         assert await client.llen(f"{keys.series}:gpu:h1:0:fb_used") == SERIES_POINTS
         # a new writer (a restarted worker) indexes it again
         again = RedisState(client, prefix)
-        await again.write_series({"gpu:h1:0:fb_used": (meta, [float(total), 1.0, None, None])})
+        await again.write_series({"gpu:h1:0:fb_used": (meta, [[float(total), 1.0, None, None]])})
         assert orjson.loads(await client.hget(keys.series_index, "gpu:h1:0:fb_used")) == meta
         assert await client.llen(f"{keys.series}:gpu:h1:0:fb_used") == SERIES_POINTS
     finally:
@@ -55,7 +57,7 @@ async def test_a_flush_of_more_series_than_a_chunk_writes_every_point(
     keys = Keys(prefix)
     n = SERIES_CHUNK * 2 + 7
     points = {
-        f"process:h1:0:{pid}:gpu_mem": ({"kind": "process"}, [1.0, float(pid), None, 0.5])
+        f"process:h1:0:{pid}:gpu_mem": ({"kind": "process"}, [[1.0, float(pid), None, 0.5]])
         for pid in range(n)
     }
     try:

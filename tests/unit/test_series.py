@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from ragwatch.agents.scenario import build
 from ragwatch.chart_ids import owner_prefixes, series_prefix
@@ -11,14 +12,26 @@ from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 
+def recorded(
+    rec: SeriesRecorder, pipes: Pipelines, hosts: set[str], services: set[str], ts: float
+) -> dict[str, tuple[dict[str, Any], list[Any]]]:
+    """What the recorder takes of ``hosts`` and ``services`` whose state moved on to ``ts``
+    (every one of them, as after a wave that held them all)."""
+    rec.observe(pipes, "host", [(h, ts) for h in hosts])
+    rec.observe(pipes, "service", [(s, ts) for s in services])
+    return rec.take()
+
+
 def test_points_every_step_with_forecasts_for_services() -> None:
     pipes = Pipelines(load_rules())
     rec = SeriesRecorder(step_s=300.0)
     got: dict[str, list[list[float | None]]] = {}
     for env in build("throughput", hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=2):
         pipes.process(env)
-        for sid, (meta, point) in rec.collect(pipes, {"gpu-node-01"}, {"rag-api"}).items():
-            got.setdefault(sid, []).append(point)
+        for sid, (meta, points) in recorded(
+            rec, pipes, {"gpu-node-01"}, {"rag-api"}, env.ts
+        ).items():
+            got.setdefault(sid, []).extend(points)
             assert meta["unit"] and meta["kind"] == sid.split(":")[0]
     fb = got["gpu:gpu-node-01:0:fb_used"]
     assert all(b[0] - a[0] >= 300.0 for a, b in itertools.pairwise(fb))  # type: ignore[operator]
@@ -38,12 +51,12 @@ def test_the_recorder_tracks_a_bounded_number_of_series_and_never_refuses_one() 
         pipes.process(env)
     rec = SeriesRecorder(max_tracked=4)
     hosts = {"gpu-node-01", "gpu-node-02", "gpu-node-03"}
-    everything = SeriesRecorder().collect(pipes, hosts, set())
+    everything = recorded(SeriesRecorder(), pipes, hosts, set(), env.ts)
     assert len(everything) > 4
-    assert rec.collect(pipes, hosts, set()).keys() == everything.keys()
+    assert recorded(rec, pipes, hosts, set(), env.ts).keys() == everything.keys()
     assert rec.tracked == 4
     full = SeriesRecorder()
-    full.collect(pipes, hosts, set())
+    recorded(full, pipes, hosts, set(), env.ts)
     gone = full.forget(owner_prefixes(["gpu-node-03"], []))
     assert gone and all(":gpu-node-03:" in sid for sid in gone)
     assert full.tracked == len(everything) - len(gone)
@@ -62,8 +75,9 @@ def test_names_holding_colons_make_distinct_series_ids() -> None:
 
 def test_the_quiet_gate_skips_only_series_with_no_chart_due() -> None:
     """A series none of whose charts is due is skipped with one look (the least of their
-    last points + step): the points are those of checking every chart every time, also
-    for charts whose signal has no value yet (a forecast, a leak slope)."""
+    last points + step), and so is a host or service none of whose series is: the points
+    are those of checking every chart every time, also for charts whose signal has no
+    value yet (a forecast, a leak slope)."""
     pipes = Pipelines(load_rules())
     gated, every = SeriesRecorder(step_s=300.0), SeriesRecorder(step_s=300.0)
     scenario = build("leak", hosts=2, gpus=2, services=1, interval_s=60.0)
@@ -74,8 +88,9 @@ def test_the_quiet_gate_skips_only_series_with_no_chart_due() -> None:
         pipes.process(env)
         hosts, services = {"gpu-node-01", "gpu-node-02"}, {"rag-api"}
         skipped += len(gated._quiet)
-        got.append(gated.collect(pipes, hosts, services))
+        got.append(recorded(gated, pipes, hosts, services, env.ts))
         every._quiet.clear()  # never gated: every chart of every series checked
-        want.append(every.collect(pipes, hosts, services))
+        every._key_quiet.clear()
+        want.append(recorded(every, pipes, hosts, services, env.ts))
     assert got == want
     assert skipped > 0 and sum(map(len, got)) > 100

@@ -51,9 +51,11 @@ def recorded(
     for env in build(scenario, hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=hours):
         for t in pipes.process(env):
             alerts.setdefault(t.alert.rule, t.alert)
-        for sid, (meta, point) in rec.collect(pipes, {"gpu-node-01"}, {"rag-api"}).items():
+        rec.observe(pipes, "host", [("gpu-node-01", env.ts)])
+        rec.observe(pipes, "service", [("rag-api", env.ts)])
+        for sid, (meta, taken) in rec.take().items():
             index[sid] = meta
-            points.setdefault(sid, []).append(point)
+            points.setdefault(sid, []).extend(taken)
     return alerts, index, points
 
 
