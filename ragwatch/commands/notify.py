@@ -44,11 +44,11 @@ def run_notifier(settings: Settings, environ: Mapping[str, str] | None = None) -
     import os
 
     from ragwatch.kafka_admin import check_kafka, ensure_topics
-    from ragwatch.streams.notifier.service import Notifier, sender_config
+    from ragwatch.streams.notifier.service import Notifier
 
+    # a bad receiver fails here, before anything connects: load_config checks each one
+    # (naming its file and line); the default ones are made of settings checked already
     config = notify_config(settings, os.environ if environ is None else environ)
-    for name, spec in config.receivers.items():
-        sender_config(name, spec)  # a bad receiver fails here, before anything connects
     check_kafka(settings, "notify")
     if not config.receivers:
         log.warning("notify: no receivers (set RAGWATCH_WEBHOOK_URLS or RAGWATCH_NOTIFY_FILE)")
