@@ -69,7 +69,7 @@
     return node;
   }
 
-  function num(v) { return typeof v === "number" && isFinite(v) ? v : null; }
+  const num = window.ragwatchChart.num;  // a finite number, else null
   function number(v) {
     const n = num(v);
     return n === null ? "-" : String(Number(n.toPrecision(4)));

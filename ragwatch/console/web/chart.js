@@ -270,5 +270,5 @@
   }
 
   window.ragwatchChart = { model: model, valueChart: valueChart, scoreChart: scoreChart,
-                           update: update, utc: utc, hhmm: hhmm };
+                           update: update, utc: utc, hhmm: hhmm, num: num };
 })();
