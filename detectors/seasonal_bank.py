@@ -1,83 +1,158 @@
-"""Many seasonal baselines in arrays: :class:`SeasonalBank` runs
-:class:`~.seasonal.SeasonalBaseline`'s algorithm for N series at once, a row per series.
+"""Seasonal baselines in arrays, a row per series: the only implementation of the
+algorithm :mod:`~.seasonal` describes (a daily profile, a weekly profile trusted as far as
+the weeks seen support it, a local level and trend, a hold). :class:`~.seasonal.
+SeasonalBaseline` is a one-row view of a bank for river's protocol and single series.
 
-The object stays the executable specification: ``tests/unit/test_seasonal_bank.py`` holds
-the bank to it bit for bit (the same calls on a row and on an object give identical
-forecasts, hold results and state, down to every slot of an exported object). The hot
-path (the Kalman update of :meth:`~SeasonalBank.learn`, :meth:`~SeasonalBank.forecast`,
-:meth:`~SeasonalBank.hold`) is one set of array operations per call, its branches masks;
-what happens once a day per row (a new day's cells, the profile refresh) runs per row in
-Python with the object's arithmetic (``statistics.median`` / ``fmean`` / ``pvariance``).
+The hot path (the Kalman update of :meth:`~SeasonalBank.learn`, :meth:`~SeasonalBank.
+forecast`, :meth:`~SeasonalBank.hold`) is one set of array operations per call, its
+branches masks; what happens once a day per row (a new day's cells, the daily profile
+refresh, the weekly table) runs per row. The specification is the plain-Python reference
+in ``tests/reference/seasonal.py``; ``tests/unit/test_seasonal_bank.py`` compares the two
+within a tolerance (the weekly part off, as the reference has none) and tests the weekly
+profile by its behaviour. ``t`` must keep ``|t / season_s|`` below 2**62.
 
-Exactness: ``+ - * /``, comparisons and ``np.floor`` / ``np.mod`` are IEEE-exact and
-match Python's float operators (``np.mod`` has Python's sign rule); numpy's ``**`` with
-other exponents than 2 does not always (SIMD), so ``damping ** steps`` and ``k ** 3`` are
-Python's, element by element. Python's ``min`` / ``max`` (the first argument unless the
-other compares smaller / larger: NaN-sensitive) are :func:`_pymin` / :func:`_pymax`.
-Where the object raises, so does the bank: a profile refresh over offsets beyond ~1e154
-(``statistics.pvariance`` overflows) raises OverflowError, and both are then left part-way
-through the call; ``t`` must keep ``|t / season_s|`` below 2**62 (a day number in int64).
+The weekly profile. A row keeps, per weekday and ``BLOCKS`` blocks of a day (4 h with the
+defaults), what past weeks said about that block's offset from a typical day: when a day
+starts, each held day's block means (its cells minus the daily profile) are compared with
+the median of all held days (the typical day), and the day leaving the cells is folded
+into the table for good (an exponentially weighted mean over ``WEEK_MEMORY`` weeks). The
+forecast adds the posterior mean of the block's offset: the weeks' mean shrunk towards 0
+by how little they say (a prior of sd ``weekly_sd`` against week-to-week differences of
+``WEEK_SD``, replaced by the row's own spread as weeks come), linear between the blocks'
+centres of a day as the daily profile is between its slots'. Its posterior variance is
+what the level may have to move when the forecast enters a block: added to the level's
+uncertainty there (so the Kalman gain lets the level follow a weekday it has never seen,
+and forecasts of it are as uncertain as they are): entering an unseen weekday costs
+``weekly_sd``; within a day (its level is shared) an uncertain block lets the level drift
+by up to ``SHAPE_SD`` over the block, so it follows a weekend's other rhythm (once a
+daily profile exists: on the first day, level and trend follow the rhythm, the trend at
+the pace of time, ``TREND_STEP_S``, whatever the step).
 
-State. Per row, 1-D arrays of the object's scalars (``level`` = ``_l``, ``trend`` = ``_b``,
-``p00``, ``p01``, ``p11``, ``at`` = ``_t``, ``n``, ``model_var``, ``run``, ``drift``,
-``day``, ``cur`` = ``_row``, ``refreshed``, ``held_since``, ``held_q``, ``rel_*`` =
-``relearned``, ``late``, ``outliers``; NaN, or ``NO_DAY`` for the day, where the object has
-None), the profile as ``(rows, slots)`` with the flag ``profiled``, and the day table
-``row_day`` / ``row_pool`` ``(rows, days)``: a row's k-th day (in the order the object
-allocated them) and the pool row holding its cells (-1: none). Cells live in a shared pool
-``cell_w`` / ``cell_zw`` ``(pool, slots)`` with a free list: a row holds a pool row per day
-seen (at most ``days``), as the object holds a row of cells per day, and :meth:`reset`
-gives them back.
-
->>> proto = SeasonalBaseline(step_s=60.0)
->>> bank = SeasonalBank(proto, capacity=2)
->>> obj = proto.clone()
+>>> from ragwatch.detectors.seasonal import SeasonalBaseline
+>>> bank = SeasonalBank(SeasonalBaseline(step_s=60.0), capacity=2)
 >>> T0 = 1_767_225_600.0
 >>> for i in range(10):
 ...     bank.learn([0, 1], T0 + 60 * i, [1.0, 2.0], 0.01)
-...     obj.learn(T0 + 60 * i, 2.0, 0.01)
 >>> mean, var, noise = bank.forecast([0, 1], T0 + 600)
->>> mean.round(3).tolist(), float(mean[1]) == obj.forecast(T0 + 600).mean
-([1.0, 2.0], True)
->>> bank.export(1).forecast(T0 + 600) == obj.forecast(T0 + 600)
-True
+>>> mean.round(3).tolist()
+[1.0, 2.0]
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import astuple, dataclass, fields
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.detectors.seasonal import (
-    DRIFT_ALPHA,
-    HOLD_DRIFT,
-    OUTLIER_RUN,
-    PROFILED_TREND,
-    UNPROFILED_HOLD_S,
-    Relearned,
-    SeasonalBaseline,
-)
+if TYPE_CHECKING:
+    from ragwatch.detectors.seasonal import SeasonalBaseline
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 IDX = npt.NDArray[np.intp]
 BOOL = npt.NDArray[np.bool_]
-NO_DAY = int(np.iinfo(np.int64).min)  # a row that has seen no day (the object's None)
+DAY = 86400.0
+NO_DAY = int(np.iinfo(np.int64).min)  # a row that has seen no day
 DAY_LIMIT = 2.0**62  # |t / season_s| must stay below: a day number fits an int64
-VERSION = 1
-UNIQUE_FROM = 64  # from this many values, a power is computed once per distinct value
+VERSION = 2  # 2: the weekly table; a version 1 dump loads with the weekly table fresh
 NAN = math.nan
-PARAMS = (
-    "step_s", "season_s", "slot_s", "days", "level_noise", "trend_noise", "damping",
-    "min_coverage", "warmup", "hold_max_s", "outlier_z", "unprofiled_hold_s",
-)  # fmt: skip
+# Without a daily profile (the first day), a held level cannot follow the rhythm: one with
+# a steep trend is accepted as the new normal after this long (see _longest_hold).
+UNPROFILED_HOLD_S = 3 * 3600.0
+HOLD_DRIFT = 0.1  # without a profile: how far the trend may carry the level while held
+OUTLIER_RUN = 5  # outliers in a row on one side are a step, not spikes
+DRIFT_ALPHA = 0.01  # per observation: the average |trend| spans hours, not a fault's onset
+PROFILED_TREND = 0.1  # trend_noise is scaled by this once there is a profile
+# trend_noise is per step of this length before a profile (with the weekly profile on): a
+# day's rhythm moves at a pace of its own, whatever the step, and the first day's level and
+# trend alone must follow it (a trend per step wandering like a per-minute one's: (step /
+# 60 s) ** 1.5 as fast); weekly_sd=0 keeps the previous algorithm (per step, as specified)
+TREND_STEP_S = 60.0
+# -- the weekly profile (see the module docstring) --
+WEEK = 7  # seasons in a week
+BLOCKS = 6  # weekly cells per season: 4-hour blocks of a day (a weekend's late morning and
+# a Friday's early evening are their own), few enough that a week fills them at a few
+# requests a minute
+WEEKLY_SD = 0.5  # prior sd of a weekday's offset: user-facing demand runs at 10-50 % of a
+# weekday at weekends, so an unseen weekday at a quarter (log -1.39) is < 3 sd away
+WEEK_SD = 0.1  # prior sd of one block from one week to the next (the same weekday of two
+# ordinary weeks differs by ~10 %): one week seen gives a ~0.1 sd forecast
+WEEK_SD_WEIGHT = 8.0  # the prior counts as this many week-to-week differences of the row
+WEEK_MEMORY = 6  # weeks a block's offset averages over: an old pattern fades in ~6 weeks
+SHAPE_SD = 0.15  # within a day under way, how far a block's level may drift from the
+# daily profile's (a weekend's later, flatter rhythm), as far as the block is uncertain
+ODD_WEEK_Z = 3.0  # a week further than this from the earlier ones is clipped to it (a
+# holiday that was not held moves a block's mean by at most 3 sd / the weeks seen)
+BLOCK_COVERAGE = 0.5  # a block's mean needs half of its slots seen
+
+
+@dataclass(frozen=True, slots=True)
+class SeasonalParams:
+    """A baseline's parameters (see :mod:`~.seasonal` for what each means)."""
+
+    step_s: float = 60.0
+    season_s: float = DAY
+    slot_s: float = 1800.0
+    days: int = 7
+    level_noise: float = 0.001
+    trend_noise: float = 2e-4
+    damping: float = 0.995
+    min_coverage: float = 0.75
+    warmup: int = 5
+    hold_max_s: float = DAY
+    outlier_z: float = 3.5
+    unprofiled_hold_s: float | None = None
+    weekly_sd: float = WEEKLY_SD
+
+    def __post_init__(self) -> None:
+        for name in ("step_s", "season_s", "slot_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+        slots = self.season_s / self.slot_s
+        if not (slots >= 2 and abs(slots - round(slots)) < 1e-9):
+            raise ValueError(f"season_s must be a multiple (>= 2) of slot_s, got {self.season_s!r}")
+        for name in ("days", "warmup"):
+            v = getattr(self, name)
+            if int(v) != v or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        for name in ("level_noise", "trend_noise", "weekly_sd"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+        if not 0 < self.min_coverage <= 1:
+            raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage!r}")
+        if not (math.isfinite(self.hold_max_s) and self.hold_max_s >= 0):
+            raise ValueError(f"hold_max_s must be finite and >= 0, got {self.hold_max_s!r}")
+        if not self.outlier_z > 0:
+            raise ValueError(f"outlier_z must be > 0, got {self.outlier_z!r}")
+        u = self.unprofiled_hold_s
+        if u is not None and not u >= 0:
+            raise ValueError(f"unprofiled_hold_s must be >= 0, got {u!r}")
+
+    @property
+    def slots(self) -> int:
+        return round(self.season_s / self.slot_s)
+
+    def as_list(self) -> list[float]:
+        """The parameters as floats (None: NaN), as a dump carries them."""
+        return [NAN if v is None else float(v) for v in astuple(self)]
+
+
+PARAMS = tuple(f.name for f in fields(SeasonalParams))
+
+
+class _HasParams(Protocol):
+    @property
+    def params(self) -> SeasonalParams: ...
+
+
 # per-row arrays: name -> (dtype, a fresh baseline's value)
 FIELDS: dict[str, tuple[type[np.generic], float]] = {
     "level": (np.float64, 0.0), "trend": (np.float64, 0.0), "p00": (np.float64, 1e6),
@@ -90,138 +165,17 @@ FIELDS: dict[str, tuple[type[np.generic], float]] = {
     "rel_after": (np.float64, NAN), "late": (np.int64, 0), "outliers": (np.int64, 0),
     "profiled": (np.bool_, False),
 }  # fmt: skip
-# the object's scalar slots and the arrays holding them; OPTIONAL ones may be None
-SLOTS = (
-    ("_l", "level"), ("_b", "trend"), ("_p00", "p00"), ("_p01", "p01"), ("_p11", "p11"),
-    ("_t", "at"), ("_n", "n"), ("model_var", "model_var"), ("_run", "run"),
-    ("_drift", "drift"), ("_day", "day"), ("_row", "cur"), ("_refreshed", "refreshed"),
-    ("_held_since", "held_since"), ("_held_q", "held_q"), ("late", "late"),
-    ("outliers", "outliers"),
-)  # fmt: skip
-OPTIONAL = {"_t", "_day", "_refreshed", "_held_since", "_held_q"}
-
-
-def _pymax(a: Any, b: Any) -> F64:
-    """Python's ``max(a, b)`` element-wise: ``a`` unless ``b > a`` (so NaN ``b`` gives
-    ``a``, and ``max(0.0, -0.0)`` is ``0.0``).
-
-    >>> _pymax(0.0, np.array([-1.0, 2.0, np.nan])).tolist()
-    [0.0, 2.0, 0.0]
-    """
-    out: F64 = np.where(b > a, b, a)
-    return out
-
-
-def _pymin(a: Any, b: Any) -> F64:
-    """Python's ``min(a, b)`` element-wise: ``a`` unless ``b < a``.
-
-    >>> _pymin(np.array([1.0, np.nan]), 0.5).tolist()
-    [0.5, nan]
-    """
-    out: F64 = np.where(b < a, b, a)
-    return out
-
-
-def _pypow(base: float, x: F64) -> F64:
-    """``base ** x`` element-wise by Python's float power (numpy's SIMD power can differ
-    in the last bit), each distinct ``x`` once where there are many (rows on one time grid
-    share their steps).
-
-    >>> _pypow(0.5, np.array([0.0, 1.0, 3.0])).tolist()
-    [1.0, 0.5, 0.125]
-    """
-    if len(x) < UNIQUE_FROM:
-        return np.array([base**v for v in x.tolist()], dtype=np.float64)
-    u, inverse = np.unique(x, return_inverse=True)
-    out: F64 = np.array([base**v for v in u.tolist()], dtype=np.float64)[inverse]
-    return out
-
-
-def _opt(v: float) -> float | None:
-    return None if math.isnan(v) else v
-
-
-@dataclass(frozen=True, slots=True)
-class _Grid:
-    """What the per-day Python code needs of the parameters."""
-
-    season_s: float
-    slot_s: float
-    slots: int
-    days: int
-    min_coverage: float
-
-
-def _offset(g: _Grid, p: Sequence[float], t: float) -> float:
-    """``SeasonalBaseline.profile_at`` with profile ``p`` (a list: Python floats)."""
-    pos = (t % g.season_s) / g.slot_s - 0.5
-    lo = math.floor(pos)
-    frac = pos - lo
-    return p[lo % g.slots] * (1 - frac) + p[(lo + 1) % g.slots] * frac
-
-
-def _curve(
-    g: _Grid, end: float, newest: int, row_day: list[int], w: list[float], zw: list[float]
-) -> tuple[list[float], list[float]] | None:
-    """``SeasonalBaseline._curve`` over cells ``w`` / ``zw`` (rows in ``row_day`` order)."""
-    raw, var, known = [math.nan] * g.slots, [math.nan] * g.slots, []
-    for s in range(g.slots):
-        day = math.floor((end - (s + 1) * g.slot_s) / g.season_s)
-        if day <= newest - g.days or day not in row_day:
-            continue
-        i = row_day.index(day) * g.slots + s
-        if w[i] > 0:
-            raw[s], var[s] = zw[i] / w[i], 1.0 / w[i]
-            known.append(s)
-    if len(known) < g.min_coverage * g.slots:
-        return None
-    for a, b in zip(known, [*known[1:], known[0] + g.slots], strict=True):
-        for j in range(a + 1, b):
-            frac = (j - a) / (b - a)
-            raw[j % g.slots] = raw[a] + (raw[b % g.slots] - raw[a]) * frac
-            var[j % g.slots] = 2 * max(var[a], var[b % g.slots])
-    mean = statistics.fmean(raw)
-    return [v - mean for v in raw], var
-
-
-def _combine(curves: list[tuple[list[float], list[float]]], n: int) -> tuple[Any, Any]:
-    """The days' curves into one (median from 3 days, else mean) and its variances."""
-    m = len(curves)
-    if m >= 3:
-        new = [statistics.median(c[0][s] for c in curves) for s in range(n)]
-        var = [math.pi / 2 * sum(c[1][s] for c in curves) / m**2 for s in range(n)]
-    else:
-        new = [statistics.fmean(c[0][s] for c in curves) for s in range(n)]
-        var = [sum(c[1][s] for c in curves) / m**2 for s in range(n)]
-    return new, var
-
-
-def _daily_profile(
-    g: _Grid, t: float, newest: int, row_day: list[int], w: list[float], zw: list[float]
-) -> list[float] | None:
-    """The new profile ``SeasonalBaseline._refresh_profile`` computes at ``t`` (None: no
-    day has enough slots), with its arithmetic, in its order."""
-    curves = [
-        c for k in range(g.days) if (c := _curve(g, t - k * g.season_s, newest, row_day, w, zw))
-    ]
-    if not curves:
-        return None
-    n = g.slots
-    new, var = _combine(curves, n)
-    smooth = [0.25 * new[i - 1] + 0.5 * new[i] + 0.25 * new[(i + 1) % n] for i in range(n)]
-    svar = [0.0625 * var[i - 1] + 0.25 * var[i] + 0.0625 * var[(i + 1) % n] for i in range(n)]
-    mean = statistics.fmean(smooth)
-    rhythm = max(0.0, statistics.pvariance(smooth) - statistics.fmean(svar))
-    return [
-        (v - mean) * (rhythm / (rhythm + sv) if rhythm + sv > 0 else 0.0)
-        for v, sv in zip(smooth, svar, strict=True)
-    ]
+# the weekly table, (rows, WEEK * blocks) each: weeks seen, their mean offset, spread and
+# sampling variance; the posterior mean and variance the forecast reads
+WEEKLY = ("wk_n", "wk_mean", "wk_m2", "wk_s2", "wk_w", "wk_v")
 
 
 class SeasonalBank:
     """Seasonal baselines for rows ``0 .. capacity - 1`` (it grows), all with ``proto``'s
-    parameters. Rows are plain indices: the caller keeps the key -> row map and calls
-    :meth:`reset` on a row it reuses. Within one write call rows must be distinct."""
+    parameters (a :class:`SeasonalParams`, or anything with ``.params``: a
+    :class:`~.seasonal.SeasonalBaseline`). Rows are plain indices: the caller keeps the
+    key -> row map and calls :meth:`reset` on a row it reuses. Within one write call rows
+    must be distinct."""
 
     level: F64
     trend: F64
@@ -250,21 +204,31 @@ class SeasonalBank:
     row_pool: npt.NDArray[np.int32]
     cell_w: F64
     cell_zw: F64
+    wk_n: F64
+    wk_mean: F64
+    wk_m2: F64
+    wk_s2: F64
+    wk_w: F64
+    wk_v: F64
 
-    def __init__(self, proto: SeasonalBaseline, capacity: int = 16) -> None:
-        self._proto = proto.clone()
-        self.params = tuple(getattr(self._proto, name) for name in PARAMS)
-        p = self._proto
+    __hash__ = None  # type: ignore[assignment]  # equal by state
+
+    def __init__(self, proto: SeasonalParams | _HasParams, capacity: int = 16) -> None:
+        p = proto if isinstance(proto, SeasonalParams) else proto.params
+        self.params = p
         self.step_s, self.season_s, self.slot_s = p.step_s, p.season_s, p.slot_s
         self.slots, self.days, self.warmup = p.slots, p.days, p.warmup
         self.damping, self.hold_max_s = p.damping, p.hold_max_s
         self.unprofiled_hold_s = p.unprofiled_hold_s
-        self._grid = _Grid(p.season_s, p.slot_s, p.slots, p.days, p.min_coverage)
-        # the object's scalar expressions, computed as it computes them (Python floats)
+        self.blocks = min(BLOCKS, self.slots)
+        self._block_s = self.season_s / self.blocks
+        self._block_of = np.arange(self.slots) * self.blocks // self.slots
+        self._block_start = np.searchsorted(self._block_of, np.arange(self.blocks))
+        self._tau2 = p.weekly_sd**2
         self._ln2, self._oz2 = p.level_noise**2, p.outlier_z**2
-        self._one_minus_d = 1 - p.damping
-        self._tq = (p.trend_noise * PROFILED_TREND, p.trend_noise * 1.0)  # profile / none
-        self._tq2 = (self._tq[0] ** 2, self._tq[1] ** 2)
+        self._tq = (p.trend_noise * PROFILED_TREND, p.trend_noise)  # profile / none
+        if p.weekly_sd > 0:  # the first day's trend follows the rhythm at the pace of time
+            self._tq = (self._tq[0], p.trend_noise * (p.step_s / TREND_STEP_S) ** 1.5)
         self._p11_restart = p.trend_noise**2 * 100
         self._p11_profiled = (p.trend_noise * PROFILED_TREND) ** 2 * 100
         self.capacity = 0
@@ -278,7 +242,16 @@ class SeasonalBank:
     def proto(self) -> SeasonalBaseline:
         """A fresh baseline with the bank's parameters (a new bank of the same kind is
         ``SeasonalBank(bank.proto)``)."""
-        return self._proto.clone()
+        from ragwatch.detectors.seasonal import SeasonalBaseline
+
+        return SeasonalBaseline.of(self.params)
+
+    def __eq__(self, other: object) -> bool:
+        """Same parameters and the same state in every row (snapshots compare so)."""
+        if not isinstance(other, SeasonalBank) or other.capacity != self.capacity:
+            return NotImplemented if not isinstance(other, SeasonalBank) else False
+        rows = np.arange(self.capacity)
+        return self.dump(rows) == other.dump(rows)
 
     # ------------------------------------------------------------------ storage
 
@@ -296,6 +269,9 @@ class SeasonalBank:
         extend("profile", (capacity, self.slots), np.float64, 0.0)
         extend("row_day", (capacity, self.days), np.int64, 0)
         extend("row_pool", (capacity, self.days), np.int32, -1)
+        for name in WEEKLY:
+            fill = self._tau2 if name == "wk_v" else 0.0
+            extend(name, (capacity, WEEK * self.blocks), np.float64, fill)
         self.capacity = capacity
 
     def _grow_pool(self, extra: int) -> None:
@@ -329,7 +305,7 @@ class SeasonalBank:
             self._grow(max(n, 2 * self.capacity))
 
     def reset(self, rows: npt.ArrayLike) -> None:
-        """Rows back to a fresh baseline (``proto.clone()``); their pool rows go back."""
+        """Rows back to a fresh baseline; their pool rows go back."""
         r = np.unique(self._rows(rows))
         if not len(r):
             return
@@ -339,11 +315,13 @@ class SeasonalBank:
         self.row_pool[r], self.row_day[r], self.profile[r] = -1, 0, 0.0
         for name, (_, fresh) in FIELDS.items():
             getattr(self, name)[r] = fresh
+        for name in WEEKLY:
+            getattr(self, name)[r] = self._tau2 if name == "wk_v" else 0.0
 
     def nbytes(self) -> int:
         """Bytes held by the arrays (rows, pool and free list)."""
-        names = (*FIELDS, "profile", "row_day", "row_pool", "cell_w", "cell_zw", "_free")
-        return sum(int(getattr(self, name).nbytes) for name in names)
+        names = (*FIELDS, *WEEKLY, "profile", "row_day", "row_pool", "cell_w", "cell_zw")
+        return sum(int(getattr(self, name).nbytes) for name in (*names, "_free"))
 
     def nrows(self, rows: npt.ArrayLike) -> I64:
         """How many days' cells each row holds (pool rows in use)."""
@@ -394,38 +372,68 @@ class SeasonalBank:
     def has_profile(self, rows: npt.ArrayLike) -> BOOL:
         return self.profiled[self._read(rows)].copy()
 
+    def weeks_seen(self, rows: npt.ArrayLike, t: npt.ArrayLike) -> F64:
+        """How many past weeks each row's weekly table holds for the block of ``t``."""
+        r = self._read(rows)
+        out: F64 = self.wk_n[r, self._wcell(self._column(t, r))]
+        return out
+
     def held_s(self, rows: npt.ArrayLike, t: npt.ArrayLike) -> F64:
         """How long each row has been held at ``t`` (0 when it is learning)."""
         r = self._read(rows)
         hs = self.held_since[r]
         with np.errstate(all="ignore"):
-            return np.where(np.isnan(hs), 0.0, _pymax(0.0, self._column(t, r) - hs))
+            return np.where(np.isnan(hs), 0.0, np.fmax(0.0, self._column(t, r) - hs))
 
     def relearned(self, rows: npt.ArrayLike) -> tuple[F64, F64, F64, F64]:
         """Each row's last accepted level: ``at``, ``held_s``, ``before``, ``after`` (NaN
-        where the object's ``relearned`` is None: ``at`` is NaN exactly then)."""
+        where none was: ``at`` is NaN exactly then)."""
         r = self._read(rows)
         return self.rel_at[r], self.rel_held_s[r], self.rel_before[r], self.rel_after[r]
 
     def profile_at(self, rows: npt.ArrayLike, t: npt.ArrayLike) -> F64:
-        """Each row's profile offset at ``t`` (0 without a profile)."""
+        """Each row's seasonal offset at ``t``: the daily profile's plus the weekly's."""
         r = self._read(rows)
         with np.errstate(all="ignore"):
-            return self._profile_at(r, self._column(t, r))
+            return self._offset(r, self._column(t, r))
 
     def forecast(self, rows: npt.ArrayLike, t: npt.ArrayLike) -> tuple[F64, F64, F64]:
-        """Each row's forecast at ``t``: mean, var, noise (NaN in all three where the
-        object returns None)."""
+        """Each row's forecast at ``t``: mean, var, noise (NaN in all three while it warms
+        up)."""
         r = self._read(rows)
         with np.errstate(all="ignore"):
             return self._forecast(r, self._column(t, r))
+
+    def _offset(self, r: IDX, t: F64) -> F64:
+        out = self._profile_at(r, t)
+        if self._tau2 > 0 and len(r):
+            out = out + self._weekly_at(r, t)
+        return out
+
+    def _weekly_at(self, r: IDX, t: F64) -> F64:
+        """The weekly offset at ``t``: linear between the centres of its day's blocks,
+        flat before the first and after the last. Not across midnight: a day's table
+        changes when the next starts, and a ramp into a day it had not seen would move
+        the forecast the level was just fitted to; the day's step is what :meth:`_jump`
+        lets the level take."""
+        b = self.blocks
+        day = np.mod(np.floor(t / self.season_s), WEEK).astype(np.intp) * b
+        w = self.wk_w
+        if b == 1:
+            out1: F64 = w[r, day]
+            return out1
+        pos = np.clip(np.mod(t, self.season_s) / self._block_s - 0.5, 0.0, b - 1.0)
+        lo = np.minimum(np.floor(pos).astype(np.intp), b - 2)
+        frac = pos - lo
+        out: F64 = w[r, day + lo] * (1 - frac) + w[r, day + lo + 1] * frac
+        return out
 
     def _profile_at(self, r: IDX, t: F64) -> F64:
         has = self.profiled[r]
         out = np.zeros(len(r))
         if has.any():
             rp, tp = r[has], t[has]
-            if not np.isfinite(tp).all():  # the object's math.floor(nan) raises
+            if not np.isfinite(tp).all():
                 raise ValueError("seasonal bank: a profile needs a finite t")
             pos = np.mod(tp, self.season_s) / self.slot_s - 0.5
             lo = np.floor(pos)
@@ -435,14 +443,41 @@ class SeasonalBank:
             out[has] = p[rp, i] * (1 - frac) + p[rp, (i + 1) % self.slots] * frac
         return out
 
-    def _decay(self, steps: F64) -> F64:
-        """``damping ** steps``, by Python's float power."""
-        if self.damping == 1.0:
-            return np.ones(len(steps))
-        return _pypow(self.damping, steps)
+    def _wcell(self, t: F64) -> IDX:
+        """The weekly cell of ``t``: weekday * blocks + block."""
+        day = np.floor(t / self.season_s)
+        slot = np.floor(np.mod(t, self.season_s) / self.slot_s).astype(np.intp) % self.slots
+        out: IDX = np.mod(day, WEEK).astype(np.intp) * self.blocks + self._block_of[slot]
+        return out
 
-    def _reach(self, steps: F64, decay: F64) -> F64:
-        return steps if self.damping == 1.0 else (1 - decay) / self._one_minus_d
+    def _jump(self, r: IDX, a: F64, t: F64) -> F64:
+        """What the level may have to move from ``a`` to ``t`` for the weekly offsets it
+        does not know: into another day, the two blocks' variances (a weekday's level);
+        within a day, the shape's ``SHAPE_SD`` a block, as far as the block is uncertain
+        (its variance over the prior's), spread over the block (the level follows a
+        weekend's other rhythm as it drifts away from the daily profile)."""
+        if self._tau2 == 0 or not len(r):
+            return np.zeros(len(r))
+        known = np.isfinite(a)
+        aa = np.where(known, a, t)
+        ca, ct = self._wcell(aa), self._wcell(t)
+        va = self.wk_v[r, ca]
+        day = np.floor(aa / self.season_s) != np.floor(t / self.season_s)
+        jump = np.where(day, va + self.wk_v[r, ct], 0.0)
+        # a shape to drift from needs a daily profile: before it, level and trend follow
+        # the rhythm (a random walk of the level there would take any slow change, a leak
+        # as well as a morning, within minutes, and the trend does that job)
+        shape = np.where(self.profiled[r], SHAPE_SD**2 * va / self._tau2, 0.0)
+        drift = shape * np.fmax(0.0, t - aa) / self._block_s
+        out: F64 = np.where(known, jump + drift, 0.0)
+        return out
+
+    def _reach(self, steps: F64) -> tuple[F64, F64]:
+        """``damping ** steps`` and the trend's reach over ``steps``."""
+        if self.damping == 1.0:
+            return np.ones(len(steps)), steps
+        decay = np.power(self.damping, steps)
+        return decay, (1 - decay) / (1 - self.damping)
 
     def _trend_q(self, r: IDX) -> F64:
         return np.where(self.profiled[r], self._tq[0], self._tq[1])
@@ -451,30 +486,32 @@ class SeasonalBank:
         mean, var, noise = np.full(len(r), NAN), np.full(len(r), NAN), np.full(len(r), NAN)
         ok = (self.n[r] >= self.warmup) & ~np.isnan(self.at[r])
         r, t = r[ok], t[ok]
-        hs = self.held_since[r]
-        horizon = np.where(np.isnan(hs), t, _pymin(t, hs))
-        steps = _pymax(0.0, (horizon - self.at[r]) / self.step_s)
-        reach = self._reach(steps, self._decay(steps))
+        hs, at = self.held_since[r], self.at[r]
+        horizon = np.where(np.isnan(hs), t, np.minimum(t, hs))
+        steps = np.fmax(0.0, (horizon - at) / self.step_s)
+        reach = self._reach(steps)[1]
         level = self.level[r] + self.trend[r] * reach
         v = self.p00[r] + 2 * reach * self.p01[r] + reach * reach * self.p11[r]
-        v = v + steps * self._ln2
-        mean[ok] = level + self._profile_at(r, t)
+        v = v + steps * self._ln2 + self._jump(r, at, t)
+        mean[ok] = level + self._offset(r, t)
         var[ok] = v + self._held_var(r, t)
         noise[ok] = self.model_var[r]
         return mean, var, noise
 
     def _held_var(self, r: IDX, t: F64) -> F64:
-        """``SeasonalBaseline._held_var`` (``k ** 3`` by Python's power)."""
+        """How uncertain a held forecast has become by ``t``: the level it froze may since
+        have moved by the level and trend noise of the steps held (a trend that wanders by
+        ``q`` a step moves the level by ``q**2 * k**3 / 3`` in ``k`` steps), at the pace
+        the trend had when the hold began (``held_q``)."""
         out = np.zeros(len(r))
         hs, at = self.held_since[r], self.at[r]
         on = ~np.isnan(hs) & ~np.isnan(at)
         if on.any():
             ro = r[on]
-            k = _pymax(0.0, (t[on] - _pymax(hs[on], at[on])) / self.step_s)
+            k = np.fmax(0.0, (t[on] - np.maximum(hs[on], at[on])) / self.step_s)
             hq = self.held_q[ro]
             q = np.where(np.isnan(hq), self._trend_q(ro), hq)
-            k3 = np.array([x**3 for x in k.tolist()], dtype=np.float64)
-            out[on] = k * self._ln2 + k * k * self.p11[ro] + q * q * k3 / 3
+            out[on] = k * self._ln2 + k * k * self.p11[ro] + q * q * k**3 / 3
         return out
 
     # ------------------------------------------------------------------ learning
@@ -487,8 +524,10 @@ class SeasonalBank:
         var: npt.ArrayLike,
         steps: npt.ArrayLike = 1.0,
     ) -> None:
-        """``SeasonalBaseline.learn(t, z, var, steps)`` on each of the distinct ``rows``
-        (ValueError, with nothing changed, on a non-finite t / z / var or var < 0)."""
+        """One observation ``z`` at ``t`` with sampling variance ``var`` (>= 0), covering
+        ``steps`` steps, on each of the distinct ``rows``. Ignored on a held row; counted
+        in ``late`` if older than the row's state. ValueError, with nothing changed, on a
+        non-finite t / z / var or var < 0."""
         r = self._write(rows)
         tt, zz, vv, ss = (self._column(a, r) for a in (t, z, var, steps))
         if not (np.isfinite(zz).all() and np.isfinite(vv).all() and (vv >= 0).all()):
@@ -498,7 +537,7 @@ class SeasonalBank:
             return
         self.reserve(int(r.max()) + 1)
         with np.errstate(all="ignore"):
-            ss = np.where(np.isfinite(ss), _pymax(1.0, ss), 1.0)
+            ss = np.where(np.isfinite(ss), np.fmax(1.0, ss), 1.0)
             self._learn(r, tt, zz, vv, ss)
 
     def _learn(self, r: IDX, t: F64, z: F64, var: F64, ss: F64) -> None:
@@ -509,7 +548,7 @@ class SeasonalBank:
         self._roll_day(r, t)
         free = np.isnan(self.held_since[r])  # held: nothing is learnt
         r, t, z, var, ss = r[free], t[free], z[free], var[free], ss[free]
-        y = z - self._profile_at(r, t)
+        y = z - self._offset(r, t)
         fresh = (self.n[r] == 0) | np.isnan(self.at[r])
         self._restart(r[fresh], t[fresh], y[fresh])
         u = ~fresh
@@ -526,26 +565,30 @@ class SeasonalBank:
         self.at[r], self.n[r] = t, 1
 
     def _predict(self, r: IDX, t: F64) -> tuple[F64, F64, F64, F64, F64]:
-        """The Kalman predict of ``SeasonalBaseline._update``: level, trend, P at ``t``."""
-        steps = _pymax(0.0, (t - self.at[r]) / self.step_s)
-        decay = self._decay(steps)
-        reach = self._reach(steps, decay)
+        """The Kalman predict to ``t``: level, trend, P (the weekly jump in P)."""
+        at = self.at[r]
+        steps = np.fmax(0.0, (t - at) / self.step_s)
+        decay, reach = self._reach(steps)
         b, p01, p11 = self.trend[r], self.p01[r], self.p11[r]
         level, trend = self.level[r] + reach * b, decay * b
         p00 = self.p00[r] + 2 * reach * p01 + reach * reach * p11
         p01, p11 = decay * (p01 + reach * p11), decay * decay * p11
-        p00 = p00 + steps * self._ln2
-        p11 = p11 + steps * np.where(self.profiled[r], self._tq2[0], self._tq2[1])
+        p00 = p00 + steps * self._ln2 + self._jump(r, at, t)
+        p11 = p11 + steps * self._trend_q(r) ** 2
         return level, trend, p00, p01, p11
 
     def _update(self, r: IDX, t: F64, y: F64, var: F64, ss: F64) -> None:
-        """``SeasonalBaseline._update`` for rows ``r``, its branches as masks."""
+        """Kalman predict to ``t``, then update with the deseasonalised ``y`` (an average
+        over ``ss`` steps); an innovation beyond ``outlier_z`` is a spike (not learnt)
+        unless it is the ``OUTLIER_RUN``-th on one side (a step: learnt, P widened)."""
         level, trend, p00, p01, p11 = self._predict(r, t)
         nu = y - level
         nn, mv = nu * nu, self.model_var[r]
         s = p00 + var + mv / ss
-        excess = np.where(s > 0, (_pymin(nn, 9 * s) - p00 - var) * ss, nn)
-        mv = _pymax(0.0, mv + 0.02 * (excess - mv))
+        # what the sampling noise and the state do not explain (clipped: one outlier must
+        # not blow it up), per step; a slow average, so a burst of noise raises it gradually
+        excess = np.where(s > 0, (np.fmin(nn, 9 * s) - p00 - var) * ss, nn)
+        mv = np.fmax(0.0, mv + 0.02 * (excess - mv))
         self.model_var[r] = mv
         spike, step = self._outliers(r, nu, nn, s)
         p00 = np.where(step, p00 + nn, p00)
@@ -603,7 +646,8 @@ class SeasonalBank:
     # ------------------------------------------------------------------ days
 
     def _roll_day(self, r: IDX, t: F64) -> None:
-        """``SeasonalBaseline._roll_day``: a new day's cells; the refresh once a season."""
+        """A new day's cells (and the weekly table) where the day changes; the daily
+        profile refresh once a season since the row's first call."""
         day = np.floor(t / self.season_s).astype(np.int64)
         new = day != self.day[r]
         if new.any():
@@ -616,8 +660,13 @@ class SeasonalBank:
             self._refresh(row, tt)
 
     def _start_rows(self, r: IDX, day: I64) -> None:
-        """``SeasonalBaseline._start_row`` for rows ``r``: the day's own cells if held,
-        else a new pool row while fewer than ``days`` are held, else the oldest day's."""
+        """Rows ``r`` start ``day``: its own cells if held, else a new pool row while
+        fewer than ``days`` are held, else the oldest day's (emptied); the weekly table
+        first (it reads the cells, and folds in the day leaving them)."""
+        if self._tau2 > 0:
+            for row, d in zip(r.tolist(), day.tolist(), strict=True):
+                if self.day[row] != NO_DAY:
+                    self._weekly(row, d)
         self.day[r] = day
         pools, days = self.row_pool[r], self.row_day[r]
         used = pools >= 0
@@ -634,34 +683,98 @@ class SeasonalBank:
         old = ~found & ~grow
         if old.any():
             ro = r[old]
-            j = np.argmin(days[old], axis=1)  # all used: the first oldest, as rows.index
+            j = np.argmin(days[old], axis=1)
             p = self.row_pool[ro, j]
             self.cell_w[p] = self.cell_zw[p] = 0.0
             self.row_day[ro, j] = day[old]
             cur[old] = j
         self.cur[r] = cur
 
-    def _cells(self, row: int) -> tuple[list[int], list[float], list[float]]:
-        """A row's days and cells as the object holds them (rows in allocation order)."""
+    def _held_days(self, row: int) -> tuple[list[int], IDX]:
+        """A row's days (in its allocation order) and the pool rows of their cells."""
         p = self.row_pool[row]
         p = p[p >= 0]
         days: list[int] = self.row_day[row, : len(p)].tolist()
-        return days, self.cell_w[p].ravel().tolist(), self.cell_zw[p].ravel().tolist()
-
-    def _offset(self, row: int, t: float) -> float:
-        return _offset(self._grid, self.profile[row].tolist(), t) if self.profiled[row] else 0.0
+        return days, p.astype(np.intp)
 
     def _refresh(self, row: int, t: float) -> None:
-        """``SeasonalBaseline._refresh_profile`` for one row, in Python floats."""
-        days, w, zw = self._cells(row)
-        profile = _daily_profile(self._grid, t, int(self.day[row]), days, w, zw)
+        """The daily profile from the held days, the level keeping the forecast at ``t``."""
+        days, pools = self._held_days(row)
+        profile = _daily_profile(self.params, t, int(self.day[row]), days, pools, self)
         if profile is None:
             return
-        old_here = self._offset(row, t)
+        r, tt = np.array([row]), np.array([t])
+        old_here = self._profile_at(r, tt)[0]
         self.profile[row], self.profiled[row] = profile, True
-        self.level[row] = float(self.level[row]) + (old_here - self._offset(row, t))
+        self.level[row] += old_here - self._profile_at(r, tt)[0]
         self.trend[row] = self.p01[row] = 0.0
         self.p11[row] = min(float(self.p11[row]), self._p11_profiled)
+
+    # ------------------------------------------------------------------ the week
+
+    def _weekly(self, row: int, new_day: int) -> None:
+        """Before ``row`` starts ``new_day``: each held day's weekly offsets against the
+        typical held day; the day leaving the cells folded into the table for good; the
+        posterior from the table and the other held days; the level absorbing the change
+        at its own time (the forecast there is unchanged)."""
+        days, pools = self._held_days(row)
+        if not days:
+            return
+        e, s2 = self._offsets(row, pools)
+        leaving = -1
+        if new_day not in days and len(days) >= self.days:
+            leaving = int(np.argmin(days))
+            self._fold(row, days[leaving], e[leaving], s2[leaving])
+        stats = [getattr(self, name)[row].copy() for name in WEEKLY[:4]]
+        for k in sorted(range(len(days)), key=days.__getitem__):
+            if k != leaving:
+                _fold_into(stats, self._cells_of(days[k]), e[k], s2[k], self._delta2(stats))
+        w, v = _posterior(stats, self._delta2(stats), self._tau2, self.blocks)
+        at = np.array([self.at[row]])
+        r = np.array([row])
+        if np.isfinite(at).all():
+            before = self._weekly_at(r, at)[0]
+            self.wk_w[row], self.wk_v[row] = w, v
+            self.level[row] += before - self._weekly_at(r, at)[0]
+        self.wk_w[row], self.wk_v[row] = w, v
+
+    def _cells_of(self, day: int) -> IDX:
+        return (day % WEEK) * self.blocks + np.arange(self.blocks)
+
+    def _offsets(self, row: int, pools: IDX) -> tuple[F64, F64]:
+        """Per held day and block: the mean of its cells minus the daily profile, less
+        the median held day's (NaN where under ``BLOCK_COVERAGE`` of the block was seen),
+        and its sampling variance."""
+        w, zw = self.cell_w[pools], self.cell_zw[pools]
+        seen = w > 0
+        prof = self.profile[row] if self.profiled[row] else np.zeros(self.slots)
+        with np.errstate(all="ignore"):
+            z = np.where(seen, zw / w - prof, 0.0)
+            inv = np.where(seen, 1.0 / w, 0.0)
+            start = self._block_start
+            count = np.add.reduceat(seen, start, axis=1).astype(np.float64)
+            size = np.diff(np.append(start, self.slots))
+            enough = count >= np.maximum(1.0, BLOCK_COVERAGE * size)
+            mean = np.where(enough, np.add.reduceat(z, start, axis=1) / count, NAN)
+            s2 = np.where(enough, np.add.reduceat(inv, start, axis=1) / count**2, NAN)
+        typical = np.zeros(self.blocks)
+        some = ~np.isnan(mean).all(axis=0)
+        typical[some] = np.nanmedian(mean[:, some], axis=0)
+        e: F64 = mean - typical
+        return e, s2
+
+    def _fold(self, row: int, day: int, e: F64, s2: F64) -> None:
+        stats = [getattr(self, name)[row] for name in WEEKLY[:4]]
+        _fold_into(stats, self._cells_of(day), e, s2, self._delta2(stats))
+
+    @staticmethod
+    def _delta2(stats: Sequence[F64]) -> float:
+        """The week-to-week variance of a row's blocks: the prior ``WEEK_SD`` weighed with
+        the spread of the weeks seen (beyond their sampling noise)."""
+        n, _, m2, s2 = stats
+        dof = np.clip(np.minimum(n, WEEK_MEMORY) - 1, 0, None)
+        spread = float((dof * np.fmax(0.0, m2 - s2)).sum())
+        return (WEEK_SD_WEIGHT * WEEK_SD**2 + spread) / (WEEK_SD_WEIGHT + float(dof.sum()))
 
     # ------------------------------------------------------------------ holding
 
@@ -672,8 +785,11 @@ class SeasonalBank:
         deviating: npt.ArrayLike,
         observed: npt.ArrayLike = NAN,
     ) -> BOOL:
-        """``SeasonalBaseline.hold(t, deviating, observed)`` on each of the distinct
-        ``rows`` (``observed`` NaN: None); whether each accepted a new level now."""
+        """Tell each of the distinct ``rows`` whether the caller's evidence at ``t``
+        deviates significantly from :meth:`forecast`. While it does, nothing is learnt;
+        once it has for ``hold_max_s``, the level restarts from ``observed`` (the caller's
+        current ``z``; NaN: none) and :meth:`relearned` records it. Returns whether each
+        accepted a new level now."""
         r = self._write(rows)
         tt, obs = self._column(t, r), self._column(observed, r)
         dev = self._column(deviating, r, np.bool_)
@@ -694,21 +810,26 @@ class SeasonalBank:
         return accepted
 
     def _end_hold(self, r: IDX, t: F64) -> None:
-        """The hold is over: carry on from the forecast it held."""
+        """The hold is over: carry on from the forecast it held (the time it lasted is
+        not a gap: the level was watched, not lost)."""
         hs, at = self.held_since[r], self.at[r]
         going = ~np.isnan(hs) & ~np.isnan(at)
         g = r[going]
-        self.at[g] = at[going] + _pymax(0.0, t[going] - _pymax(hs[going], at[going]))
+        self.at[g] = at[going] + np.fmax(0.0, t[going] - np.maximum(hs[going], at[going]))
         self.held_since[r] = self.held_q[r] = NAN
 
     def _longest_hold(self, r: IDX) -> F64:
-        """``SeasonalBaseline._longest_hold`` of each row."""
+        """How long a deviation is held before it is the new normal: ``hold_max_s``;
+        without a profile, as long as the trend seen so far cannot have moved the level by
+        more than ``HOLD_DRIFT`` at its average pace, at least ``UNPROFILED_HOLD_S`` (or
+        ``unprofiled_hold_s`` when given)."""
         if self.unprofiled_hold_s is not None:
             unprofiled = np.full(len(r), min(self.hold_max_s, self.unprofiled_hold_s))
         else:
             drift = self.drift[r] / self.step_s
-            reach = np.where(drift > 0, HOLD_DRIFT / drift, math.inf)
-            unprofiled = _pymin(self.hold_max_s, _pymax(UNPROFILED_HOLD_S, reach))
+            with np.errstate(divide="ignore"):
+                reach = np.where(drift > 0, HOLD_DRIFT / drift, math.inf)
+            unprofiled = np.minimum(self.hold_max_s, np.maximum(UNPROFILED_HOLD_S, reach))
         return np.where(self.profiled[r], self.hold_max_s, unprofiled)
 
     def _accept(self, r: IDX, t: F64, observed: F64) -> BOOL:
@@ -720,81 +841,34 @@ class SeasonalBank:
         ready = (self.n[r] >= self.warmup) & ~np.isnan(self.at[r])
         self.rel_before[r] = np.where(ready, mean, observed)
         self.held_since[r] = self.held_q[r] = NAN
-        self._restart(r, t, observed - self._profile_at(r, t))
+        self._restart(r, t, observed - self._offset(r, t))
         self.n[r] = self.warmup
         self.rel_at[r], self.rel_held_s[r], self.rel_after[r] = t, held, observed
         return ok
 
-    # ------------------------------------------------------------------ objects
-
-    def _check_object(self, base: SeasonalBaseline) -> None:
-        if tuple(getattr(base, name) for name in PARAMS) != self.params:
-            raise ValueError("seasonal bank: a baseline of other parameters")
-        if base._open is not None or base._count or base._mean or base._scale is not None:
-            raise ValueError("seasonal bank: a baseline used through river's protocol")
-        days = len(base._row_day)
-        if days > self.days or len(base._w) != len(base._zw) or len(base._w) != days * self.slots:
-            raise ValueError("seasonal bank: a baseline's cells do not fit")
-        far = base._day is not None and not abs(base._day) < DAY_LIMIT
-        if far or (base._day is None) != (days == 0) or not 0 <= base._row < max(days, 1):
-            raise ValueError("seasonal bank: a baseline's day does not fit")
-        if base._profile is not None and len(base._profile) != self.slots:
-            raise ValueError("seasonal bank: a baseline's profile does not fit")
-        if abs(base._run) >= OUTLIER_RUN:
-            raise ValueError("seasonal bank: a baseline's outlier run does not fit")
+    # ------------------------------------------------------------------ rows as views
 
     def adopt(self, row: int, base: SeasonalBaseline) -> None:
-        """Row ``row`` takes ``base``'s state exactly (ValueError, with nothing changed, if
-        its parameters differ or it was used through river's protocol)."""
-        self._check_object(base)
-        self.reserve(row + 1)
-        self.reset([row])
-        for slot, name in SLOTS:
-            v = getattr(base, slot)
-            getattr(self, name)[row] = (NO_DAY if slot == "_day" else NAN) if v is None else v
-        rel = base.relearned
-        if rel is not None:
-            self.rel_at[row], self.rel_held_s[row] = rel.at, rel.held_s
-            self.rel_before[row], self.rel_after[row] = rel.before, rel.after
-        if base._profile is not None:
-            self.profile[row], self.profiled[row] = base._profile.tolist(), True
-        k = len(base._row_day)
-        p = self._alloc(k)
-        self.row_pool[row, :k], self.row_day[row, :k] = p, base._row_day.tolist()
-        self.cell_w[p] = np.asarray(base._w.tolist()).reshape(k, self.slots)
-        self.cell_zw[p] = np.asarray(base._zw.tolist()).reshape(k, self.slots)
+        """Row ``row`` takes ``base``'s state (ValueError, with nothing changed, if its
+        parameters differ)."""
+        if base.params != self.params:
+            raise ValueError("seasonal bank: a baseline of other parameters")
+        self.load([row], base.bank.dump([0]))
 
     def export(self, row: int) -> SeasonalBaseline:
-        """A :class:`SeasonalBaseline` with exactly row ``row``'s state (river's protocol
-        fresh)."""
-        row = int(self._read([row])[0])
-        base = self._proto.clone()
-        for slot, name in SLOTS:
-            v = getattr(self, name)[row].item()
-            if slot in OPTIONAL:
-                v = (None if v == NO_DAY else v) if slot == "_day" else _opt(v)
-            setattr(base, slot, v)
-        at = float(self.rel_at[row])
-        if not math.isnan(at):
-            held, before = float(self.rel_held_s[row]), float(self.rel_before[row])
-            base.relearned = Relearned(at, held, before, float(self.rel_after[row]))
-        if self.profiled[row]:
-            base._profile = array("d", self.profile[row].tolist())
-        days, w, zw = self._cells(row)
-        base._row_day, base._w, base._zw = array("q", days), array("d", w), array("d", zw)
+        """A :class:`~.seasonal.SeasonalBaseline` holding a copy of row ``row``."""
+        base = self.proto
+        base.bank.load([0], self.dump(self._read([row])))
         return base
 
     # ------------------------------------------------------------------ snapshots
-
-    def _param_list(self) -> list[float]:
-        return [math.nan if v is None else float(v) for v in self.params]
 
     def dump(self, rows: npt.ArrayLike) -> dict[str, Any]:
         """The state of ``rows`` as plain data (little-endian raw arrays by name, the
         parameters, a version); :meth:`load` puts it back, onto any rows."""
         r = self._read(rows)
-        out: dict[str, Any] = {"version": VERSION, "params": self._param_list(), "rows": len(r)}
-        for name in FIELDS:
+        out: dict[str, Any] = {"version": VERSION, "params": self.params.as_list(), "rows": len(r)}
+        for name in (*FIELDS, *WEEKLY):
             out[name] = _le(getattr(self, name)[r])
         out["row_day"] = _le(self.row_day[r])
         pools = self.row_pool[r]
@@ -806,13 +880,15 @@ class SeasonalBank:
 
     def load(self, rows: npt.ArrayLike, data: dict[str, Any]) -> None:
         """Rows ``rows`` from a :meth:`dump` of as many rows by a bank with the same
-        parameters (ValueError, with nothing changed, if anything does not fit)."""
+        parameters (a version 1 dump: the weekly table fresh); ValueError, with nothing
+        changed, if anything does not fit."""
         r = self._write(rows)
         parts = self._parse(len(r), data)
         self.reserve(int(r.max()) + 1 if len(r) else 0)
         self.reset(r)
-        for name in FIELDS:
-            getattr(self, name)[r] = parts[name]
+        for name in (*FIELDS, *WEEKLY):
+            if name in parts:
+                getattr(self, name)[r] = parts[name]
         self.row_day[r] = parts["row_day"]
         counts = parts["nrows"]
         p = self._alloc(int(counts.sum()))
@@ -823,19 +899,27 @@ class SeasonalBank:
 
     def _parse(self, k: int, data: dict[str, Any]) -> dict[str, Any]:
         """``data``'s arrays, checked against the bank and each other."""
-        mine, theirs = self._param_list(), data.get("params")
-        if data.get("version") != VERSION or data.get("rows") != k or not _same(mine, theirs):
+        version, theirs = data.get("version"), data.get("params")
+        mine = self.params.as_list()
+        if version == 1 and self.params.weekly_sd == WEEKLY_SD:
+            mine = mine[: PARAMS.index("weekly_sd")]  # before the weekly table
+        elif version != VERSION:
+            mine = []
+        if data.get("rows") != k or not _same(mine, theirs):
             raise ValueError("seasonal bank state of another version, size or parameters")
         parts = {name: _array(data, name, dt, k) for name, (dt, _) in FIELDS.items()}
+        cells = WEEK * self.blocks
+        for name in WEEKLY if version == VERSION else ():
+            parts[name] = _array(data, name, np.float64, k * cells).reshape(k, cells)
         parts["row_day"] = _array(data, "row_day", np.int64, k * self.days)
         parts["row_day"] = parts["row_day"].reshape(k, self.days)
         counts = parts["nrows"] = _array(data, "nrows", np.int64, k)
         if np.frombuffer(data["profiled"], dtype=np.uint8).max(initial=0) > 1:
             raise ValueError("seasonal bank state: profiled is not boolean")
-        cells, profiled = int(counts.sum()), int(parts["profiled"].sum())
+        n_cells, profiled = int(counts.sum()), int(parts["profiled"].sum())
         for name in ("cell_w", "cell_zw"):
-            parts[name] = _array(data, name, np.float64, cells * self.slots)
-            parts[name] = parts[name].reshape(cells, self.slots)
+            parts[name] = _array(data, name, np.float64, n_cells * self.slots)
+            parts[name] = parts[name].reshape(n_cells, self.slots)
         parts["profile"] = _array(data, "profile", np.float64, profiled * self.slots)
         parts["profile"] = parts["profile"].reshape(profiled, self.slots)
         self._check_rows(parts)
@@ -851,6 +935,124 @@ class SeasonalBank:
             raise ValueError("seasonal bank state: a row's day does not fit its cells")
         if (np.abs(parts["run"].astype(np.int64)) >= OUTLIER_RUN).any():
             raise ValueError("seasonal bank state: an outlier run does not fit")
+        if "wk_n" in parts and not (
+            np.isfinite(parts["wk_v"]).all() and (parts["wk_n"] >= 0).all()
+        ):
+            raise ValueError("seasonal bank state: the weekly table does not fit")
+
+
+# -- the daily profile ----------------------------------------------------------------------
+
+
+def _daily_profile(
+    p: SeasonalParams, t: float, newest: int, days: list[int], pools: IDX, bank: SeasonalBank
+) -> F64 | None:
+    """The daily profile at ``t`` (None: no day has enough slots): each of the last
+    ``days`` 24-hour spans' offsets (each slot's latest cell before the span's end, minus
+    their mean), their median (from 3 spans; fewer: their mean), smoothed over
+    neighbouring slots and shrunk towards 0 by how much of the slots' spread is noise (a
+    flat series learnt from a few requests a minute gets no profile, a 20x rhythm all)."""
+    curves = [
+        c for k in range(p.days) if (c := _curve(p, t - k * p.season_s, newest, days, pools, bank))
+    ]
+    if not curves:
+        return None
+    raw = np.array([c[0] for c in curves])
+    var = np.array([c[1] for c in curves])
+    m = len(curves)
+    if m >= 3:  # the median of m values is about pi/2 times as noisy as their mean
+        new, nvar = np.median(raw, axis=0), math.pi / 2 * var.sum(axis=0) / m**2
+    else:
+        new, nvar = raw.mean(axis=0), var.sum(axis=0) / m**2
+    smooth = 0.25 * np.roll(new, 1) + 0.5 * new + 0.25 * np.roll(new, -1)
+    svar = 0.0625 * np.roll(nvar, 1) + 0.25 * nvar + 0.0625 * np.roll(nvar, -1)
+    rhythm = max(0.0, float(smooth.var() - svar.mean()))
+    with np.errstate(all="ignore"):
+        keep = np.where(rhythm + svar > 0, rhythm / (rhythm + svar), 0.0)
+    out: F64 = (smooth - smooth.mean()) * keep
+    return out if np.isfinite(out).all() else None
+
+
+def _curve(
+    p: SeasonalParams, end: float, newest: int, days: list[int], pools: IDX, bank: SeasonalBank
+) -> tuple[F64, F64] | None:
+    """The offsets of the season ending at ``end`` (each slot's latest complete cell
+    before it, minus their mean) and their sampling variances, or None if fewer than
+    ``min_coverage`` of its slots were seen (the unseen ones: circular interpolation)."""
+    slots = p.slots
+    s = np.arange(slots)
+    day = np.floor((end - (s + 1) * p.slot_s) / p.season_s).astype(np.int64)
+    where = {d: i for i, d in enumerate(days) if d > newest - p.days}
+    idx = np.array([where.get(int(d), -1) for d in day])
+    ok = idx >= 0
+    w = np.zeros(slots)
+    zw = np.zeros(slots)
+    w[ok] = bank.cell_w[pools[idx[ok]], s[ok]]
+    zw[ok] = bank.cell_zw[pools[idx[ok]], s[ok]]
+    known = np.flatnonzero(w > 0)
+    if len(known) < p.min_coverage * slots:
+        return None
+    raw, var = zw[known] / w[known], 1.0 / w[known]
+    ext = np.append(known, known[0] + slots)  # circular linear interpolation over gaps
+    raw_ext, var_ext = np.append(raw, raw[0]), np.append(var, var[0])
+    u = s + slots * (s < known[0])
+    full = np.interp(u, ext, raw_ext)
+    a = np.searchsorted(ext, u, side="right") - 1
+    gap_var = 2 * np.maximum(var_ext[a], var_ext[np.minimum(a + 1, len(known))])
+    fvar = np.where(w > 0, var_ext[a], gap_var)
+    if not np.isfinite(full).all():
+        return None
+    return full - full.mean(), fvar
+
+
+# -- the weekly table -------------------------------------------------------------------------
+
+
+def _fold_into(stats: Sequence[F64], cells: IDX, e: F64, s2: F64, delta2: float) -> None:
+    """One week's offsets ``e`` (NaN: not seen) into ``cells`` of the table ``stats``
+    (weeks, mean, spread, sampling variance; in place): an exponentially weighted mean over
+    ``WEEK_MEMORY`` weeks, a week further than ``ODD_WEEK_Z`` sd from the earlier ones
+    clipped to that distance (a one-off quiet day moves a block's mean little)."""
+    n, mean, m2, ss = stats
+    ok = np.isfinite(e) & np.isfinite(s2)
+    c, e, s2 = cells[ok], e[ok], s2[ok]
+    prior_n = n[c]
+    k = np.minimum(prior_n + 1, WEEK_MEMORY)
+    lim = ODD_WEEK_Z * np.sqrt(delta2 + ss[c] + s2)
+    dev = e - mean[c]
+    dev = np.where(prior_n > 0, np.clip(dev, -lim, lim), dev)
+    mean[c] += dev / k
+    seen = prior_n > 0
+    m2[c] = np.where(seen, m2[c] + (dev * dev * (k - 1) / k - m2[c]) / np.maximum(k - 1, 1), 0.0)
+    ss[c] += (s2 - ss[c]) / k
+    n[c] = prior_n + 1
+
+
+def _posterior(stats: Sequence[F64], delta2: float, tau2: float, blocks: int) -> tuple[F64, F64]:
+    """Each block's offset (the weeks' mean shrunk towards 0, a prior of variance
+    ``tau2`` against weeks of variance ``delta2`` plus their sampling noise) and its
+    variance; a block no week has seen, on a weekday others blocks of which were, takes
+    their mean and a shape's variance more (a held morning is not a typical one)."""
+    n, mean, _, ss = stats
+    if tau2 == 0:
+        return np.zeros_like(mean), np.zeros_like(mean)
+    ne = np.minimum(n, WEEK_MEMORY)
+    obs = delta2 + ss
+    v = 1.0 / (1.0 / tau2 + ne / obs)
+    w = v * ne * mean / obs
+    seen = (ne > 0).reshape(WEEK, blocks)
+    w2, v2 = w.reshape(WEEK, blocks), v.reshape(WEEK, blocks)
+    k = seen.sum(axis=1, keepdims=True)
+    fill = ~seen & (k > 0)
+    with np.errstate(all="ignore"):
+        day_w = np.where(seen, w2, 0.0).sum(axis=1, keepdims=True) / k
+        day_v = np.where(seen, v2, 0.0).sum(axis=1, keepdims=True) / k + SHAPE_SD**2
+    w2 = np.where(fill, day_w, w2)
+    v2 = np.where(fill, np.minimum(day_v, tau2), v2)
+    return w2.reshape(-1), v2.reshape(-1)
+
+
+# -- plain data -------------------------------------------------------------------------------
 
 
 def _le(a: npt.NDArray[Any]) -> bytes:
@@ -871,7 +1073,7 @@ def _array(data: dict[str, Any], name: str, dt: type[np.generic], size: int) -> 
 
 def _same(mine: list[float], theirs: Any) -> bool:
     """Whether ``theirs`` is the parameter list ``mine`` (NaN: None, equal to NaN)."""
-    if not isinstance(theirs, list) or len(theirs) != len(mine):
+    if not mine or not isinstance(theirs, list) or len(theirs) != len(mine):
         return False
     return all(
         isinstance(b, float) and (a == b or (math.isnan(a) and math.isnan(b)))

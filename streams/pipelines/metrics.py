@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ragwatch.detectors.seasonal import SeasonalBaseline
-from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.detectors.seasonal_bank import DAY, DAY_LIMIT, SeasonalBank
 from ragwatch.schema import MetricsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
@@ -399,7 +399,9 @@ class MetricsPipeline:
         for k in ("forecast", "deviation", "z", "score"):
             sig[f"tps_{k}"] = None
         base = s.tps
-        f = base.forecast(ts) if tokens is not None else None
+        # a scrape stamped beyond the baseline's calendar (|day| >= 2**62) is not learnt
+        judged = tokens is not None and abs(ts / DAY) < DAY_LIMIT
+        f = base.forecast(ts) if judged else None
         if f is not None and tokens is not None:
             forecast = math.exp(f.mean)
             d = tokens / forecast - 1
@@ -425,10 +427,11 @@ class MetricsPipeline:
         b = math.floor(ts / BASELINE_BUCKET_S)
         if s.bucket is not None and b != s.bucket:
             total, reqs, n = s.sums
-            if n:
+            at = (s.bucket + 0.5) * BASELINE_BUCKET_S
+            if n and abs(at / DAY) < DAY_LIMIT:  # beyond the calendar: not learnt
                 mean, req_mean = total / n, reqs / n
                 var = 1.05 / (req_mean * BASELINE_BUCKET_S) if req_mean > 0 else 0.0
-                s.tps.learn((s.bucket + 0.5) * BASELINE_BUCKET_S, math.log(mean + 1e-9), var)
+                s.tps.learn(at, math.log(mean + 1e-9), var)
             s.sums = (0.0, 0.0, 0)
         s.bucket = b
         total, reqs, n = s.sums
