@@ -87,7 +87,7 @@ import math
 import statistics
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -119,12 +119,14 @@ I64 = npt.NDArray[np.int64]
 @dataclass(frozen=True, slots=True)
 class Cluster:
     """One DBSCAN cluster of the window: its core points' centroid (in ``features`` order),
-    how many core points it has, and grid cells (side ``eps``) it covers: the cell of one
-    core point per sub-cell, so every cell with its core points is at most one away."""
+    how many core points it has, the grid cells (side ``eps``) it covers: the cell of one
+    core point per sub-cell, so every cell with its core points is at most one away; and
+    its core points (for a caller that asks what kind of requests it holds)."""
 
     centroid: Point
     size: int
     cells: frozenset[Key] = frozenset()
+    points: tuple[Point, ...] = field(default=(), compare=False, repr=False)
 
 
 @register("request_outliers")
@@ -776,6 +778,7 @@ class RequestOutliers:
                 tuple(sum(c) / len(pts) for c in zip(*pts, strict=True)),
                 len(pts),
                 frozenset(cells[root]),
+                tuple(pts),
             )
             for root, pts in groups.items()
         ]

@@ -31,6 +31,10 @@ _MEMORY_SIGNALS = (
     "window_h",
     "tte_s",
     "tte_h",
+    "leak_gb_per_hour",
+    "floor_gb_per_hour",
+    "floor_steadiness",
+    "above_known_gb",
 )
 SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
     "process": ("gpu_mem_bytes", "rss_bytes", *_MEMORY_SIGNALS),
@@ -58,6 +62,9 @@ BASELINES: dict[str, dict[str, str]] = {
         "tps": "tps_forecast",
         "retriever_p99": "retriever_p99_baseline_ms",
         "e2e_p95": "e2e_p95_baseline_ms",
+        "decode": "decode_baseline_tps",
+        "ttft_net_p95": "ttft_net_p95_baseline_ms",
+        "queue_p95": "queue_p95_baseline_ms",
     },
     "engine": {"tps": "tps_forecast"},
 }
@@ -83,7 +90,12 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     "recent_outliers", "outlier_ratio", "new_outlier_cluster", "outlier_cluster_size",
     "outlier_cluster_active",
     "window_s", "window_requests", "requests_total", "errors_total", "output_tokens_total",
-    "errors_baseline", "errors_z",
+    "errors_baseline", "errors_z", "window_errors",
+    "retriever_tail_ratio", "retriever_tail_z",
+    "decode_tps", "decode_baseline_tps", "decode_deviation", "decode_z", "decode_requests",
+    "ttft_net_p95_ms", "ttft_net_p95_baseline_ms", "ttft_net_p95_ratio",
+    "ttft_net_p95_excess_ms", "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio",
+    "queue_p95_excess_ms", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
     "clustered_requests", *_baseline_signals("service"),
 )  # fmt: skip
 # a cumulative count of the evidence behind a series' signals, for keep_firing_requests

@@ -14,8 +14,8 @@ no fault is injected (only daily seasonality, a deploy and a model reload); the 
 passes if nothing pages for 3 simulated days
 >>> a = story("all")
 >>> [e.rule for e in a.expected]  # doctest: +NORMALIZE_WHITESPACE
-['GpuOomKill', 'GpuMemoryLeak', 'TokensPerRequestDrop', 'RetrievalSlowdown',
- 'RequestOutlierCluster']
+['GpuOomKill', 'GpuMemoryLeak', 'DecodeSpeedDrop', 'TokensPerRequestDrop',
+ 'RetrievalSlowdown', 'RequestOutlierCluster']
 >>> high = {"status": "firing", "labels": {"alertname": "GpuMemoryHigh",
 ...         "host": "gpu-node-01", "gpu": "1"}}
 >>> print(a.explain(high))  # doctest: +NORMALIZE_WHITESPACE
@@ -30,11 +30,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HOSTS, GPUS, SERVICES = 4, 2, 2
+# the throughput fault is two symptoms at once: answers decode slower (DecodeSpeedDrop, the
+# seed's "token/s per request") and come shorter (TokensPerRequestDrop); its requests fall
+# by about a third, far from the demand collapse ThroughputDrop pages on (docs/rules.md)
 REQUEST_RULES = {
-    "throughput": ("TokensPerRequestDrop",),
+    "throughput": ("DecodeSpeedDrop", "TokensPerRequestDrop"),
     "retrieval": ("RetrievalSlowdown",),
     "outliers": ("RequestOutlierCluster",),
-    "all": ("TokensPerRequestDrop", "RetrievalSlowdown", "RequestOutlierCluster"),
+    "all": (
+        "DecodeSpeedDrop",
+        "TokensPerRequestDrop",
+        "RetrievalSlowdown",
+        "RequestOutlierCluster",
+    ),
 }
 OOM_SCENARIOS = ("oom", "all")
 HEALING, HEAL_AFTER = ("all",), "5h"  # the request faults of `all` end 5 h in
@@ -196,24 +204,21 @@ def _requests(
             f"{instance} of {service} on the same host slows down {LEAK_PER_10MIN:.0%} per "
             "10 minutes"
         )
-        why["ThroughputDrop"] = (
-            f"the leak slows {instance} on {host} down: fewer requests and output tokens/s"
+        why["DecodeSpeedDrop"] = (
+            f"the leak slows {instance} on {host} down: it decodes "
+            f"{LEAK_PER_10MIN:.0%} slower every 10 minutes"
         )
     if scenario == "oom":
         burst = (
             f"the OOM kill fails {OOM_ERROR_P:.0%} of {instance}'s requests for "
             f"{OOM_BURST_S:.0f} s, with no output"
         )
-        why |= dict.fromkeys(("TokensPerRequestDrop", "ThroughputDrop"), burst)
+        why |= dict.fromkeys(("TokensPerRequestDrop", "ErrorRateHigh"), burst)
     if scenario in ("throughput", "all"):
         texts.append(
             f"{instance} of {service} (on {host}) loses {1 - tokens:.0%} of its output "
             f"tokens per request and {1 - qps:.0%} of its requests, and decodes "
             f"{decode:g}x slower"
-        )
-        why["ThroughputDrop"] = (
-            f"the throughput fault cuts {instance}'s requests {1 - qps:.0%} and its tokens "
-            f"per request {1 - tokens:.0%}: its output tokens/s drop with them"
         )
         why["E2eLatencyDeviation"] = (
             f"the throughput fault makes {instance} decode {decode:g}x slower: its end-to-end "

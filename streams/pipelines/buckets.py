@@ -6,7 +6,11 @@ and means (requests, errors, output tokens and their squares, context tokens, th
 of an active outlier cluster apart) and, per latency (end to end, each stage, time to first
 token, queueing), a :class:`Reservoir` of at most ``reservoir`` values, a uniform sample of
 all that came. At its close the counts go to the series' count ring and the values to its
-tail window (:mod:`~ragwatch.streams.pipelines.evidence`).
+tail window (:mod:`~ragwatch.streams.pipelines.evidence`). Two values per request are
+derived from its record: ``tpot``, the decode time per output token
+(:func:`decode_ms_per_token`), ``ttft_net``, its time to first token less its queue
+wait (:func:`ttft_net_ms`): what the serving engine spent itself, and ``out``, the output
+tokens of a request that succeeded (for a mean over the newest requests).
 
 >>> import random
 >>> from ragwatch.schema import RequestRecord
@@ -29,6 +33,11 @@ from typing import Protocol
 from ragwatch.streams.pipelines.evidence import BucketCounts
 
 STAGES = ("retriever", "reranker", "llm")
+# values derived from a record (decode time per token, TTFT less queue wait): sampled, once
+# their reservoir is full, with a generator of their own, so that adding them left the
+# samples of the measured latencies (and the series' shared generator) as they were
+DERIVED = ("tpot", "ttft_net", "out")
+DERIVED_SEED = 30
 
 
 class Record(Protocol):
@@ -118,6 +127,12 @@ class Bucket:
             self._sample("ttft", rec.ttft_ms)
         if rec.queue_ms is not None:
             self._sample("queue", rec.queue_ms)
+        if (tpot := decode_ms_per_token(rec)) is not None:
+            self._sample("tpot", tpot)
+        if (net := ttft_net_ms(rec)) is not None:
+            self._sample("ttft_net", net)
+        if rec.status == "ok" and not clustered:
+            self._sample("out", float(rec.output_tokens))
 
     def add_run(self, recs: Sequence[Record], clustered: Sequence[bool] = ()) -> None:
         """:meth:`add` of each record of ``recs`` in turn (``clustered[i]`` for record i;
@@ -126,7 +141,7 @@ class Bucket:
         (sampling then draws from the shared rng in the records' order)."""
         if clustered and len(clustered) != len(recs):
             raise ValueError(f"{len(clustered)} clustered flags for {len(recs)} records")
-        cols = _latency_columns(recs)
+        cols = _latency_columns(recs, clustered)
         lat, cap = self.latencies, self.reservoir
         if any((len(lat[k].values) if k in lat else 0) + len(v) > cap for k, v in cols.items()):
             for i, rec in enumerate(recs):
@@ -137,7 +152,7 @@ class Bucket:
                 continue
             res = lat.get(name)
             if res is None:
-                res = lat[name] = Reservoir(cap, self.rng)
+                res = lat[name] = Reservoir(cap, self.rng_for(name))
             res.extend(values)
         counted = (
             [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
@@ -154,12 +169,21 @@ class Bucket:
     def _sample(self, name: str, v: float) -> None:
         r = self.latencies.get(name)
         if r is None:
-            r = self.latencies[name] = Reservoir(self.reservoir, self.rng)
+            r = self.latencies[name] = Reservoir(self.reservoir, self.rng_for(name))
         if len(r.values) < r.cap:  # Reservoir.add, inline: a call less per value
             r.seen += 1
             r.values.append(v)
         else:
             r.add(v)
+
+    def rng_for(self, name: str) -> random.Random:
+        """The generator that samples ``name``'s reservoir (see :data:`DERIVED`)."""
+        if name not in DERIVED:
+            return self.rng
+        for other in DERIVED:  # the bucket's derived reservoirs share one
+            if other in self.latencies:
+                return self.latencies[other].rng
+        return random.Random(DERIVED_SEED)
 
     def counts(self) -> BucketCounts:
         return BucketCounts(
@@ -172,9 +196,12 @@ class Bucket:
         )
 
 
-def _latency_columns(recs: Sequence[Record]) -> dict[str, list[float]]:
+def _latency_columns(
+    recs: Sequence[Record], clustered: Sequence[bool] = ()
+) -> dict[str, list[float]]:
     """The latencies of ``recs`` by name, each in the order :meth:`Bucket.add` samples
-    them (the records' order); a name no record has is left out."""
+    them (the records' order); a name no record has is left out. ``out`` leaves out the
+    records of an active outlier cluster (``clustered``), as the counts do."""
     cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in recs]}
     stages = [r.stages for r in recs]
     if any(stages):
@@ -188,7 +215,56 @@ def _latency_columns(recs: Sequence[Record]) -> dict[str, list[float]]:
         cols["ttft"] = ttft
     if queue:
         cols["queue"] = queue
+    tpot = [v for r in recs if (v := decode_ms_per_token(r)) is not None]
+    if tpot:
+        cols["tpot"] = tpot
+    if ttft:
+        cols["ttft_net"] = [v for r in recs if (v := ttft_net_ms(r)) is not None]
+    flags = clustered or [False] * len(recs)
+    out = [float(r.output_tokens) for r, c in zip(recs, flags, strict=True) if r.status == "ok"
+           and not c]  # fmt: skip
+    if out:
+        cols["out"] = out
     return cols
+
+
+def decode_ms_per_token(rec: Record) -> float | None:
+    """The time the request spent per output token while decoding (ms), None where it
+    cannot be told (a failed request, fewer than 2 tokens, no LLM time or TTFT).
+
+    With ``ttft_ms`` (from the request's start, as the SDK measures it), the decode is
+    the time from the first token to the end, ``e2e - ttft``, over the ``out - 1`` tokens
+    after the first; it cannot be longer than the LLM stage, so a TTFT measured from the
+    LLM call's start instead (``e2e - ttft`` longer than the stage) is taken as
+    ``llm - ttft``. Without a TTFT: the whole LLM stage over all its tokens (its prefill
+    included: a slower prefill reads as slower decoding, which is what a user sees).
+
+    >>> from ragwatch.schema import RequestRecord
+    >>> decode_ms_per_token(RequestRecord(ts=0, status="ok", e2e_ms=900.0, context_tokens=1,
+    ...     output_tokens=101, stages={"llm": 800.0}, ttft_ms=400.0))
+    5.0
+    """
+    out = rec.output_tokens
+    if rec.status != "ok" or out < 2:
+        return None
+    llm, ttft = rec.stages.get("llm"), rec.ttft_ms
+    if ttft is not None and rec.e2e_ms > ttft:
+        span = rec.e2e_ms - ttft
+        if llm is not None and span > llm:
+            span = llm - ttft if llm > ttft else llm
+        return span / (out - 1) if span > 0 else None
+    return llm / out if llm is not None and llm > 0 else None
+
+
+def ttft_net_ms(rec: Record) -> float | None:
+    """Time to first token less the queue wait (ms; the TTFT itself without a queue
+    wait): the part the engine (and the stages before it) spent, so a queue that grows
+    pages once, as queue wait, not again as TTFT."""
+    ttft = rec.ttft_ms
+    if ttft is None:
+        return None
+    q = rec.queue_ms
+    return ttft - q if q is not None and q < ttft else (ttft if q is None else 0.0)
 
 
 def drop_before(buckets: dict[int, Bucket], b: int) -> int:

@@ -16,6 +16,14 @@ series id                                 value, forecast, score
 ========================================  ==============================================
 ``service:SVC:INSTANCE:tokens_per_s``     output tokens/s, seasonal baseline, score
 ``service:SVC:INSTANCE:tokens_per_req``   tokens/request, forecast, score
+``service:SVC:INSTANCE:decode_tps``       decode speed per request (median), its
+                                          baseline, none
+``service:SVC:INSTANCE:errors``           share of failed requests, the usual share,
+                                          none (only when a rule charts it)
+``service:SVC:INSTANCE:queue_p95``        queue wait P95 ms (newest requests), its
+                                          baseline, none (only when a rule charts it)
+``service:SVC:INSTANCE:ttft_net_p95``     TTFT less queue wait P95 ms, its baseline,
+                                          none (only when a rule charts it)
 ``service:SVC:INSTANCE:retriever_p99``    retriever P99 ms, its baseline, none
 ``service:SVC:INSTANCE:e2e_p95``          e2e P95 ms, its baseline, none
 ``service:SVC:INSTANCE:outliers``         outlier requests per bucket, none, none (only
@@ -45,13 +53,21 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 >>> rec.observe(pipes, "host", [("gpu-node-01", env.ts)])
 >>> rec.observe(pipes, "service", [("rag-api", env.ts)])
 >>> points = rec.take()
->>> for sid in sorted(points)[:5]:  # of 13
+>>> len(points)  # the GPU, its 2 processes, and 9 charts of each of the 2 instances
+21
+>>> print(*points["process:gpu-node-01:0:4001:gpu_mem"][0]["rules"])
+GpuMemoryLeak GpuMemoryLeakSlow GpuOomKill GpuXidCritical
+>>> for sid in sorted(points)[3:12]:  # an instance's: each default rule on its chart
 ...     print(sid, *points[sid][0]["rules"])
-gpu:gpu-node-01:0:fb_used GpuMemoryHigh GpuMemoryLeakUnattributed GpuOomKill GpuXidCritical
-process:gpu-node-01:0:2000:gpu_mem GpuMemoryLeak GpuOomKill GpuXidCritical
-process:gpu-node-01:0:4001:gpu_mem GpuMemoryLeak GpuOomKill GpuXidCritical
+service:rag-api:rag-api-0:decode_tps DecodeSpeedDrop
 service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation
+service:rag-api:rag-api-0:errors ErrorRateHigh
 service:rag-api:rag-api-0:outliers RequestOutlierCluster
+service:rag-api:rag-api-0:queue_p95 QueueWaitHigh
+service:rag-api:rag-api-0:retriever_p99 RetrievalSlowdown
+service:rag-api:rag-api-0:tokens_per_req TokensPerRequestDrop
+service:rag-api:rag-api-0:tokens_per_s ThroughputDrop
+service:rag-api:rag-api-0:ttft_net_p95 TtftDeviation
 >>> rec.observe(pipes, "host", [("gpu-node-01", env.ts)]); rec.take()  # nothing new since
 {}
 
@@ -120,6 +136,16 @@ CHARTS = (
           "tokens/s", ("tps_deviation", "tps_z")),
     Chart("service", "tokens_per_req", "tokens_per_request", "tpr_forecast", "tpr_score",
           "tokens", ("tpr_deviation", "tpr_z")),
+    # what the service controls (docs/rules.md, "Demand is context"): the decode speed is
+    # the seed's symptom, charted whatever the rules; the others when a rule reads them
+    Chart("service", "decode_tps", "decode_tps", "decode_baseline_tps", unit="tokens/s",
+          about=("decode_deviation", "decode_z")),
+    Chart("service", "errors", "errors_ratio", "errors_baseline", unit="ratio", main=False,
+          about=("errors_z", "window_errors")),
+    Chart("service", "queue_p95", "queue_recent_p95_ms", "queue_p95_baseline_ms", unit="ms",
+          main=False, about=("queue_p95_ratio", "queue_p95_excess_ms")),
+    Chart("service", "ttft_net_p95", "ttft_net_p95_ms", "ttft_net_p95_baseline_ms",
+          unit="ms", main=False, about=("ttft_net_p95_ratio", "ttft_net_p95_excess_ms")),
     Chart("service", "retriever_p99", "retriever_p99_ms", "retriever_p99_baseline_ms",
           unit="ms", about=("retriever_p99_ratio",)),
     Chart("service", "e2e_p95", "e2e_p95_ms", "e2e_p95_baseline_ms", unit="ms",

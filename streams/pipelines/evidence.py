@@ -226,6 +226,7 @@ class TailWindow:
     version: int = 0  # changes whenever values are added or dropped
     cache: tuple[int, bool, dict[str, float | None]] | None = None  # tail_signals'
     newest: float = -math.inf  # end of the newest bucket that added values
+    expiry: float = -math.inf  # until when tail_signals' cache may stand (see there)
 
     def __setstate__(self, state: dict[str, object]) -> None:
         buckets = state.pop("_buckets", None)
@@ -278,12 +279,23 @@ class TailWindow:
         r = bisect.bisect_right(runs, bucket)
         return starts[r] if r < len(starts) else len(self._vals[name])
 
-    def _start(self, name: str, now: float) -> int:
+    def recent(self, name: str, now: float, min_values: int) -> array[float]:
+        """The newest values of ``name``, in arrival order: the last ``min_values`` (whole
+        buckets) or the last ``min_s`` seconds, whichever holds more; never more than
+        the window. For a statistic that needs fewer values than the tails (a median)
+        and should follow a change sooner."""
+        vals = self._vals.get(name)
+        if vals is None:
+            return array("d")
+        return vals[max(self._start(name, now), self._start(name, now, min_values)) :]
+
+    def _start(self, name: str, now: float, min_values: int | None = None) -> int:
         n, bs = len(self._vals[name]), self.bucket_s
+        least = self.min_values if min_values is None else min_values
         young = self._after(name, math.floor((now - self.min_s) / bs + 1e-9))
-        if n > self.min_values:  # the whole bucket of the min_values-th newest value
+        if n > least:  # the whole bucket of the least-th newest value
             starts = self._starts[name]
-            start = min(young, starts[bisect.bisect_right(starts, n - self.min_values) - 1])
+            start = min(young, starts[bisect.bisect_right(starts, n - least) - 1])
         else:
             start = 0
         return max(start, self._after(name, math.floor((now - self.max_s) / bs + 1e-9)))
@@ -309,16 +321,32 @@ def tail_signals(window: TailWindow, now: float, out: dict[str, float | None]) -
     """Quantiles and stage shares over the tail window (unknown below ``MIN_VALUES``).
 
     Computed again only when the window may have changed: values were added or dropped
-    (a quiet minute adds none), or its newest values are still younger than ``min_s``
-    (ageing past it may end the window sooner). Otherwise the last result stands."""
+    (a quiet minute adds none), its newest values are still younger than ``min_s``
+    (ageing past it may end the window sooner), or its oldest are about to be ``max_s``
+    old (:attr:`TailWindow.expiry`). Otherwise the last result stands."""
     cached = window.cache
-    if cached is not None and cached[0] == window.version and cached[1]:
+    if cached is not None and cached[0] == window.version and cached[1] and now < window.expiry:
         out.update(cached[2])
         return
     got: dict[str, float | None] = {}
     _tail_signals(window, now, got)
     window.cache = (window.version, now - window.newest >= window.min_s, got)
+    window.expiry = _expiry(window, now)
     out.update(got)
+
+
+def _expiry(window: TailWindow, now: float) -> float:
+    """When the oldest bucket in any of the window's names at ``now`` is ``max_s`` old and
+    leaves it (a little before: the cut's rounding), changing its quantiles with no value
+    added or dropped."""
+    out = math.inf
+    for name, vals in window._vals.items():
+        start = window._start(name, now)
+        if start < len(vals):
+            starts = window._starts[name]
+            b = window._runs[name][bisect.bisect_right(starts, start) - 1]
+            out = min(out, (b - 1e-6) * window.bucket_s + window.max_s)
+    return out
 
 
 def _tail_signals(window: TailWindow, now: float, out: dict[str, float | None]) -> None:
@@ -377,6 +405,13 @@ def _quantile(sorted_values: npt.NDArray[np.float64], q: float) -> float:
     return a + (b - a) * (pos - lo)
 
 
+# A latency baseline holds (learns nothing while its quantile is above ``hold`` x it) only
+# once its window has taken this many values (15 entries): one learnt from the first few
+# windows of a series (often a quiet start) can sit 1.4x below the quantile's usual level,
+# and a hold that starts then lasts a day (a healthy retriever's P99 "slow" all morning).
+TRUST_VALUES = 1500
+
+
 @dataclass
 class LatencyBaseline:
     """Seasonal baseline of one window quantile (see module docstring): a
@@ -417,7 +452,8 @@ class LatencyBaseline:
         if value is None or not value > 0:
             return base
         z = math.log(value)
-        if model.hold(now, base is not None and value > self.hold * base, z):
+        trusted = seen >= TRUST_VALUES
+        if model.hold(now, trusted and base is not None and value > self.hold * base, z):
             self.relearned_at, self.relearned_before = now, base  # a new normal
         due = self.seen_at_entry is None or seen - self.seen_at_entry >= self.entry_values
         if due and not model.holding:

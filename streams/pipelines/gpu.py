@@ -95,6 +95,10 @@ LEAK_SIGNALS = (
     "recent_steadiness",
     "tte_s",
     "tte_h",
+    "leak_gb_per_hour",
+    "floor_gb_per_hour",
+    "floor_steadiness",
+    "above_known_gb",
 )
 GPU_SIGNALS = (
     *LEAK_SIGNALS,
@@ -334,13 +338,34 @@ class _Signals(Mapping[str, F64]):
     def _recent_steadiness(self) -> F64:
         return self._est(self._p.bank.recent_steadiness)
 
+    def _leak(self) -> F64:
+        v = self._done.get("_leak")
+        if v is None:
+            v = self._done["_leak"] = self._p.bank.leak_rates(self._r)
+        return v
+
     def _tte_s(self) -> F64:
+        # at the leak rate: a batch job's ramp or an allocator's morning is no time to OOM
         free = self["fb_total_bytes"] - self["fb_used_bytes"]
-        recent = self._recent()
-        rate = np.where(np.isnan(recent), self["mem_slope_bytes_per_s"], recent)
-        tte = np.where(rate <= 0, np.inf, np.maximum(0.0, free) / rate)
+        rate = self._leak()
+        tte = np.where(rate > 0, np.maximum(0.0, free) / rate, np.inf)
         tte = np.where(free <= 0, 0.0, tte)  # full: nothing left, whatever the slope says
         return np.where(self.has, tte, np.nan)
+
+    def _leak_gb_per_hour(self) -> F64:
+        return np.where(self.has, self._leak() * 3600 / GB, np.nan)
+
+    def _floor_gb_per_hour(self) -> F64:
+        b = self._p.bank
+        return np.where(b.fhas[self._r], b.fslope[self._r] * 3600 / GB, np.nan)
+
+    def _floor_steadiness(self) -> F64:
+        return self._p.bank.fsteady[self._r]
+
+    def _above_known_gb(self) -> F64:
+        b = self._p.bank
+        known = b.known[self._r]  # -inf: a young series, no range held and left yet
+        return np.where(self.has & np.isfinite(known), (b.level[self._r] - known) / GB, np.nan)
 
     def _tte_h(self) -> F64:
         return self["tte_s"] / 3600
@@ -349,7 +374,7 @@ class _Signals(Mapping[str, F64]):
         return self._p.attributed[self._r]
 
     def _unattributed_gb_per_hour(self) -> F64:
-        return self["recent_gb_per_hour"] - self["attributed_gb_per_hour"]
+        return self["leak_gb_per_hour"] - self["attributed_gb_per_hour"]
 
     def _fb_used_ratio(self) -> F64:
         total = self["fb_total_bytes"]
@@ -763,7 +788,6 @@ class GpuPipeline:
             g = np.array(wave.g_rows, dtype=np.intp)
             used = np.array(wave.g_used, dtype=np.float64)
             total = np.array(wave.g_total, dtype=np.float64)
-            attributed = self._attributed(len(g))  # before the processes learn
             keep = g >= 0
             gk = g[keep]
             self.fb_used[gk], self.fb_total[gk] = used[keep], total[keep]
@@ -771,7 +795,6 @@ class GpuPipeline:
             self.mem_copy_util[gk] = np.array(wave.g_copy, dtype=np.float64)[keep]
             self.temp_c[gk] = np.array(wave.g_temp, dtype=np.float64)[keep]
             self.power_w[gk] = np.array(wave.g_power, dtype=np.float64)[keep]
-            self.attributed[gk] = attributed[keep]
             p = np.array(wave.p_rows, dtype=np.intp)
             pg = np.array(wave.p_gpu, dtype=np.intp)
             self.fb_used[p], self.fb_total[p] = used[pg], total[pg]
@@ -782,7 +805,12 @@ class GpuPipeline:
             )
             values = np.concatenate([used[keep], np.array(wave.p_mem, dtype=np.float64)])
             self.value[r] = values
-            self.bank.learn_distinct(r, ts, values)  # a wave holds a series once
+            util = np.array(wave.g_util, dtype=np.float64)  # a process's load is its GPU's
+            load = np.concatenate([util[keep], util[pg]])
+            self.bank.learn_distinct(r, ts, values, load)  # a wave holds a series once
+            # what the processes explain as of this same sample (before they learn it, a
+            # GPU's bucket close compared its new rate with their previous bucket's)
+            self.attributed[gk] = self._attributed(len(g))[keep]
             self.index.seen(r, ts)
             order = np.argsort(
                 np.concatenate(
@@ -801,17 +829,20 @@ class GpuPipeline:
 
     def _attributed(self, n: int) -> F64:
         """What each of the wave's ``n`` GPU samples' processes explain of its growth: the
-        sum of their own recent rates, as of their last estimates (0 when no process is
-        seen). Unknown (NaN) while a listed process has no estimate yet (new, or warming
-        up: a process that restarted and leaks again must not read as growth nobody
-        explains)."""
+        sum of their own growth rates (recent or floor, the larger), as of their last
+        estimates (0 when no process is seen). Unknown (NaN) while a listed process has no
+        estimate yet (new, or warming up: a process that restarted and leaks again must not
+        read as growth nobody explains)."""
         wave, bank = self._wave, self.bank
         total = np.zeros(n)
         if wave.attr_rows:
             pr = np.array(wave.attr_rows, dtype=np.intp)
             known = pr >= 0
             at = np.where(known, pr, 0)
-            rate = np.where(known & bank.has[at], bank.recent_slope[at] * 3600 / GB, np.nan)
+            # the most a process's growth could explain: its recent or its floor's rate (the
+            # GPU's leak rate is one of its own two, read on the same memory plus others')
+            grows = np.fmax(np.fmax(bank.recent_slope[at], bank.fslope[at]), 0.0)
+            rate = np.where(known & bank.has[at], grows * 3600 / GB, np.nan)
             np.add.at(total, np.array(wave.attr_of, dtype=np.intp), rate)  # in order
         return total
 
@@ -880,30 +911,31 @@ class GpuPipeline:
         (``tests/unit/test_gpu_columnar.py`` holds the two together)."""
         b, nan = self.bank, math.nan
         used, total = float(self.fb_used[row]), float(self.fb_total[row])
+        leak = float(b.leak_rates([row])[0])  # the bank's own arithmetic, on one row
+        floor = float(b.fslope[row]) if b.fhas[row] else nan
         if b.has[row]:
             slope, span = float(b.slope[row]), float(b.span[row])
             recent, steady = float(b.recent_slope[row]), float(b.steadiness[row])
             recent_steady = float(b.recent_steadiness[row])
             free = total - used
-            rate = slope if math.isnan(recent) else recent
-            tte = 0.0 if free <= 0 else math.inf if rate <= 0 else max(0.0, free) / rate
+            tte = 0.0 if free <= 0 else max(0.0, free) / leak if leak > 0 else math.inf
+            known = float(b.known[row])
+            above = (float(b.level[row]) - known) / GB if math.isfinite(known) else nan
         else:
-            slope = span = recent = steady = recent_steady = tte = nan
+            slope = span = recent = steady = recent_steady = tte = leak = above = nan
         increase = slope * span
         recent_gb = recent * 3600 / GB
-        score = 0.0  # LeakBank.scores, in floats
-        if increase > 0:
-            growth = 1.0 if math.isinf(increase) else increase / (increase + b.scale_bytes)
-            score = growth * min(1.0, max(0.0, 2 * steady - 1))
+        leak_gb = leak * 3600 / GB
         values: list[float] = [
             used, total, increase, increase / GB, slope, slope * 3600 / GB, span / 3600,
-            score, steady, recent_gb, recent_steady, tte, tte / 3600,
+            float(b.scores([row])[0]), steady, recent_gb, recent_steady, tte, tte / 3600,
+            leak_gb, floor * 3600 / GB, float(b.fsteady[row]), above,
         ]  # fmt: skip
         if self.is_gpu[row]:
             attributed = float(self.attributed[row])
             values += [
                 attributed,
-                recent_gb - attributed,
+                leak_gb - attributed,
                 used / total if total != 0 else nan,
                 float(self.gpu_util[row]),
                 float(self.mem_copy_util[row]),
@@ -1098,7 +1130,7 @@ class GpuPipeline:
         columns = {c: np.frombuffer(state["columns"][c], dtype="<f8") for c in COLUMNS}
         if len(last) != n or len(gpu) != n or any(len(v) != n for v in columns.values()):
             raise ValueError(f"GPU state of host {host}: arrays of another length")
-        probe = LeakBank(1, window_s=self.bank.window_s, bucket_s=self.bank.bucket_s)
+        probe = LeakBank(1, **self.bank.params.as_dict())
         probe.load(np.arange(n), state["leak"])  # checks it fits before anything changes
         order = sorted(range(n), key=lambda i: keys[i])[: self._room()]
         rows = []

@@ -9,8 +9,13 @@ event time:
   ``mem_increase_bytes`` >= ``LEAK_MIN_BYTES`` and steadiness >= 0.7), GPUs above 90 %
   of their framebuffer, and OOM kills and critical XIDs still active on the host;
 - request side (effects): each instance's tokens per request and output tokens/s below
-  their forecast, retrieval P99 and P95 latency above their baselines, errors, and a
-  cluster of unusual requests (with its label, e.g. "long context, short output").
+  their forecast, retrieval P99 and P95 latency above their baselines, errors, decode
+  speed below its baseline, queue wait and time to first token above theirs, and a
+  cluster of unusual requests (with its label, e.g. "long context, short output");
+- demand (context, first in a service alert's hint): its requests/s and tokens per
+  request against their forecasts, "demand 0.18 requests/s (+26% vs forecast), answers
+  of 30 tokens (+30% vs forecast); ...": fewer users, or a mix of shorter answers,
+  explain a drop of tokens/s without a fault.
 
 The hint joins both with a suspicion, for example::
 
@@ -89,11 +94,21 @@ _SYMPTOMS: tuple[tuple[str, float, str], ...] = (
     ("retriever_p99_ratio", 2.0, "retrieval P99 {v:.1f}x"),
     ("e2e_p95_ratio", 1.3, "P95 latency {v:.1f}x"),
     ("errors_ratio", 0.05, "errors {v:.0%}"),
+    ("decode_deviation", -0.2, "decode speed {v:+.0%}"),
+    ("queue_p95_excess_ms", 500.0, "queue wait +{v:.0f} ms"),
+    ("ttft_net_p95_ratio", 1.5, "time to first token {v:.1f}x"),
 )
 
 
+# signals that say what another says (over another window): an alert on one leaves both out
+_SAME = {"tpr_recent_deviation": "tpr_deviation", "tpr_recent_z": "tpr_z"}
 # a symptom counts only when its test says it is more than noise (|z| >= 3), if it has one
-_SIGNIFICANCE = {"tpr_deviation": "tpr_z", "tps_deviation": "tps_z", "errors_ratio": "errors_z"}
+_SIGNIFICANCE = {
+    "tpr_deviation": "tpr_z",
+    "tps_deviation": "tps_z",
+    "errors_ratio": "errors_z",
+    "decode_deviation": "decode_z",
+}
 
 
 class Correlator:
@@ -130,6 +145,7 @@ class Correlator:
         labels = alert.labels
         rule = self._rules.get(alert.rule)
         own = {c.signal for c in rule.conditions} if rule else set()
+        own |= {_SAME[x] for x in own if x in _SAME}
         at = alert.at if alert.at is not None else alert.starts_at
         if "instance" in labels and "service" in labels:
             return self._service_hint(labels, own, at)
@@ -189,7 +205,9 @@ class Correlator:
                 f"no GPU signal on {host} explains it: suspect the model server or the "
                 "service itself (a deploy, a configuration or an upstream change)"
             )
-        return f"{text}: {suspicion}" if text else suspicion
+        hint = f"{text}: {suspicion}" if text else suspicion
+        demand = _demand(s, own) if s is not None else ""
+        return f"{demand}; {hint}" if demand else hint
 
     def _host_hint(self, alert: Alert, series: str, own: set[str], at: float) -> str:
         labels = alert.labels
@@ -322,6 +340,25 @@ class Correlator:
             label = f" ({s.outlier_label})" if s.outlier_label else ""
             out.append(f"a cluster of outlier requests{label}")
         return out
+
+
+def _demand(s: ServiceView, own: set[str]) -> str:
+    """The instance's demand as context for a person (how many requests, how long the
+    answers, against their forecasts): fewer users or shorter questions explain a drop
+    of tokens/s and are not a fault themselves (docs/rules.md, "Demand is context"). The
+    answers' length is left out of a tokens-per-request alert's (its own signal)."""
+    sig = s.signals
+    rps, tpr = sig.get("rps"), sig.get("tokens_per_request")
+    if rps is None:
+        return ""
+    parts = [f"{rps:.2f} requests/s" + _vs(sig.get("rps_deviation"))]
+    if tpr is not None and not own & {"tpr_deviation", "tpr_z"}:
+        parts.append(f"answers of {tpr:.0f} tokens" + _vs(sig.get("tpr_deviation")))
+    return "demand " + ", ".join(parts)
+
+
+def _vs(deviation: float | None) -> str:
+    return "" if deviation is None else f" ({deviation:+.0%} vs forecast)"
 
 
 def _first(causes: list[str], what: str, n: int = 3) -> list[str]:

@@ -3,7 +3,8 @@
 
 A latency baseline is a seasonal baseline of the log of a window quantile (a request
 series' retriever P99 or end-to-end P95), fed an entry every ``entry_values`` new requests
-and held while the quantile is more than ``hold`` times the baseline. Here the baselines
+and held while the quantile is more than ``hold`` times the baseline (once the window
+has taken :data:`~.evidence.TRUST_VALUES` values). Here the baselines
 are rows of one :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the rest of
 their state three columns: the window's count at the last entry and when and from what
 the baseline last accepted a new level. The object stays the reference
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.seasonal_bank import SeasonalBank
-from ragwatch.streams.pipelines.evidence import LatencyBaseline, exp_or_inf
+from ragwatch.streams.pipelines.evidence import TRUST_VALUES, LatencyBaseline, exp_or_inf
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -91,6 +92,14 @@ class LatencyBank:
     def held_s(self, rows: npt.ArrayLike, now: F64) -> F64:
         return self.model.held_s(np.asarray(rows, dtype=np.intp), now)
 
+    def log_var(self, rows: npt.ArrayLike, now: F64) -> F64:
+        """How uncertain each baseline is at ``now``, as a variance of its log: the
+        level's own uncertainty plus the measured scatter of the entries around it (NaN
+        while warming up). A test of a window's quantile against the baseline adds it to
+        the window's sampling variance."""
+        _, var, noise = self.model.forecast(np.asarray(rows, dtype=np.intp), now)
+        return var + noise
+
     def update(self, rows: npt.ArrayLike, now: F64, value: F64, seen: I64) -> F64:
         """:meth:`LatencyBaseline.update` of each row (distinct): judge ``value`` (the
         window's quantile, NaN if unknown; ``seen``: the values the window ever took)
@@ -104,7 +113,7 @@ class LatencyBank:
         r, t, v, b = r[ok], now[ok], value[ok], base[ok]
         z = np.array([math.log(x) for x in v.tolist()], dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):  # hold * b past the float range: inf
-            deviating = ~np.isnan(b) & (v > self.hold * b)
+            deviating = ~np.isnan(b) & (v > self.hold * b) & (seen[ok] >= TRUST_VALUES)
         accepted = self.model.hold(r, t, deviating, z)
         self.relearned_at[r[accepted]] = t[accepted]
         self.relearned_before[r[accepted]] = b[accepted]

@@ -5,15 +5,18 @@ A *round* is one bucket close for each of a set of distinct rows of
 is an array over the round's rows (NaN where the object version had None): the bucket's
 counts enter the count rings, the rate window is chosen by what the baselines expected,
 the traffic signals and their tests against the baselines are computed, the baselines held
-or taught, then the tail quantiles (per row: a window's length follows its traffic) and
-the latency baselines. The outlier signals are the one part done at once, per close, in
-the order of the envelopes (:func:`close_outliers`: the service's cluster detector is
-shared by its instances and changed by the next envelope's records); every other part of
+or taught, then the tail quantiles (per row: a window's length follows its traffic), the
+latency baselines and what the service controls (:mod:`~.serving`). The outlier signals
+are the one part done at once, per close, in the order of the envelopes
+(:func:`close_outliers`: the service's cluster detector is shared by its instances and
+changed by the next envelope's records); every other part of
 a close reads and writes its own row only, so the closes of a batch wait for their rounds
 whatever the services of its envelopes.
 
 Exactly the arithmetic of the object version (``tests/reference/requests_objects.py``, one
-:class:`ServiceSeries` at a time), in the same order: numpy's ``+ - * /``, square root and
+:class:`ServiceSeries` at a time) for the signals it had, in the same order (the signals
+added since, :mod:`~.serving`'s and ``window_errors``, are held to brute-force references
+with a tolerance, ``tests/unit/test_requests_serving.py``): numpy's ``+ - * /``, square root and
 comparisons round as Python's floats do, but its ``exp``, ``log`` and ``**`` do not always
 (SIMD implementations), so those go element by element through :mod:`math`
 (``_each``). ``tests/unit/test_requests_columnar.py`` holds every signal of every close to
@@ -35,6 +38,7 @@ from ragwatch.streams.pipelines.count_bank import CountWindows
 from ragwatch.streams.pipelines.evidence import tail_signals
 from ragwatch.streams.pipelines.service_clusters import ServiceClusters
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, ServiceRows
+from ragwatch.streams.pipelines.serving import serving_signals
 
 F64 = npt.NDArray[np.float64]
 Rows = npt.NDArray[np.intp]
@@ -162,6 +166,7 @@ def close_round(
     _traffic(st, prm, c, expected, min_s, sig)
     _tails(st, c, sig)
     _latency(st, c, sig)
+    serving_signals(st, c.rows, c.end, sig)
     for j, name in enumerate(OUTLIER_SIGNALS):
         sig[name] = outliers[:, j]
     at = np.array([SIGNAL_AT[name] for name in sig], dtype=np.intp)
@@ -197,6 +202,7 @@ def _traffic(
     sig["clustered_requests"] = w.clustered.astype(np.float64)
     sig["output_tokens_per_s"] = _div(w.tokens, span)
     sig["errors_ratio"] = _div(w.errors.astype(np.float64), n)
+    sig["window_errors"] = w.errors.astype(np.float64)
     _errors(st, prm, rows, w, sig)
     sig["tokens_per_request"] = _div(w.tokens, n)
     sig["context_tokens_per_request"] = _div(w.context, n)
@@ -477,7 +483,9 @@ def close_outliers(
     total = int(recent.sum())
     col = st.col
     col["novel_score"][row] = float(col["novel_score"][row]) * NOVEL_DECAY + bucket.novel
-    new = svc.new_cluster(b, prm.new_cluster_size, _novel_of(st, svc.name))
+    new = svc.new_cluster(
+        b, prm.new_cluster_size, _novel_of(st, svc.name), at=(b + 1) * prm.bucket_s
+    )
     mine = svc.active is not None and svc.active_instance == st.index.key(row)[1]
     raised = new if mine else 0.0
     if raised:

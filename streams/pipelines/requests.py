@@ -62,6 +62,12 @@ two requests) but over windows that hold enough of them
   load), fed the window's quantile every 100 new requests (:class:`LatencyBaseline`):
   ``retriever_p99_baseline_ms``, ``retriever_p99_ratio``, ``e2e_p95_baseline_ms``,
   ``e2e_p95_ratio``;
+- what the service controls, against baselines of its own
+  (:mod:`~ragwatch.streams.pipelines.serving`): ``decode_*`` (the median of the requests'
+  own decode speeds), ``ttft_net_p95_*`` (time to first token less the queue wait),
+  ``queue_p95_*``, the retriever's tail by evidence (``retriever_tail_ratio``,
+  ``retriever_tail_z``: how many retrievals exceed the baseline P99) and ``tpr_recent*``
+  (tokens per request over the newest requests); ``window_errors``;
 - request outliers, one :class:`RequestOutliers` per service over the
   ``(context_tokens, output_tokens)`` of its ``ok`` records (errors are counted by
   ``errors_ratio`` and would otherwise form a cluster of their own), each record scored
@@ -89,7 +95,8 @@ is more than 1.2x the baseline), so a fault that lasts does not become the basel
 its alert resolves when the signal comes back; after ``hold_max_s`` (a day) the deviation
 is accepted as the new normal, and ``<x>_relearned_at`` / ``<x>_relearned_from`` say when
 and from what (an alert that resolves because of it says so: ``Alert.resolution``).
-``<x>_held_s`` is how long a baseline has been held.
+``<x>_held_s`` is how long a baseline has been held. ``weekly_sd`` sets the traffic baselines'
+weekly profile (None: :mod:`~ragwatch.detectors.seasonal`'s default; 0 turns it off).
 
 Signals are floats or None (no data, warming up, too little evidence). A series without
 envelopes for ``stale_s`` of event time (measured against its service's newest record) is
@@ -302,6 +309,7 @@ class RequestPipeline:
         hold_band: float = 0.1,
         hold_z: float = 3.0,
         hold_max_s: float = 86400.0,
+        weekly_sd: float | None = None,
         min_baseline: int = 3,
         new_cluster_size: int = 10,
         outliers: RequestOutliers | None = None,
@@ -335,6 +343,7 @@ class RequestPipeline:
             tail=(tail_requests, float(tail_s), float(tail_max_s)),
             min_baseline=min_baseline,
             hold_max_s=hold_max_s,
+            weekly_sd=weekly_sd,
             reservoir=reservoir,
         )
         self._outliers = outliers if outliers is not None else RequestOutliers()

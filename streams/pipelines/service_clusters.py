@@ -6,9 +6,20 @@ RequestOutliers` over the ``(context_tokens, output_tokens)`` of their ``ok`` re
 each record scored before it is learned (:meth:`ServiceClusters.score`). At a bucket's
 close the request pipeline asks :meth:`ServiceClusters.new_cluster` whether a cluster of at
 least ``new_cluster_size`` core points and 1 % of the window appeared more than 4 eps from
-every cluster of the previous check (once the window holds 200 points); the news goes to
-the instance whose records landed away from the known clusters most. While that cluster
-lasts, the records landing in its cells are counted apart (``clustered``).
+every cluster of the previous check (once the window holds 200 points), made of requests
+unusual for the service; the news goes to the instance whose records landed away from
+the known clusters most. While that cluster lasts, the records landing in its cells are
+counted apart (``clustered``).
+
+Unusual for the service, not only for the window: real traffic comes in bursts and its
+mix shifts through the day, so a kind of request the window has not held for an hour
+comes back as a dense new cluster many times a day. Each record learnt goes into the
+service's :class:`~ragwatch.detectors.request_shapes.ShapeMemory` (decayed counts of shapes
+over days; at the bucket's close, where it settles an hour later, so a new kind of request
+cannot vouch for itself while it gathers), and a new cluster is news only when fewer than
+``FAMILIAR_SHARE`` of its core points have shapes familiar to that memory. Until
+``MIN_MASS`` requests have settled (a fresh service, or a snapshot from before the memory)
+clusters are judged by their distance alone, as before.
 
 Scoring is the request path's hot loop. The records of a run are first *certified*
 together (:meth:`~ragwatch.detectors.request_outliers.RequestOutliers.certified`: those
@@ -29,19 +40,28 @@ scores, labels and window as scoring every record in turn.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
 
 import numpy as np
 
-from ragwatch.detectors.request_outliers import REQUEST_FEATURES, RequestOutliers
+from ragwatch.detectors.request_outliers import REQUEST_FEATURES, Cluster, RequestOutliers
+from ragwatch.detectors.request_shapes import ShapeMemory
 
 MAX_LABELS_PER_BUCKET = 20  # label_one sorts the window: label the first few outliers only
 CLUSTER_RESCAN = 60  # buckets between scans of a service's clusters without novelty
 CLUSTER_ACTIVE_RESCAN = 5  # ... while a flagged cluster lasts (is it still there?)
 CLUSTER_SHARE = 0.01  # of the window's points: the smallest cluster that is news
 CLUSTER_WARMUP = 200  # points the outlier window holds before a cluster is news
+# A cluster most of whose core points are shapes the service's memory knows is a burst or
+# a mix shift of known requests, not news (a majority: a known kind with a few stragglers
+# is known; a new kind beside a known one, more than half new, is news).
+FAMILIAR_SHARE = 0.5
+BUCKET_S = 60.0  # the request pipeline's default bucket: event time when none is given
 Point = tuple[float, float]
 Key = tuple[int, ...]
 
@@ -77,6 +97,33 @@ class ServiceClusters:
     active_instance: str | None = None  # the instance it was raised on
     active_label: str | None = None  # what its requests look like ("long context, ...")
     active_cells: frozenset[tuple[int, ...]] = frozenset()  # its cells and their neighbours
+    # the shapes served over days; records learnt since the last bucket close, 2 doubles
+    # each, that the memory takes at the close (one array operation a bucket, none a record)
+    memory: ShapeMemory = field(default_factory=ShapeMemory, compare=False)
+    fresh: array[float] = field(default_factory=lambda: array("d"), repr=False, compare=False)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Pickles written before the memory existed load with a fresh one."""
+        self.__dict__.update(state)
+        self.__dict__.setdefault("memory", ShapeMemory())
+        self.__dict__.setdefault("fresh", array("d"))
+
+    def memory_state(self) -> dict[str, Any]:
+        """The shape memory and the records waiting for it, as plain data."""
+        return {"memory": self.memory.dump(), "fresh": self.fresh.tobytes()}
+
+    def restore_memory(self, state: Mapping[str, Any] | None) -> None:
+        """:meth:`memory_state`'s data back; None (a snapshot from before the memory)
+        leaves a fresh one. ValueError, with nothing changed, if it does not fit."""
+        if state is None:
+            self.memory, self.fresh = ShapeMemory(), array("d")
+            return
+        memory = ShapeMemory.load(state.get("memory"))
+        raw = state.get("fresh")
+        if not isinstance(raw, bytes | bytearray) or len(raw) % 16:
+            raise ValueError("service clusters: fresh records are not pairs of doubles")
+        fresh = array("d", np.frombuffer(raw, dtype="<f8").tolist())
+        self.memory, self.fresh = memory, fresh
 
     # -- records --------------------------------------------------------------------------
 
@@ -85,6 +132,7 @@ class ServiceClusters:
         ``run``; ``labelled``: outliers of the bucket before this run (labels stop at
         ``MAX_LABELS_PER_BUCKET``)."""
         det = self.detector
+        self.fresh.extend(chain.from_iterable(points))
         i = 0
         while i < len(points) and det.features != REQUEST_FEATURES:  # the first picks them
             self._one(points[i], det.cell(points[i]), run, labelled, first=True)
@@ -138,16 +186,23 @@ class ServiceClusters:
     # -- clusters -------------------------------------------------------------------------
 
     def new_cluster(
-        self, b: int, new_cluster_size: int, novel_score: Callable[[str], float]
+        self,
+        b: int,
+        new_cluster_size: int,
+        novel_score: Callable[[str], float],
+        at: float | None = None,
     ) -> float:
-        """Whether a sizeable cluster appeared far from the known ones (once per bucket).
+        """Whether a sizeable cluster of shapes unusual for the service appeared far from
+        the known clusters (once per bucket).
 
         Scanning the clusters is the costliest step of the pipeline, so it runs only once
         ``min_samples`` records landed outside the dense cells of the last scan (a new
         cluster far from the known ones is made of such records), every
         ``CLUSTER_ACTIVE_RESCAN`` buckets while a flagged cluster lasts, and every
         ``CLUSTER_RESCAN`` buckets to keep the known clusters current. ``novel_score``:
-        an instance's recent novel records (who gets the news)."""
+        an instance's recent novel records (who gets the news); ``at``: the event time of
+        bucket ``b``'s end (the memory decays to it; by default ``(b + 1) * BUCKET_S``)."""
+        self._remember((b + 1) * BUCKET_S if at is None else at)
         if self.checked == b:
             return self.flag
         self.checked, self.flag = b, 0.0
@@ -166,7 +221,12 @@ class ServiceClusters:
             return 0.0
         self.dense = det.around(cell for c in clusters for cell in c.cells)
         far, known = 4 * det.eps, self.known
-        new = [c for c in clusters if known and all(math.dist(c.centroid, k) > far for k in known)]
+        new = [
+            c
+            for c in clusters
+            if known and all(math.dist(c.centroid, k) > far for k in known)
+            and not self._familiar(c)
+        ]  # fmt: skip
         self.flag = 1.0 if new else 0.0
         self.size = float(max(c.size for c in new)) if new else 0.0
         self.known = [c.centroid for c in clusters]
@@ -180,6 +240,21 @@ class ServiceClusters:
             self.active = near[0].centroid if near else None
             self.active_cells = det.around(near[0].cells) if near else frozenset()
         return self.flag
+
+    def _remember(self, at: float) -> None:
+        """The records learnt since the last close into the memory, and its clock to
+        ``at``."""
+        if self.fresh:
+            pts, self.fresh = np.frombuffer(self.fresh, dtype=np.float64), array("d")
+            self.memory.add(pts.reshape(-1, 2), at)
+        self.memory.age(at)
+
+    def _familiar(self, cluster: Cluster) -> bool:
+        """Whether the cluster's requests are of kinds the service has served before."""
+        mem = self.memory
+        if not (mem.trusted and cluster.points):
+            return False
+        return float(mem.familiar(cluster.points).mean()) >= FAMILIAR_SHARE
 
     def _novel_instance(self, novel_score: Callable[[str], float]) -> str | None:
         """The instance whose recent records landed away from the known clusters most."""

@@ -14,7 +14,9 @@ closes of many series are one set of array operations
   :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the latency baselines
   (retriever P99, end-to-end P95) in a
   :class:`~ragwatch.streams.pipelines.latency_bank.LatencyBank`, two rows a series each
-  (:meth:`ServiceRows.both`: a close calls each bank once for both).
+  (:meth:`ServiceRows.both`: a close calls each bank once for both); the baselines of
+  what the service controls (decode time per token, TTFT less queue wait, queue wait:
+  :data:`SERVING`) in a second latency bank, three rows a series (:meth:`ServiceRows.three`).
 
 What is not a number stays per row in lists: the open buckets (a minute's accumulators,
 one or two a series), the tail window of recent latencies (its length follows the
@@ -66,13 +68,27 @@ SIGNALS: tuple[str, ...] = (
     "ttft_p95_ms", "queue_p95_ms",
     "retriever_p99_baseline_ms", "retriever_p99_ratio", "retriever_p99_held_s",
     "retriever_p99_relearned_at", "retriever_p99_relearned_from",
+    "retriever_tail_ratio", "retriever_tail_z",
     "e2e_p95_baseline_ms", "e2e_p95_ratio", "e2e_p95_held_s",
     "e2e_p95_relearned_at", "e2e_p95_relearned_from",
     "outliers", "outlier_ratio", "recent_outliers",
     "new_outlier_cluster", "outlier_cluster_size", "outlier_cluster_active",
+    # what the service controls against its baselines (streams/pipelines/serving.py)
+    "decode_tps", "decode_baseline_tps", "decode_deviation", "decode_z", "decode_requests",
+    "decode_held_s", "decode_relearned_at", "decode_relearned_from",
+    "ttft_net_p95_ms", "ttft_net_p95_baseline_ms", "ttft_net_p95_ratio",
+    "ttft_net_p95_excess_ms", "ttft_net_p95_held_s", "ttft_net_p95_relearned_at",
+    "ttft_net_p95_relearned_from",
+    "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio", "queue_p95_excess_ms",
+    "queue_p95_held_s", "queue_p95_relearned_at", "queue_p95_relearned_from",
+    "window_errors", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
 )  # fmt: skip
 SIGNAL_AT = {name: i for i, name in enumerate(SIGNALS)}
 FAMILIES = ("rps", "tpr", "tps")  # the traffic baselines' families (relearned_at/from)
+# what the service controls, a row each of the serving bank (ServiceRows.three): the
+# decode time per output token (signals ``decode_*``), the time to first token less the
+# queue wait (``ttft_net_p95_*``) and the queue wait (``queue_p95_*``)
+SERVING = ("decode", "ttft_net_p95", "queue_p95")
 
 # per-row scalar columns: name -> (dtype, fresh value)
 SCALARS: dict[str, tuple[Any, float | int]] = {
@@ -117,17 +133,22 @@ class ServiceRows:
         tail: tuple[int, float, float],
         min_baseline: int,
         hold_max_s: float,
+        weekly_sd: float | None = None,
         reservoir: int = 5000,
         capacity: int = 8,
     ) -> None:
         self.bucket_s, self.tail_params, self.reservoir = bucket_s, tail, reservoir
         self.index: RowIndex[SeriesKey] = RowIndex(capacity)
-        proto = SeasonalBaseline(step_s=bucket_s, hold_max_s=hold_max_s)
+        weekly = {} if weekly_sd is None else {"weekly_sd": weekly_sd}  # None: the default
+        proto = SeasonalBaseline(step_s=bucket_s, hold_max_s=hold_max_s, **weekly)
         # two rows a series each: row 2r the requests baseline (retriever P99) of series
         # r, row 2r + 1 its tokens-per-request baseline (end-to-end P95), so a close
         # calls each bank once for both
         self.traffic = SeasonalBank(proto, 2 * capacity)
         self.latency = LatencyBank(2 * capacity, min_entries=min_baseline, hold_max_s=hold_max_s)
+        self.serving = LatencyBank(
+            len(SERVING) * capacity, min_entries=min_baseline, hold_max_s=hold_max_s
+        )
         self.counts = CountBank(math.ceil(rate_max_s / bucket_s), bucket_s, capacity)
         self.col: dict[str, npt.NDArray[Any]] = {
             name: np.full(capacity, fresh, dtype=dtype) for name, (dtype, fresh) in SCALARS.items()
@@ -182,6 +203,7 @@ class ServiceRows:
         self.counts.reset(r)
         for bank in (self.traffic, self.latency):
             bank.reset(self.both(r))
+        self.serving.reset(self.three(r))
         for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
             objects[row] = None  # type: ignore[call-overload]  # a free row
         self.host[row] = self.label[row] = self.next_bucket[row] = None
@@ -202,6 +224,7 @@ class ServiceRows:
         self.counts.reserve(capacity)
         self.traffic.reserve(2 * capacity)
         self.latency.reserve(2 * capacity)
+        self.serving.reserve(len(SERVING) * capacity)
         more = capacity - old
         for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
             objects += _free(more)
@@ -216,6 +239,13 @@ class ServiceRows:
         requests', the retriever P99's), then their second (tokens per request, the
         end-to-end P95)."""
         return np.concatenate([2 * rows, 2 * rows + 1])
+
+    @staticmethod
+    def three(rows: Rows) -> Rows:
+        """The rows of the serving bank that ``rows`` own, by :data:`SERVING`: every
+        row's decode baseline, then every row's TTFT, then every row's queue wait."""
+        k = len(SERVING)
+        return np.concatenate([k * rows + i for i in range(k)])
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -232,6 +262,6 @@ class ServiceRows:
 
     def nbytes(self) -> int:
         """Bytes held by the arrays (the banks' included), not by the per-row lists."""
-        banks = (self.traffic, self.latency, self.counts)
+        banks = (self.traffic, self.latency, self.serving, self.counts)
         own = sum(a.nbytes for a in self.col.values()) + self.recent.nbytes + self.signals.nbytes
         return own + sum(b.nbytes() for b in banks)

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.detectors.seasonal_bank import SeasonalBank
-from ragwatch.streams.pipelines.buckets import Bucket, Reservoir
+from ragwatch.streams.pipelines.buckets import DERIVED, Bucket, Reservoir
 from ragwatch.streams.pipelines.count_bank import CountBank
 from ragwatch.streams.pipelines.evidence import TailWindow
 from ragwatch.streams.pipelines.latency_bank import LatencyBank
@@ -35,6 +35,7 @@ from ragwatch.streams.pipelines.service_clusters import ServiceClusters
 from ragwatch.streams.pipelines.service_rows import (
     RECENT_BUCKETS,
     SCALARS,
+    SERVING,
     SIGNAL_AT,
     SIGNALS,
     SeriesKey,
@@ -44,6 +45,9 @@ from ragwatch.streams.pipelines.service_rows import (
 FORMAT = "service-rows/1"
 BANKS = ("traffic", "latency", "counts")  # ServiceRows' banks
 PAIRED = frozenset({"traffic", "latency"})  # two rows a series (ServiceRows.both)
+# rows a series of the serving bank (ServiceRows.three); a snapshot without it (written
+# before it existed) leaves the series' serving baselines fresh
+SERVING_ROWS = len(SERVING)
 Rows = npt.NDArray[np.intp]
 INT64 = 2**63
 
@@ -105,6 +109,7 @@ def dump(
             "traffic": st.traffic.dump(st.both(r)),
             "latency": st.latency.dump(st.both(r)),
             "counts": st.counts.dump(r),
+            "serving": st.serving.dump(st.three(r)),
         },
         "next_bucket": [None if (b := st.next_bucket[x]) is None else _int(b) for x in rows],
         "buckets": [[[_int(b), _bucket(k)] for b, k in st.buckets[x].items()] for x in rows],
@@ -142,6 +147,7 @@ def _tail(t: TailWindow) -> dict[str, Any]:
         "seen": dict(t.seen),
         "version": t.version,
         "newest": t.newest,
+        "expiry": t.expiry,
         "cache": None if cache is None else [cache[0], cache[1], dict(cache[2])],
     }
 
@@ -162,6 +168,7 @@ def _clusters(svc: ServiceClusters) -> dict[str, Any]:
         "active_instance": svc.active_instance,
         "active_label": svc.active_label,
         "active_cells": sorted(list(c) for c in svc.active_cells),
+        "memory": svc.memory_state(),
     }
 
 
@@ -232,6 +239,9 @@ def _parse(st: ServiceRows, state: Mapping[str, Any], n: int, rng: random.Random
     probes = {name: _probe(getattr(st, name), 2 * n if name in PAIRED else n) for name in BANKS}
     for name, probe in probes.items():  # each raises if its part does not fit
         probe.load(np.arange(2 * n if name in PAIRED else n), banks[name])
+    if "serving" in banks:
+        probes["serving"] = _probe(st.serving, SERVING_ROWS * n)
+        probes["serving"].load(np.arange(SERVING_ROWS * n), banks["serving"])
     cap = st.reservoir
     return {
         "scalars": scalars,
@@ -270,6 +280,10 @@ def _parse_bucket(d: Mapping[str, Any], rng: random.Random, cap: int) -> Bucket:
             raise ValueError(f"a reservoir of {len(values)} values (cap {cap}, seen {seen})")
         latencies[str(name)] = Reservoir(cap, rng, values, int(seen))
     b = Bucket(cap, rng)
+    own = b.rng_for(DERIVED[0])  # the derived values' generator, as at the bucket's start
+    for name in DERIVED:
+        if name in latencies:
+            latencies[name].rng = own
     b.n, b.errors = int(d["n"]), int(d["errors"])
     b.output_tokens, b.output_sq = _from_int(d["output_tokens"]), float(d["output_sq"])
     b.context_tokens = _from_int(d["context_tokens"])
@@ -299,6 +313,7 @@ def _parse_tail(
         _check_runs(t._runs[name], t._starts[name], len(vals))
     t.seen = {str(k): int(v) for k, v in dict(d["seen"]).items()}
     t.version, t.newest = int(d["version"]), float(d["newest"])
+    t.expiry = float(d.get("expiry", -math.inf))  # older snapshots: compute again
     cache = d["cache"]
     if cache is not None:
         got = {str(k): None if v is None else float(v) for k, v in dict(cache[2]).items()}
@@ -335,7 +350,7 @@ def _parse_clusters(d: Any, service: str) -> ServiceClusters:
         }
     )
     active = d["active"]
-    return ServiceClusters(
+    svc = ServiceClusters(
         outliers,
         str(d["name"]),
         set(),
@@ -351,6 +366,8 @@ def _parse_clusters(d: Any, service: str) -> ServiceClusters:
         None if d["active_label"] is None else str(d["active_label"]),
         frozenset(tuple(int(v) for v in c) for c in d["active_cells"]),
     )
+    svc.restore_memory(d.get("memory"))  # None (a snapshot from before it): a fresh one
+    return svc
 
 
 def _write(st: ServiceRows, rows: Rows, picked: Rows, p: dict[str, Any]) -> None:
@@ -363,6 +380,10 @@ def _write(st: ServiceRows, rows: Rows, picked: Rows, p: dict[str, Any]) -> None
         n = len(p["next_bucket"])  # a paired dump: every first row, then every second
         to, of = (st.both(rows), np.concatenate([picked, picked + n])) if paired else (rows, picked)
         getattr(st, name).load(to, p["banks"][name].dump(of))
+    if "serving" in p["banks"]:
+        n = len(p["next_bucket"])
+        of = np.concatenate([picked + i * n for i in range(SERVING_ROWS)])
+        st.serving.load(st.three(rows), p["banks"]["serving"].dump(of))
     for row, i in zip(rows.tolist(), picked.tolist(), strict=True):
         for name in ("next_bucket", "buckets", "tails", "gaps", "senders", "host", "label"):
             getattr(st, name)[row] = p[name][i]

@@ -293,6 +293,7 @@ def test_demo_all_pages_every_fault_with_its_culprit(stack: EmbeddedStack) -> No
     assert {
         ("GpuMemoryLeak", "4011"),
         ("GpuOomKill", "4011"),
+        ("DecodeSpeedDrop", "rag-api-1"),
         ("TokensPerRequestDrop", "rag-api-1"),
         ("RetrievalSlowdown", "rag-api-1"),
         ("RequestOutlierCluster", "rag-api-1"),
@@ -303,10 +304,6 @@ def test_demo_all_pages_every_fault_with_its_culprit(stack: EmbeddedStack) -> No
     assert our_processes() == before
     # the alerts it does not wait for are consequences of the faults, and it says why
     err = out.stderr
-    assert (
-        "[demo] also firing: ThroughputDrop service=rag-api instance=rag-api-1: the throughput "
-        "fault cuts rag-api-1's requests 37% and its tokens per request 36%"
-    ) in err
     assert (
         "[demo] also firing: GpuMemoryHigh host=gpu-node-01 gpu=1: the leak fills GPU 1 of "
         "gpu-node-01"

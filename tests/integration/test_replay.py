@@ -119,8 +119,8 @@ def test_the_same_input_gives_the_same_alerts_online_and_offline(
     fired = {a["rule"] for a in online if a["status"] == "firing"}
     assert fired == {
         "GpuMemoryLeak",
+        "DecodeSpeedDrop",
         "TokensPerRequestDrop",
-        "ThroughputDrop",
         "RetrievalSlowdown",
         "RequestOutlierCluster",
     }
@@ -193,7 +193,7 @@ def test_a_recording_of_unevenly_consumed_partitions_replays_to_the_live_alerts(
     in_order = replayed(played, rw_env)
     assert {a["rule"] for a in online if a["status"] == "firing"} >= {
         "GpuMemoryLeak",
-        "ThroughputDrop",
+        "DecodeSpeedDrop",
         "RetrievalSlowdown",
     }
     assert per_alert(online) == per_alert(in_order)

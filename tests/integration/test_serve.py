@@ -217,7 +217,7 @@ def test_alerts_filter_limit_and_validation(served: Served) -> None:
         served.fleet.leak.fingerprint,
         served.fleet.hostile.fingerprint,
     ]
-    assert [a["rule"] for a in get(base + "?state=pending").json()["alerts"]] == ["ThroughputDrop"]
+    assert [a["rule"] for a in get(base + "?state=pending").json()["alerts"]] == ["DecodeSpeedDrop"]
     one = get(base + "?limit=1").json()
     assert len(one["alerts"]) == 1 and one["truncated"] and one["total"] == 3
     for bad in ("?state=resolved", "?limit=0", "?limit=-1", "?limit=99999", "?limit=x",
@@ -301,7 +301,7 @@ def test_metrics_parse_and_agree_with_status(served: Served) -> None:
     assert ("GpuMemoryLeak", "gpu-node-01", "1", "4011") in firing_metrics
     pending = [s.labels for s in metrics["ragwatch_alerts"] if s.labels["alertstate"] == "pending"]
     assert [(p["alertname"], p["service_instance"]) for p in pending] == [
-        ("ThroughputDrop", "rag-api-1")
+        ("DecodeSpeedDrop", "rag-api-1")
     ]
     # Label values round-trip exactly through the exposition's escaping.
     processes = {s.labels["process"] for s in metrics["ragwatch_alerts"] if "process" in s.labels}
@@ -454,15 +454,15 @@ def test_alert_api_gives_the_alert_its_changes_and_the_series_of_its_signal(
     for path in (f"/api/v1/alerts/{fleet.leak.fingerprint}", "/api/v1/alerts/nope"):
         assert get(served.url + path, token=None).status == 401
 
-    # A service alert: the chart of the signal of its rule (ThroughputDrop: output
-    # tokens/s with its forecast), read from the series index the recorder wrote.
+    # A service alert: the chart of the signal of its rule (DecodeSpeedDrop: the decode
+    # speed per request with its baseline), read from the series index the recorder wrote.
     (pending,) = get(served.url + "/api/v1/alerts?state=pending").json()["alerts"]
     drop = get(served.url + f"/api/v1/alerts/{pending['fingerprint']}").json()
     instance = pending["labels"]["instance"]
-    assert drop["series"][0] == f"service:rag-api:{instance}:tokens_per_s"
+    assert drop["series"][0] == f"service:rag-api:{instance}:decode_tps"
     chart = get(served.url + "/api/v1/series/" + quote(drop["series"][0], safe="")).json()
-    assert chart["signal"] == "output_tokens_per_s" and "ThroughputDrop" in chart["rules"]
-    assert drop["silenced_by"] == [fleet.silences[0]]  # alertname=ThroughputDrop
+    assert chart["signal"] == "decode_tps" and "DecodeSpeedDrop" in chart["rules"]
+    assert drop["silenced_by"] == [fleet.silences[0]]  # alertname=DecodeSpeedDrop
 
     gone = get(served.url + f"/api/v1/alerts/{served.resolved.fingerprint}").json()
     assert not gone["active"] and gone["alert"]["status"] == "resolved"
@@ -560,7 +560,7 @@ def test_alert_pages_show_the_alert_and_the_chart_of_its_signal(
     dom = browse(f"{served.url}/alerts/{pending['fingerprint']}?token={TOKEN}", tmp_path / "svc")
     assert no_error(dom), dom
     series, points, _ = drawn(dom)
-    assert series == f"service:rag-api:{pending['labels']['instance']}:tokens_per_s"
+    assert series == f"service:rag-api:{pending['labels']['instance']}:decode_tps"
     assert points == fleet.series_points[series] > 10
 
     dom = browse(f"{served.url}/alerts/{fleet.hostile.fingerprint}?token={TOKEN}", tmp_path / "h")

@@ -80,7 +80,7 @@ def test_status_json_has_silences_and_notifier(fleet_env: tuple[dict[str, str], 
     assert [s["id"] for s in status["silences"]] == fleet.silences[1::-1]
     # silenced alerts still show, with the active silences that mute them
     muted = {a["labels"]["alertname"]: a["silenced_by"] for a in status["alerts"]}
-    assert muted.pop("ThroughputDrop") == [fleet.silences[0]]  # the pending one, silenced
+    assert muted.pop("DecodeSpeedDrop") == [fleet.silences[0]]  # the pending one, silenced
     assert all(ids == [] for ids in muted.values())
 
 

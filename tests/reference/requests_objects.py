@@ -113,6 +113,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ragwatch.detectors.request_outliers import REQUEST_FEATURES, RequestOutliers
+from ragwatch.detectors.request_shapes import ShapeMemory
 from ragwatch.detectors.seasonal import Forecast, SeasonalBaseline
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
@@ -150,6 +151,7 @@ CLUSTER_ACTIVE_RESCAN = 5  # ... while a flagged cluster lasts (is it still ther
 NOVEL_DECAY = 0.9  # per bucket: which instance's records a new cluster is made of
 CLUSTER_SHARE = 0.01  # of the window's points: the smallest cluster that is news
 CLUSTER_WARMUP = 200  # points the outlier window holds before a cluster is news
+FAMILIAR_SHARE = 0.5  # a cluster with this share of shapes the service knows is not news
 TOKEN_CV2 = 0.05  # tokens per request: variance / mean^2 until the series has measured it
 RATE_PRECISION = 0.08  # the relative excess noise a rate window averages bursts down to
 ERROR_PRIOR = 0.005  # the share of failed requests assumed before a series has measured it
@@ -356,6 +358,8 @@ class _Service:
     active_instance: str | None = None  # the instance it was raised on
     active_label: str | None = None  # what its requests look like ("long context, ...")
     active_cells: frozenset[tuple[int, ...]] = frozenset()  # its cells and their neighbours
+    memory: ShapeMemory = field(default_factory=ShapeMemory)  # the shapes served over days
+    fresh: list[tuple[float, float]] = field(default_factory=list)  # learnt since a close
 
 
 @dataclass
@@ -398,6 +402,7 @@ class RequestPipeline:
         hold_band: float = 0.1,
         hold_z: float = 3.0,
         hold_max_s: float = 86400.0,
+        weekly_sd: float | None = None,
         min_baseline: int = 3,
         new_cluster_size: int = 10,
         outliers: RequestOutliers | None = None,
@@ -429,7 +434,8 @@ class RequestPipeline:
         self.new_cluster_size = new_cluster_size
         self._outliers = outliers if outliers is not None else RequestOutliers()
         self._rng = random.Random(seed)
-        self._baseline = SeasonalBaseline(step_s=self.bucket_s, hold_max_s=hold_max_s)
+        weekly = {} if weekly_sd is None else {"weekly_sd": weekly_sd}
+        self._baseline = SeasonalBaseline(step_s=self.bucket_s, hold_max_s=hold_max_s, **weekly)
         self.series: dict[SeriesKey, ServiceSeries] = {}
         self._services: dict[str, _Service] = {}
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
@@ -651,6 +657,7 @@ class RequestPipeline:
             cell = det.cell(p)
             clustered.append(cell in active)
             self._score_outlier(det, p, cell, rec, bucket)
+            svc.fresh.append(p)
             if cell not in dense:
                 svc.novel += 1
                 bucket.novel += 1
@@ -951,7 +958,14 @@ class RequestPipeline:
         ``min_samples`` records landed outside the dense cells of the last scan (a new
         cluster far from the known ones is made of such records), every
         ``CLUSTER_ACTIVE_RESCAN`` buckets while a flagged cluster lasts, and every
-        ``CLUSTER_RESCAN`` buckets to keep the known clusters current."""
+        ``CLUSTER_RESCAN`` buckets to keep the known clusters current. A cluster most of
+        whose core points are shapes the service's memory knows (served more than an hour
+        ago, over days) is not news."""
+        at = (b + 1) * self.bucket_s
+        if svc.fresh:
+            svc.memory.add(svc.fresh, at)
+            svc.fresh = []
+        svc.memory.age(at)
         if svc.checked == b:
             return svc.flag
         svc.checked, svc.flag = b, 0.0
@@ -971,7 +985,15 @@ class RequestPipeline:
             return 0.0
         svc.dense = det.around(cell for c in clusters for cell in c.cells)
         known = svc.known
-        new = [c for c in clusters if known and all(math.dist(c.centroid, k) > far for k in known)]
+        new = [
+            c
+            for c in clusters
+            if known and all(math.dist(c.centroid, k) > far for k in known)
+            and not (
+                svc.memory.trusted
+                and svc.memory.familiar(c.points).mean() >= FAMILIAR_SHARE
+            )
+        ]  # fmt: skip
         svc.flag = 1.0 if new else 0.0
         svc.size = float(max(c.size for c in new)) if new else 0.0
         svc.known = [c.centroid for c in clusters]

@@ -9,6 +9,7 @@ it the summary of a recovered alert and adds how long the alert lasted. Driven t
 
 from __future__ import annotations
 
+import math
 import re
 import string
 
@@ -136,10 +137,13 @@ def test_a_resolved_retrieval_slowdown_says_where_the_p99_came_back_to() -> None
 
     def p99(ms: float, requests: float) -> dict[str, float]:
         base = 111.0
+        above = 0.9 if ms > base else 0.01  # the share of the window above the baseline P99
         return {
             "retriever_p99_ms": ms,
             "retriever_p99_baseline_ms": base,
             "retriever_p99_ratio": ms / base,
+            "retriever_tail_ratio": above / 0.01,
+            "retriever_tail_z": (above - 0.01) * 100 / math.sqrt(0.99 + 0.0625),
             "requests_total": requests,
         }
 
@@ -156,7 +160,7 @@ def test_an_alert_whose_series_ended_says_so_in_the_past_tense() -> None:
     rule = RULES["GpuMemoryLeak"]
     eng = AlertEngine()
     labels = {"host": "gpu-node-01", "gpu": "1", "pid": "4011", "process": "rag-worker"}
-    leak = {"recent_gb_per_hour": 1.19, "recent_steadiness": 0.9, "tte_h": 0.1}
+    leak = {"leak_gb_per_hour": 1.19, "recent_gb_per_hour": 1.19, "tte_h": 3.2}
     for ts in (0.0, 300.0):
         eng.evaluate(rule, labels, leak, ts)
     (gone,) = eng.clear({"host": "gpu-node-01", "pid": "4011"}, 42840.0)
@@ -165,9 +169,9 @@ def test_an_alert_whose_series_ended_says_so_in_the_past_tense() -> None:
     assert ann["resolution"] == "its series went silent (no data since then)"
     assert ann["summary"] == (
         "ended after 11.9 h: its series went silent (no data since then); while firing: "
-        "GPU memory leak: rag-worker (pid 4011) on gpu-node-01 GPU 1 grows 1.19 GB/h"
+        "GPU memory leak: rag-worker (pid 4011) on gpu-node-01 GPU 1 grows 1.19 GB/h, OOM in ~3 h"
     )
-    assert "description" not in ann  # "runs out of memory in ~0.1 h": not any more
+    assert "description" not in ann  # "runs out of memory in ~3.2 h": not any more
 
 
 def test_the_outliers_scenario_resolves_in_the_past_tense() -> None:

@@ -112,7 +112,7 @@ def test_the_stream_has_alerts_of_every_kind(
     telemetry: list[Envelope], in_order: list[Transition]
 ) -> None:
     rules = {t.alert.rule for t in in_order if t.alert.status == "firing"}
-    assert {"GpuMemoryLeak", "ThroughputDrop", "RetrievalSlowdown"} <= rules
+    assert {"GpuMemoryLeak", "TokensPerRequestDrop", "RetrievalSlowdown"} <= rules
     assert {t.alert.status for t in in_order} == {"pending", "firing", "resolved"}
     assert {type(e) for e in telemetry} >= {GpuEnvelope, RequestsEnvelope}
 

@@ -54,6 +54,21 @@ def test_each_fault_scenario_says_what_it_injects_and_when(scenario: str, says: 
     assert s.expected
 
 
+def test_the_throughput_fault_pages_decode_speed_and_answer_length_not_demand() -> None:
+    """The simulator's throughput fault decodes 2.7x slower and answers shorter with a
+    third fewer requests: that pages DecodeSpeedDrop and TokensPerRequestDrop; a demand
+    collapse (ThroughputDrop, requests at a tenth) is nothing it explains."""
+    s = story("throughput")
+    on = {"service": "rag-api", "instance": "rag-api-1"}
+    assert [e.rule for e in s.expected] == ["DecodeSpeedDrop", "TokensPerRequestDrop"]
+    assert all(dict(e.labels) == on for e in s.expected)
+    assert s.explain(_alert("ThroughputDrop", on)) is None
+    oom = story("oom")  # the OOM kill fails most requests of the instance for 90 s
+    assert "fails 80% of rag-api-1's requests" in str(oom.explain(_alert("ErrorRateHigh", on)))
+    assert "decodes 1% slower" in str(oom.explain(_alert("DecodeSpeedDrop", on)))
+    assert oom.explain(_alert("ThroughputDrop", on)) is None
+
+
 def _alert(name: str, labels: dict[str, str], *, hint: str = "", status: str = "firing") -> Any:
     return {
         "status": status,
@@ -101,7 +116,7 @@ def test_alerts_the_faults_explain_are_said_why_and_others_fail_the_demo(
         receiver,
         _alert("GpuMemoryLeak", LEAK, hint="suspect a leak"),  # expected
         _alert("GpuMemoryHigh", {"host": "gpu-node-01", "gpu": "1"}),
-        _alert("ThroughputDrop", {"service": "rag-api", "instance": "rag-api-1"}),
+        _alert("E2eLatencyDeviation", {"service": "rag-api", "instance": "rag-api-1"}),
         _alert("GpuMemoryLeak", {**LEAK, "pid": "4012"}),  # the restarted worker
     )
     watch.poll(0.0)
@@ -112,22 +127,23 @@ def test_alerts_the_faults_explain_are_said_why_and_others_fail_the_demo(
         "gpu-node-01: over 95 % of its memory, the last warning before the CUDA OOM killer"
     ) in err
     assert (
-        "[demo] also firing: ThroughputDrop service=rag-api instance=rag-api-1: the throughput "
-        "fault cuts rag-api-1's requests 37% and its tokens per request 36%: its output "
-        "tokens/s drop with them"
+        "[demo] also firing: E2eLatencyDeviation service=rag-api instance=rag-api-1: the "
+        "throughput fault makes rag-api-1 decode 2.7x slower: its end-to-end latency rises"
     ) in err
     assert "pid=4012 process=rag-worker: after the OOM kill, rag-worker restarted" in err
     assert "UNEXPECTED" not in err
 
-    _post(receiver, _alert("ThroughputDrop", {"service": "rag-search", "instance": "rag-search-0"}))
+    _post(
+        receiver, _alert("DecodeSpeedDrop", {"service": "rag-search", "instance": "rag-search-0"})
+    )
     watch.poll(0.0)
     assert not watch.verdict()
     err = capsys.readouterr().err
     assert (
-        "[demo] UNEXPECTED: ThroughputDrop service=rag-search instance=rag-search-0: nothing in "
+        "[demo] UNEXPECTED: DecodeSpeedDrop service=rag-search instance=rag-search-0: nothing in "
         "scenario all explains it"
     ) in err
-    assert "failed: ThroughputDrop service=rag-search instance=rag-search-0 fired" in err
+    assert "failed: DecodeSpeedDrop service=rag-search instance=rag-search-0 fired" in err
 
 
 def test_a_consequence_of_another_scenario_is_not_explained(

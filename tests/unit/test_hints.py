@@ -58,7 +58,7 @@ def test_every_alert_of_the_incident_fires_with_a_hint(incident: dict[str, Alert
     assert {
         "GpuMemoryLeak",
         "TokensPerRequestDrop",
-        "ThroughputDrop",
+        "DecodeSpeedDrop",  # demand (ThroughputDrop) is context now: it pages on a collapse
         "RetrievalSlowdown",
         "RequestOutlierCluster",
     } <= set(incident)
@@ -82,6 +82,7 @@ def test_request_hints_leave_out_their_own_signal_and_say_what_to_suspect(
 ) -> None:
     tpr = incident["TokensPerRequestDrop"].annotations["hint"]
     assert "tokens/request" not in tpr and "output tokens/s -" in tpr
+    assert tpr.startswith("demand ") and "requests/s (" in tpr  # demand, as context
     assert "no GPU signal on gpu-node-01 explains it" in tpr  # the leak is not measurable yet
     retrieval = incident["RetrievalSlowdown"].annotations["hint"]
     assert "retrieval P99" not in retrieval

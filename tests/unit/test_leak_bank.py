@@ -1,7 +1,9 @@
-"""The leak bank is held to the object detector it vectorises (as ``codec._gpu_wire_ok`` is
-held to the strict decoder): on the same samples, in batches of any shape, every row's
-estimate, score and late count equal the object's, through gaps, late samples, steps,
-leaks, reloads and rows reused after a reset."""
+"""The leak bank (the only implementation of the leak detector) is held to its
+specification, the plain-Python reference of ``tests/reference/leak.py``: on the same
+samples, in batches of any shape, every row's estimate, leak rate and late count equal the
+reference's within a float tolerance (running means and matrix medians round differently
+from sums and ``statistics.median``), through gaps, late samples, steps, leaks, reloads,
+sawtooths, loads and rows reused after a reset."""
 
 from __future__ import annotations
 
@@ -13,96 +15,125 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragwatch.detectors.leak import LeakDetector, LeakEstimate
-from ragwatch.detectors.leak_bank import LeakBank
+from ragwatch.detectors.leak import LeakDetector
+from ragwatch.detectors.leak_bank import LeakBank, LeakParams
+from tests.reference.leak import LeakReference
 
 T0 = 1_767_225_600.0
 PARAMS = [
     {},
-    {"window_s": 1800.0, "min_span_s": 300.0, "recent_s": 600.0},
+    {"window_s": 1800.0, "min_span_s": 300.0, "recent_s": 600.0, "floor_horizon_s": 3600.0},
     {"window_s": 3600.0, "bucket_s": 70.0, "min_points": 3, "min_span_s": 0.0},
 ]
+REL = 1e-9  # relative: a value that is the same arithmetic in another order
+ABS = 1e-3  # bytes (or bytes/s): far below any threshold the rules read
 
 
-def same(a: LeakEstimate | None, b: LeakEstimate | None) -> bool:
-    if a is None or b is None:
-        return a is b
-
-    def close(x: float | None, y: float | None) -> bool:
-        if x is None or y is None:
-            return x is y
-        return x == y or math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-12)
-
-    return all(
-        close(getattr(a, f), getattr(b, f))
-        for f in (
-            "slope_bytes_per_s",
-            "increase_bytes",
-            "span_s",
-            "level_bytes",
-            "points",
-            "steadiness",
-            "recent_slope_bytes_per_s",
-            "recent_steadiness",
-        )
-    )
+def close(x: float | None, y: float | None) -> bool:
+    if x is None or y is None:
+        return x is y
+    if math.isnan(x) or math.isnan(y):
+        return math.isnan(x) and math.isnan(y)
+    return x == y or math.isclose(x, y, rel_tol=REL, abs_tol=ABS)
 
 
-def stream(rng: random.Random, hours: float) -> list[tuple[float, float]]:
-    """One series: irregular sampling with gaps and late samples, noise, a step, a leak, a
-    reload dip."""
+def check(bank: LeakBank, refs: list[LeakReference]) -> None:
+    """Every row of the bank against its reference object."""
+    rates = bank.leak_rates(range(len(refs)))
+    for row, ref in enumerate(refs):
+        est, fit, floor = bank.estimate(row), ref.fit, ref.floor
+        assert (est is None) == (fit is None), row
+        assert int(bank.late[row]) == ref.late, row
+        assert close(float(rates[row]), ref.leak_rate()), (row, rates[row], ref.leak_rate())
+        if est is None or fit is None:
+            continue
+        assert est.points == len(ref.points)
+        for got, want in [
+            (est.slope_bytes_per_s, fit["slope"]),
+            (est.span_s, fit["span"]),
+            (est.level_bytes, fit["level"]),
+            (est.steadiness, fit["steadiness"]),
+            (est.rising, fit["rising"]),
+            (est.recent_slope_bytes_per_s, _opt(fit["recent_slope"])),
+            (est.recent_steadiness, _opt(fit["recent_steadiness"])),
+            (est.floor_slope_bytes_per_s, _opt(floor["slope"]) if floor else None),
+            (est.floor_steadiness, _opt(floor["steadiness"]) if floor else None),
+        ]:
+            assert close(got, want), (row, est, fit, floor)
+        known = floor["known"] if floor else math.nan
+        want_above = fit["level"] - known if math.isfinite(known) else None
+        assert close(est.above_known_bytes, want_above), (row, est, known)
+
+
+def _opt(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def stream(rng: random.Random, hours: float) -> list[tuple[float, float, float]]:
+    """One series ``(t, bytes, load)``: irregular sampling with gaps and late samples, noise
+    (none, NVML-like MiB, or 50 MB), a step, a leak or a sawtooth, a reload dip, a load
+    that is sometimes unknown."""
     out, t = [], 0.0
     step_at, leak_at = rng.uniform(0, hours) * 3600, rng.uniform(0, hours) * 3600
     rate = rng.choice([0.0, 0.3, 1.2, 5.0]) * 1e9 / 3600
+    freed = rng.choice([0.0, 0.6])  # of each 20 min's growth, at its end
+    sd = rng.choice([0.0, 1e6, 5e7])
     while t < hours * 3600:
-        v = 30e9 + rng.gauss(0, rng.choice([1e6, 5e7]))
-        v += 3e9 if t >= step_at else 0.0
-        v += rate * max(0.0, t - leak_at)
+        into = max(0.0, t - leak_at)
+        grown = rate * (into - freed * (into // 1200) * 1200)
+        v = 30e9 + rng.gauss(0, sd) + (3e9 if t >= step_at else 0.0) + grown
         if rng.random() < 0.01:
             v = 4e9  # a reload
+        u = math.nan if rng.random() < 0.1 else 100 * (0.5 + 0.5 * math.sin(t / 7200))
         late = rng.random() < 0.03
-        out.append((T0 + (t - rng.uniform(0, 400) if late else t), v))
+        out.append((T0 + (t - rng.uniform(0, 400) if late else t), v, u))
         t += rng.choice([10.0, 10.0, 30.0, 60.0]) * (50 if rng.random() < 0.005 else 1)
     return out
 
 
-def check(bank: LeakBank, objs: list[LeakDetector]) -> None:
-    for row, obj in enumerate(objs):
-        assert same(bank.estimate(row), obj.estimate), (row, bank.estimate(row), obj.estimate)
-        assert int(bank.late[row]) == obj.late, row
-    want = [o.score_one({"value": 0.0, "t": 0.0}) for o in objs]
-    assert np.allclose(bank.scores(range(len(objs))), want, rtol=1e-12, atol=0)
-
-
-def feed(params: dict[str, float], streams: list[list[tuple[float, float]]], batch: int) -> int:
-    """Both forms over the same samples, compared after every batch; how many rows end
-    with an estimate."""
-    objs = [LeakDetector(**params) for _ in streams]
+def feed(
+    params: dict[str, float], streams: list[list[tuple[float, float, float]]], batch: int
+) -> int:
+    """The bank and the references over the same samples, compared after every batch; how
+    many rows end with an estimate."""
+    refs = [LeakReference(LeakParams(**params)) for _ in streams]
     bank = LeakBank(capacity=1, **params)
     bank.reserve(len(streams))  # it grows
     # interleave the rows as envelopes would, then cut the sequence into batches
-    events = [(t, row, v) for row, s in enumerate(streams) for t, v in s]
-    merged = sorted(
-        enumerate(events), key=lambda e: (round(e[1][0] / 60), e[0])
-    )  # roughly in time, each row's own order kept
-    seq = [e for _, e in merged]
-    by_row: dict[int, list[int]] = {}
-    for i, (_, row, _) in enumerate(seq):
-        by_row.setdefault(row, []).append(i)
+    events = [(t, row, v, u) for row, s in enumerate(streams) for t, v, u in s]
+    merged = sorted(enumerate(events), key=lambda e: (round(e[1][0] / 60), e[0]))
+    seq = [e for _, e in merged]  # roughly in time, each row's own order kept
     for lo in range(0, len(seq), batch):
         part = seq[lo : lo + batch]
-        for t, row, v in part:
-            objs[row].learn(t, v)
-        bank.learn([r for _, r, _ in part], [t for t, _, _ in part], [v for _, _, v in part])
-        check(bank, objs)
-    return sum(o.estimate is not None for o in objs)
+        for t, row, v, u in part:
+            refs[row].learn(t, v, u)
+        bank.learn(*zip(*[(r, t, v) for t, r, v, _ in part], strict=True), [u for *_, u in part])
+        check(bank, refs)
+    return sum(r.fit is not None for r in refs)
 
 
 @pytest.mark.parametrize("params", PARAMS)
 @pytest.mark.parametrize("batch", [1, 7, 500])
-def test_the_bank_gives_the_objects_estimates(params: dict[str, float], batch: int) -> None:
+def test_the_bank_follows_the_reference(params: dict[str, float], batch: int) -> None:
     rng = random.Random(batch * 31 + len(params))
     assert feed(params, [stream(rng, hours=5.0) for _ in range(6)], batch) >= 4  # not vacuous
+
+
+def test_the_bank_follows_the_reference_past_the_floor_window() -> None:
+    """Fourteen hours: the floor's 12 h window slides, the known range forgets."""
+    rng = random.Random(11)
+    assert feed({}, [stream(rng, hours=14.0) for _ in range(3)], 200) == 3
+
+
+def test_the_comparison_sees_leaks_and_floors() -> None:
+    """Not vacuous: a steady leak, compared, has a leak rate from both horizons."""
+    series = [(T0 + t, 30e9 + 1.2e9 * t / 3600, 50.0) for t in np.arange(0.0, 4 * 3600, 10.0)]
+    ref = LeakReference()
+    for t, v, u in series:
+        ref.learn(t, v, u)
+    assert ref.floor is not None and ref.floor["steadiness"] == 1.0
+    assert ref.leak_rate() * 3600 / 1e9 == pytest.approx(1.2, rel=0.01)
+    feed({}, [[(t, v, u) for t, v, u in series]], 100)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -123,22 +154,23 @@ def test_a_reset_row_starts_afresh_and_others_keep_theirs() -> None:
     rng = random.Random(3)
     a, b = stream(rng, 3.0), stream(rng, 3.0)
     bank = LeakBank(capacity=2)
-    for (ta, va), (tb, vb) in zip(a, b, strict=False):
-        bank.learn([0, 1], [ta, tb], [va, vb])
+    for (ta, va, ua), (tb, vb, ub) in zip(a, b, strict=False):
+        bank.learn([0, 1], [ta, tb], [va, vb], [ua, ub])
     kept = bank.estimate(1)
     bank.reset([0])
-    fresh = LeakDetector()
-    for t, v in a[:200]:
-        bank.learn([0], [t], [v])
-        fresh.learn(t, v)
-    assert same(bank.estimate(0), fresh.estimate) and same(bank.estimate(1), kept)
-    assert bank.late[0] == fresh.late
+    fresh = LeakReference()
+    for t, v, u in a[:200]:
+        bank.learn([0], [t], [v], [u])
+        fresh.learn(t, v, u)
+    check(bank, [fresh])
+    assert bank.estimate(1) == kept
 
 
 @pytest.mark.parametrize(
     "bad",
     [{"window_s": math.inf}, {"recent_s": 0.0}, {"scale_bytes": -1.0}, {"min_points": 1},
-     {"min_span_s": math.nan}, {"bucket_s": 1e9}],
+     {"min_span_s": math.nan}, {"bucket_s": 1e9}, {"floor_group": 0}, {"noise_k": math.nan},
+     {"floor_window_s": 3600.0}],
 )  # fmt: skip
 def test_the_bank_refuses_the_parameters_the_detector_refuses(bad: dict[str, float]) -> None:
     for make in (LeakDetector, LeakBank):

@@ -91,13 +91,16 @@ def assert_same(got: RequestRecord, want: RequestRecord) -> None:
 
 
 def test_a_retrieval_slowdown_pages_from_spans_as_it_does_from_the_sdk() -> None:
-    cfg = RequestSimConfig(services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0)
-    envs = [e for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 720) for e in batch]
+    # the fault an hour in: a latency baseline judges after 1,500 values (30 a minute here)
+    cfg = RequestSimConfig(
+        services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0, fault_start_s=3600.0
+    )
+    envs = [e for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 900) for e in batch]
     sdk = Pipelines(load_rules())
     direct = [t for env in envs for t in sdk.process(env)]
     asm, traced, fleet = TraceAssembler(grace_s=30.0), Pipelines(load_rules()), Fleet()
     via_spans = []
-    for env in envs:  # 2 h: each batch of requests as the instance's exporter would send it
+    for env in envs:  # 2.5 h: each batch of requests as the instance's exporter would send it
         spans = fleet.spans(env)
         out = asm.add(decode_traces(otlp_proto(spans))) if spans else asm.advance(env.ts)
         for assembled in out:
@@ -214,7 +217,10 @@ def test_hostile_names_too_many_spans_and_zero_ids_are_refused() -> None:
 def test_replay_of_an_otlp_json_file_pages_the_slow_instance_only(tmp_path: Path) -> None:
     """``ragwatch replay traces.otlp.jsonl``: one ExportTraceServiceRequest per line, as
     the Collector's file exporter writes them, from the SDK's own encoder."""
-    cfg = RequestSimConfig(services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0)
+    # the fault an hour in: a latency baseline judges after 1,500 values (30 a minute here)
+    cfg = RequestSimConfig(
+        services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0, fault_start_s=3600.0
+    )
     path = tmp_path / "traces.otlp.jsonl"
     fleet = Fleet()
     with path.open("wb") as f:

@@ -391,7 +391,7 @@ def test_a_mixed_replay_batches_gpu_runs_and_gives_the_transitions_one_at_a_time
     RecordingPipelines.batches = []
     got, summary, _ = run_replay([f], pending=True)
     assert got == orjson.loads(orjson.dumps(expected))
-    assert {"GpuMemoryLeak", "ThroughputDrop"} <= {t["rule"] for t in got}
+    assert {"GpuMemoryLeak", "DecodeSpeedDrop"} <= {t["rule"] for t in got}
     assert summary["envelopes"] == len(envelopes)
     batches = RecordingPipelines.batches
     assert sum(batches) == sum(e.kind == "gpu" for e in envelopes)

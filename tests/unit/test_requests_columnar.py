@@ -7,6 +7,11 @@ bucket close must give the same signals (==, every float identical; None where t
 has None), the same transitions in the same order, the same statistics; and its banks'
 rows exported as objects must equal the object's baselines and rings. Fed in batches of
 any size, it must give what it gives one envelope at a time.
+
+Signals added since (issue 30: decode speed, TTFT less queue wait and queue wait against
+baselines, the retriever's tail by exceedances, the window's failed requests) are not the
+object's: they are held to a brute-force reference with a tolerance in
+``tests/unit/test_requests_serving.py``, and the rules that read them are left out here.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from ragwatch.agents.sim_requests import Fault, RequestSimConfig, RequestSimulat
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines import requests as columnar
-from ragwatch.streams.pipelines.service_rows import SIGNALS
+from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS
 from tests.reference import requests_objects as reference
 
-RULES = load_rules()
+ADDED = frozenset(SIGNALS[SIGNAL_AT["retriever_tail_ratio"]:SIGNAL_AT["e2e_p95_baseline_ms"]]
+                  + SIGNALS[SIGNAL_AT["decode_tps"]:])  # fmt: skip
+RULES = [r for r in load_rules() if not any(name in repr(r) for name in ADDED)]
 T0 = 1_767_225_600.0
 
 
@@ -69,7 +76,7 @@ def assert_same_closes(got: list[Any], want: list[Any]) -> None:
     key = lambda c: (c[1], c[0])  # noqa: E731  # a wave closes rows in another order
     for (gk, ge, gs), (wk, we, ws) in zip(sorted(got, key=key), sorted(want, key=key), strict=True):
         assert (gk, ge) == (wk, we)
-        assert set(gs) == set(ws) and set(ws) <= set(SIGNALS)
+        assert set(gs) == set(ws) | ADDED and set(ws) <= set(SIGNALS)
         bad = {n: (gs[n], ws[n]) for n in ws if not _same(gs[n], ws[n])}
         assert not bad, f"{gk} at {ge}: {bad}"
 
@@ -142,11 +149,15 @@ def test_the_simulators_scenarios_close_alike(scenario: str) -> None:
 
 def test_a_day_of_daily_rhythm_with_quiet_nights_and_a_fault_that_lasts() -> None:
     """Profiles are learnt (a day passes), a quiet night makes windows long, baselines
-    hold through hours of a fault and accept it as the new level after ``hold_max_s``."""
+    hold through hours of a fault and accept it as the new level after ``hold_max_s``.
+    With the weekly profile off: in its first week the profile takes a weekday it has
+    not seen as uncertain, and this fault, which develops over hours from 20:00 on a
+    Thursday, is then taken as Friday's level instead of held (docs/detection.md, known
+    limits)."""
     faults = (Fault("throughput", 20 * 3600.0, None, 0, 0, 1.0),)
     envs = simulated(30.0, services=1, instances=2, base_qps=1.0, sample_rate=1.0,
                      batch_s=60.0, daily_ratio=20.0, burst_sigma=0.3, faults=faults)  # fmt: skip
-    pipe, _ = run_both(envs, batch=256, hold_max_s=4 * 3600.0)
+    pipe, _ = run_both(envs, batch=256, hold_max_s=4 * 3600.0, weekly_sd=0.0)
     rows = np.array([v.row for v in pipe.series.values()], dtype=np.intp)
     assert pipe.rows.traffic.has_profile(pipe.rows.both(rows)).all()
     relearned = [pipe.rows.col[f"{f}_relearned_at"][rows] for f in ("rps", "tpr")]

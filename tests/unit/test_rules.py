@@ -334,13 +334,20 @@ def test_default_rules_load() -> None:
     assert leak.for_s == 300.0
     assert leak.severity == "critical"
     assert leak.expected == 0.0
-    assert leak.conditions == (  # > 1 GB per 2 h at the steady recent rate
-        Condition("recent_gb_per_hour", ">", 0.5),
-        Condition("recent_steadiness", ">", 0.75),
+    # judged by the time to OOM at the leak rate (issue 30): critical within 2 days
+    assert leak.conditions == (Condition("tte_h", "<", 48.0),)
+    # resolved only when both horizons show the growth gone (a sawtooth's recent slope
+    # goes negative at each collection, its floor does not)
+    assert leak.resolve == (
+        Condition("floor_gb_per_hour", "<", 0.05),
+        Condition("recent_gb_per_hour", "<", 0.2),
     )
-    assert leak.resolve == (Condition("recent_gb_per_hour", "<", 0.2),)
     assert leak.labels == {"team": "ml-platform"}
     assert {"summary", "description", "runbook"} <= set(leak.annotations)
+    slow = by_name["GpuMemoryLeakSlow"]  # days to OOM: a warning, not a wake-up
+    assert (slow.series, slow.severity) == ("process", "warning")
+    assert slow.conditions == (Condition("tte_h", ">=", 48.0), Condition("tte_h", "<", 336.0))
+    assert slow.resolve == leak.resolve
 
 
 def test_default_leak_rule_renders_an_actionable_summary() -> None:
@@ -355,17 +362,17 @@ def test_default_leak_rule_renders_an_actionable_summary() -> None:
         "container": "abc",
     }
     signals = {
-        "recent_gb_per_hour": 1.2,
+        "leak_gb_per_hour": 1.2,
+        "recent_gb_per_hour": 1.25,
+        "floor_gb_per_hour": 1.1,
         "gb_per_hour": 1.1,
-        "mem_increase_gb": 2.4,
-        "window_h": 2.0,
         "tte_h": 11.5,
     }
     out = leak.render(labels, signals)
-    assert out["summary"] == (
-        "GPU memory leak: rag-worker (pid 4011) on gpu-node-01 GPU 1 grows 1.20 GB/h"
-    )
-    assert "+2.40 GB over the last 2.0 h" in out["description"]
+    summary = "GPU memory leak: rag-worker (pid 4011) on gpu-node-01 GPU 1 grows 1.20 GB/h"
+    assert out["summary"] == summary + ", OOM in ~12 h"
+    assert "last 30 min 1.25 GB/h" in out["description"]
+    assert "low-water mark 1.10 GB/h over 2 h" in out["description"]
     assert "~11.5 h" in out["description"]
     assert "<" not in "".join(out.values())
 

@@ -50,10 +50,10 @@ def test_the_data_comes_from_before_the_change_and_holds_alerts(recorded: dict[s
     assert recorded["plan"] == "ci"
     rows = [r for s in recorded["scenarios"].values() for r in s["transitions"]]
     seen = {(r["rule"], r["status"]) for r in rows}
-    for rule in ("GpuMemoryLeak", "ThroughputDrop"):  # a GPU rule and a request rule
+    for rule in ("GpuMemoryLeak", "DecodeSpeedDrop"):  # a GPU rule and a request rule
         assert {(rule, "firing"), (rule, "resolved")} <= seen
     resolved_after_firing = {r["rule"] for r in rows if r["previous"] == "firing"}
-    assert {"GpuMemoryLeak", "ThroughputDrop", "GpuOomKill"} <= resolved_after_firing
+    assert {"GpuMemoryLeak", "DecodeSpeedDrop", "GpuOomKill"} <= resolved_after_firing
     assert recorded["scenarios"]["healthy-day"]["transitions"] == []  # no false alert
 
 

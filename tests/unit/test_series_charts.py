@@ -14,9 +14,12 @@ from ragwatch.streams.pipelines.charts import SeriesRecorder, charts_for
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 # rule -> (kind, suffix, value, reference) of the chart that shows its alerts
-DEFAULT_CHARTS = {
+DEFAULT_CHARTS: dict[str, list[tuple[str, str, str, str | None]]] = {
     "GpuMemoryLeak": [("process", "gpu_mem", "gpu_mem_bytes", None)],
+    "GpuMemoryLeakSlow": [("process", "gpu_mem", "gpu_mem_bytes", None)],
     "GpuMemoryHigh": [("gpu", "fb_used", "fb_used_bytes", None)],
+    "GpuMemoryLeakUnattributed": [("gpu", "fb_used", "fb_used_bytes", None)],
+    "GpuMemoryLeakUnattributedSlow": [("gpu", "fb_used", "fb_used_bytes", None)],
     "GpuOomKill": [
         ("process", "gpu_mem", "gpu_mem_bytes", None),
         ("gpu", "fb_used", "fb_used_bytes", None),
@@ -27,6 +30,10 @@ DEFAULT_CHARTS = {
     ],
     "TokensPerRequestDrop": [("service", "tokens_per_req", "tokens_per_request", "tpr_forecast")],
     "ThroughputDrop": [("service", "tokens_per_s", "output_tokens_per_s", "tps_forecast")],
+    "DecodeSpeedDrop": [("service", "decode_tps", "decode_tps", "decode_baseline_tps")],
+    "ErrorRateHigh": [("service", "errors", "errors_ratio", "errors_baseline")],
+    "QueueWaitHigh": [("service", "queue_p95", "queue_recent_p95_ms", "queue_p95_baseline_ms")],
+    "TtftDeviation": [("service", "ttft_net_p95", "ttft_net_p95_ms", "ttft_net_p95_baseline_ms")],
     "RetrievalSlowdown": [
         ("service", "retriever_p99", "retriever_p99_ms", "retriever_p99_baseline_ms")
     ],
@@ -101,7 +108,7 @@ def test_a_rule_on_a_signal_no_chart_holds() -> None:
 
 def test_alerts_get_the_series_of_their_rules_signal() -> None:
     alerts, index, points = recorded("all", 2.0, (), ("E2eSlow",))
-    charted_as = {"RetrievalSlowdown": "RetrievalSlowdown", "ThroughputDrop": "ThroughputDrop",
+    charted_as = {"RetrievalSlowdown": "RetrievalSlowdown", "DecodeSpeedDrop": "DecodeSpeedDrop",
                   "TokensPerRequestDrop": "TokensPerRequestDrop", "GpuMemoryLeak": "GpuMemoryLeak",
                   "RequestOutlierCluster": "RequestOutlierCluster",
                   "E2eSlow": "E2eLatencyDeviation"}  # fmt: skip
@@ -141,10 +148,14 @@ def test_charts_only_for_the_rules_that_want_them() -> None:
     _, index, _ = recorded("outliers", 1.0, ("RequestOutlierCluster",), ("LlmSlow",))
     suffixes = {sid.rsplit(":", 1)[1] for sid in index if sid.startswith("service:")}
     # without RequestOutlierCluster no outliers chart; LlmSlow's own signal charted
-    assert suffixes == {"tokens_per_s", "tokens_per_req", "retriever_p99", "e2e_p95", "llm_p99_ms"}
+    main = {"tokens_per_s", "tokens_per_req", "decode_tps", "retriever_p99", "e2e_p95"}
+    wanted = {"errors", "queue_p95", "ttft_net_p95"}  # by the default rules on them
+    assert suffixes == main | wanted | {"llm_p99_ms"}
     llm = next(m for sid, m in index.items() if sid.endswith(":llm_p99_ms"))
     assert (llm["signal"], llm["unit"], llm["rules"]) == ("llm_p99_ms", "ms", ["LlmSlow"])
     _, default, _ = recorded("outliers", 1.0)
-    assert {sid.rsplit(":", 1)[1] for sid in default if sid.startswith("service:")} == {
-        "tokens_per_s", "tokens_per_req", "retriever_p99", "e2e_p95", "outliers",
-    }  # fmt: skip
+    charted = {sid.rsplit(":", 1)[1] for sid in default if sid.startswith("service:")}
+    assert charted == main | wanted | {"outliers"}
+    drop = ("RequestOutlierCluster", "ErrorRateHigh", "QueueWaitHigh", "TtftDeviation")
+    _, bare, _ = recorded("outliers", 1.0, drop)
+    assert {sid.rsplit(":", 1)[1] for sid in bare if sid.startswith("service:")} == main

@@ -209,7 +209,7 @@ def test_snapshots_of_the_previous_format_are_restored_while_legacy_reading_is_o
     expected = orjson.loads((SNAPSHOTS / f"{version}-expected.json").read_bytes())
     world = build("all", hosts=1, gpus=1, services=1, interval_s=60.0)
     envs = list(world.envelopes(hours=expected["hours"]))
-    restored = Pipelines(load_rules())
+    restored = Pipelines(load_rules(SNAPSHOTS / "rules-at-fixtures.yaml"))  # as recorded
     adopted = {}
     for name in expected["adopted"]:
         kind, key = name.split("-", 1)

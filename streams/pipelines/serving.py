@@ -1,0 +1,234 @@
+"""What the service controls, against its own baselines; the retriever's tail by evidence.
+
+Demand (how many users, what they ask, how long the answers are) is not the service's to
+control; how fast it answers is. A close of a request series (:mod:`~.request_close`)
+computes here, over its tail window (the last 200 requests or 2 minutes, whichever holds
+more):
+
+- ``decode_tps``: the median of the requests' own decode speeds (output tokens per second
+  after the first token: :func:`~.buckets.decode_ms_per_token`) over the last
+  :data:`DECODE_REQUESTS` requests or 2 minutes, whichever holds more, robust to the few very
+  short or very long answers of any mix; ``decode_baseline_tps`` (a seasonal baseline of
+  the median's log, :class:`~.latency_bank.LatencyBank`), ``decode_deviation`` (-0.36:
+  36 % slower) and ``decode_z``: the deviation of the log median in standard deviations
+  of its sampling noise (the spread of the requests' log speeds, as a MAD, times
+  sqrt(pi / 2) over sqrt(n): a median's standard error) plus the baseline's own
+  uncertainty; unknown below :data:`MIN_DECODE` requests with a speed;
+- ``ttft_net_p95_ms``: the P95 of the time to first token less the queue wait (the time
+  the engine took itself), with a baseline, ``_ratio`` and ``_excess_ms``;
+- ``queue_recent_p95_ms``, the P95 of the queue wait of the last :data:`DECODE_REQUESTS`
+  requests or 2 minutes (a queue that builds shows within minutes, where the tail window
+  of 200 requests lags by a quarter of an hour on a quiet instance), and its
+  ``queue_p95_baseline_ms``, ``_ratio`` and ``_excess_ms``; a queue wait under
+  :data:`QUEUE_FLOOR_MS` is no queue to a person, so the baseline and the ratio see at
+  least that; ``queue_p95_excess_ms`` is 0 where the records report no
+  queue wait at all (none to exceed);
+- ``tpr_recent``: the mean output tokens of the last :data:`DECODE_REQUESTS` successful
+  requests or 2 minutes', with ``tpr_recent_deviation`` and ``tpr_recent_z`` against the
+  tokens-per-request baseline (the rate window's ``tpr_*`` hold ~150 requests: a quarter
+  of an hour on a quiet instance);
+- ``retriever_tail_ratio`` and ``retriever_tail_z``: how many of the tail window's
+  retrievals (the P99's own: the last 200 or 2 minutes') took longer than the baseline P99,
+  against the 1 % a P99 leaves above it (a binomial z with a quarter of slack for the
+  baseline itself). A few stalls of a healthy
+  retriever move a window's P99 a lot and this count hardly at all; a tail that really
+  changed puts many requests above the old P99.
+
+The baselines judge (and the tests are known) once the window has taken
+:data:`~.evidence.TRUST_VALUES` values of theirs: a baseline of the first hours of a
+series (a level, or a trend fitted to a quiet start) cannot tell a fault from its own
+error. Each baseline also has ``<family>_held_s``, ``_relearned_at`` and ``_relearned_from``
+(families ``decode``, ``ttft_net_p95``, ``queue_p95``; ``decode_relearned_from`` in
+tokens per second, as its baseline).
+
+>>> from ragwatch.streams.pipelines.service_rows import ServiceRows
+>>> st = ServiceRows(bucket_s=60.0, rate_max_s=600.0, tail=(200, 120.0, 3600.0),
+...                  min_baseline=3, hold_max_s=86400.0)
+>>> row = st.add(("rag", "a"), at=0.0)
+>>> rows = np.array([row])
+>>> for minute in range(1, 9):   # 50 tokens/s, then 32 from minute 7
+...     ms = 20.0 if minute < 7 else 31.25
+...     st.tails[row].push(60.0 * minute, {"tpot": [ms] * 300})
+...     sig = {name: np.array([np.nan])   # what the close computed before: unknown here
+...            for name in ("retriever_p99_baseline_ms", "queue_p95_ms", "e2e_p95_ms")}
+...     serving_signals(st, rows, np.array([60.0 * minute]), sig)
+>>> [round(float(sig[name][0]), 2) for name in ("decode_tps", "decode_baseline_tps",
+...                                             "decode_deviation")]
+[32.0, 50.0, -0.36]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from ragwatch.streams.pipelines.evidence import MIN_VALUES, TRUST_VALUES, TailWindow
+from ragwatch.streams.pipelines.service_rows import SERVING, ServiceRows
+
+F64 = npt.NDArray[np.float64]
+Rows = npt.NDArray[np.intp]
+Signals = dict[str, F64]
+NAN = math.nan
+
+MIN_DECODE = MIN_VALUES["p95"]  # requests with a speed: as few as a P95 is taken from
+# A median needs fewer requests than a tail, and a window of them follows a change sooner:
+# the last 60 requests or the window's 2 minutes, whichever holds more. At 60 requests a
+# median's standard error is ~0.16 of the requests' spread (a 36 % drop is ~10 of them
+# on a spread of 30 %), and a quiet instance's median turns within ~30 requests.
+DECODE_REQUESTS = 60
+MEDIAN_SE = math.sqrt(math.pi / 2)  # a sample median's standard error / (sd / sqrt(n))
+MAD_SD = 1.4826  # a normal sample's sd / its median absolute deviation
+QUEUE_FLOOR_MS = 50.0  # a queue wait shorter than this is no wait to a person
+TAIL_P = 0.01  # the share of requests a P99 leaves above it
+TAIL_SLACK = 0.25  # relative uncertainty of that share (a baseline P99 is an estimate)
+# The count above the P99 is taken over the window the P99 itself is (the last 200
+# requests or 2 minutes, whichever holds more): a stall rate of 4 % over 100 requests is
+# 4 against 1 expected, no evidence (z ~ 3); over 200 it is 8 against 2 (z ~ 4).
+
+
+def serving_signals(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
+    """The signals of the module docstring for a round's ``rows`` (closing at ``end``),
+    into ``sig``; the serving baselines judge, then maybe learn, in one call."""
+    at = list(zip(rows.tolist(), end.tolist(), strict=True))
+    decode = [_decode(st.tails[r], t) for r, t in at]
+    tpot, se2, count = (np.array(col, dtype=np.float64) for col in zip(*decode, strict=True))
+    ttft = np.array([_p95(st.tails[r], "ttft_net", t) for r, t in at], dtype=np.float64)
+    queue = np.array([_p95(st.tails[r], "queue", t, DECODE_REQUESTS) for r, t in at])
+    floored = np.where(np.isnan(queue), NAN, np.maximum(queue, QUEUE_FLOOR_MS))
+    base, var = _judge(st, rows, end, np.concatenate([tpot, ttft, floored]), sig)
+    base = np.where(_trusted(st, rows, ("tpot", "ttft_net", "queue")), base, NAN)
+    k = len(rows)
+    _decode_signals(tpot, se2, count, base[:k], var[:k], sig)
+    sig["ttft_net_p95_ms"], sig["queue_recent_p95_ms"] = ttft, queue
+    for i, (name, value, judged) in enumerate(
+        (("ttft_net_p95", ttft, ttft), ("queue_p95", queue, floored)), start=1
+    ):
+        b = base[i * k : (i + 1) * k]
+        sig[f"{name}_baseline_ms"] = b
+        sig[f"{name}_ratio"] = _ratio(judged, b)
+        sig[f"{name}_excess_ms"] = value - b
+    # records that report no queue wait have none to exceed (so a rule may ask that the
+    # queue does not explain a latency: E2eLatencyDeviation)
+    none = np.isnan(sig["queue_p95_ms"]) & ~np.isnan(sig["e2e_p95_ms"])
+    sig["queue_p95_excess_ms"] = np.where(none, 0.0, sig["queue_p95_excess_ms"])
+    _retriever_tail(st, rows, end, sig)
+    _recent_tokens(st, rows, end, sig)
+
+
+def _trusted(st: ServiceRows, rows: Rows, names: tuple[str, ...]) -> npt.NDArray[np.bool_]:
+    """Whether each baseline's window has taken :data:`~.evidence.TRUST_VALUES` values
+    (a block of ``rows`` per name): a baseline learnt from fewer (the first hours of a
+    series, a trend fitted to a quiet start) judges nothing yet, and its tests are
+    unknown."""
+    seen = [[st.tails[r].seen.get(n, 0) for r in rows.tolist()] for n in names]
+    return np.array(seen, dtype=np.int64).ravel() >= TRUST_VALUES
+
+
+def _judge(st: ServiceRows, rows: Rows, end: F64, values: F64, sig: Signals) -> tuple[F64, F64]:
+    """The serving baselines (:data:`SERVING`, a block of ``rows`` each in ``values``)
+    judge the values, then maybe learn them; their held and re-learnt signals go to
+    ``sig``. Returns the baselines judged against and their log variances."""
+    names = ("tpot", "ttft_net", "queue")  # the values behind each baseline
+    seen = [[st.tails[r].seen.get(n, 0) for r in rows.tolist()] for n in names]
+    three, ends = st.three(rows), np.tile(end, len(SERVING))
+    base = st.serving.update(three, ends, values, np.array(seen, dtype=np.int64).ravel())
+    held = st.serving.held_s(three, ends)
+    at, before = st.serving.relearned_at[three], st.serving.relearned_before[three]
+    k = len(rows)
+    for i, name in enumerate(SERVING):
+        part = slice(i * k, (i + 1) * k)
+        sig[f"{name}_held_s"], sig[f"{name}_relearned_at"] = held[part], at[part]
+        sig[f"{name}_relearned_from"] = before[part]
+    sig["decode_relearned_from"] = _per_s(before[:k])  # in tokens/s, as its baseline
+    return base, st.serving.log_var(three, ends)
+
+
+def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
+    """The mean output tokens of the newest :data:`DECODE_REQUESTS` successful requests
+    (or 2 minutes'), against the tokens-per-request baseline: a truncation shows within
+    minutes at any traffic, where the rate window of ~150 requests takes a quarter of an
+    hour on a quiet instance. z: the mean's sampling noise (the tokens' own spread over
+    sqrt(n)) plus the baseline's uncertainty over the window."""
+    got = [_mean_sd(st.tails[r], t) for r, t in zip(rows.tolist(), end.tolist(), strict=True)]
+    mean, var, n = (np.array(c, dtype=np.float64) for c in zip(*got, strict=True))
+    # the tokens-per-request baseline (row 2r + 1 of the traffic bank) a minute back: the
+    # middle of a window of about 2 minutes, whose excess noise averages over 2 buckets
+    f_mean, f_var, f_noise = st.traffic.forecast(2 * rows + 1, end - 60.0)
+    forecast = np.exp(f_mean)
+    rel = f_var + f_noise / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        se2 = var / n + forecast * forecast * rel
+        z = (mean - forecast) / np.sqrt(se2)
+        sig["tpr_recent"] = mean
+        sig["tpr_recent_deviation"] = mean / forecast - 1
+    sig["tpr_recent_z"] = np.where(se2 > 0, z, NAN)
+
+
+def _mean_sd(tail: TailWindow, now: float) -> tuple[float, float, float]:
+    """The newest output tokens' mean, variance and count (NaN below MIN_DECODE)."""
+    v = np.frombuffer(tail.recent("out", now, DECODE_REQUESTS), dtype=np.float64)
+    if len(v) < MIN_DECODE:
+        return NAN, NAN, float(len(v))
+    return float(v.mean()), float(v.var()), float(len(v))
+
+
+def _decode(tail: TailWindow, now: float) -> tuple[float, float, float]:
+    """The window's median decode time per token (ms), its log's squared standard error
+    and how many requests it is of (NaN, NaN, n below :data:`MIN_DECODE`)."""
+    v = np.frombuffer(tail.recent("tpot", now, DECODE_REQUESTS), dtype=np.float64)
+    v = v[v > 0]
+    n = len(v)
+    if n < MIN_DECODE:
+        return NAN, NAN, float(n)
+    logs = np.log(v)
+    mid = float(np.median(logs))
+    sd = MAD_SD * float(np.median(np.abs(logs - mid)))
+    return math.exp(mid), (MEDIAN_SE * sd) ** 2 / n, float(n)
+
+
+def _decode_signals(tpot: F64, se2: F64, n: F64, base: F64, var: F64, sig: Signals) -> None:
+    """Speeds in output tokens per second from times per token, and the test of the
+    window's (log) median against the baseline's."""
+    sig["decode_tps"], sig["decode_baseline_tps"] = _per_s(tpot), _per_s(base)
+    sig["decode_requests"] = n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sig["decode_deviation"] = base / tpot - 1
+        total = se2 + np.where(np.isnan(var), 0.0, var)
+        z = (np.log(base) - np.log(tpot)) / np.sqrt(total)
+    sig["decode_z"] = np.where(total > 0, z, NAN)
+
+
+def _retriever_tail(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
+    """How many of the window's retrievals exceed the baseline P99 (module docstring)."""
+    base = np.where(_trusted(st, rows, ("retriever",)), sig["retriever_p99_baseline_ms"], NAN)
+    above, n = np.zeros(len(rows)), np.zeros(len(rows))
+    for i, (r, t, b) in enumerate(zip(rows.tolist(), end.tolist(), base.tolist(), strict=True)):
+        if b == b:
+            v = np.frombuffer(st.tails[r].window("retriever", t), np.float64)
+            above[i], n[i] = np.count_nonzero(v > b), len(v)
+    ok = ~np.isnan(base) & (n >= MIN_VALUES["p99"])
+    expected = n * TAIL_P
+    var = expected * (1 - TAIL_P) + (TAIL_SLACK * expected) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sig["retriever_tail_ratio"] = np.where(ok, above / expected, NAN)
+        sig["retriever_tail_z"] = np.where(ok, (above - expected) / np.sqrt(var), NAN)
+
+
+def _p95(tail: TailWindow, name: str, now: float, newest: int | None = None) -> float:
+    """The P95 of ``name`` over the tail window, or over its ``newest`` requests (or 2
+    minutes'); NaN below the values a P95 is taken from."""
+    got = tail.window(name, now) if newest is None else tail.recent(name, now, newest)
+    v = np.frombuffer(got, dtype=np.float64)
+    return float(np.quantile(v, 0.95)) if len(v) >= MIN_VALUES["p95"] else NAN
+
+
+def _per_s(ms_per_token: F64) -> F64:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ms_per_token > 0, 1000.0 / ms_per_token, NAN)
+
+
+def _ratio(value: F64, base: F64) -> F64:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(~np.isnan(base) & (base > 0), value / base, NAN)

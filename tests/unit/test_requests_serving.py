@@ -1,0 +1,330 @@
+"""What the service controls, and the retriever's tail by evidence (issue 30): decode speed,
+time to first token less queue wait, queue wait, failures, and the default rules on them.
+
+The signals are held to brute-force references written here (a sorted list, a loop) with a
+tolerance; the rules are the shipped defaults, fed constructed traffic: a healthy instance
+with realistic spread (lognormal answer lengths and decode times, exponential queue waits,
+a retriever with rare stalls) and the faults of the issue on top.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.buckets import decode_ms_per_token, ttft_net_ms
+from ragwatch.streams.pipelines.requests import RequestPipeline
+from ragwatch.streams.pipelines.serving import DECODE_REQUESTS
+
+T0 = 1_700_006_400.0  # a Wednesday 00:00 UTC (a multiple of a day)
+MIN, HOUR = 60.0, 3600.0
+RULES = [r for r in load_rules() if r.series == "service"]
+
+
+def _rec(ts: float, **kw: object) -> RequestRecord:
+    base: dict[str, object] = {"status": "ok", "e2e_ms": 1000.0, "context_tokens": 1000,
+                               "output_tokens": 101}  # fmt: skip
+    return RequestRecord(ts=ts, **{**base, **kw})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- per request
+
+
+def test_decode_time_per_token_follows_how_the_ttft_was_measured() -> None:
+    # from the request's start (the SDK): first token to the end, over the 100 after it
+    assert decode_ms_per_token(_rec(0, e2e_ms=900.0, ttft_ms=400.0,
+                                    stages={"llm": 800.0})) == 5.0  # fmt: skip
+    # from the LLM call's start: e2e - ttft would be longer than the stage
+    got = decode_ms_per_token(_rec(0, e2e_ms=2000.0, ttft_ms=300.0, stages={"llm": 800.0}))
+    assert got == 5.0
+    # no TTFT: the whole LLM stage over all the tokens
+    assert decode_ms_per_token(_rec(0, output_tokens=100, stages={"llm": 800.0})) == 8.0
+    # nothing to tell it by: an error, one token, no LLM time nor TTFT
+    assert decode_ms_per_token(_rec(0, status="error", stages={"llm": 800.0})) is None
+    assert decode_ms_per_token(_rec(0, output_tokens=1, stages={"llm": 800.0})) is None
+    assert decode_ms_per_token(_rec(0)) is None
+
+
+def test_ttft_less_queue_wait() -> None:
+    assert ttft_net_ms(_rec(0, ttft_ms=700.0, queue_ms=200.0)) == 500.0
+    assert ttft_net_ms(_rec(0, ttft_ms=700.0)) == 700.0
+    assert ttft_net_ms(_rec(0, ttft_ms=100.0, queue_ms=200.0)) == 0.0
+    assert ttft_net_ms(_rec(0, queue_ms=200.0)) is None
+
+
+# ---------------------------------------------------------------------- traffic
+
+
+@dataclass(frozen=True)
+class Service:
+    """One instance's traffic (per minute, Poisson arrivals) and its latency model."""
+
+    rpm: float = 60.0
+    tpot_ms: float = 23.5  # 42.6 tokens/s, the seed's healthy decode speed
+    queue_ms: float = 15.0  # mean wait
+    retriever_ms: float = 36.0
+    stall_p: float = 0.0  # retrievals that stall 90-200 ms
+    error_p: float = 0.002
+    output_median: float = 200.0
+
+
+Plan = Callable[[float], Service]  # the service at a time (faults change it)
+
+
+def _record(rng: random.Random, s: Service, ts: float) -> RequestRecord:
+    out = max(2, round(s.output_median * math.exp(rng.gauss(0, 0.5))))
+    queue = rng.expovariate(1 / s.queue_ms) if s.queue_ms > 0 else 0.0
+    retr = s.retriever_ms * math.exp(rng.gauss(0, 0.25))
+    if rng.random() < s.stall_p:
+        retr = rng.uniform(90.0, 200.0)
+    prefill = 80.0 * math.exp(rng.gauss(0, 0.2))
+    tpot = s.tpot_ms * math.exp(rng.gauss(0, 0.15))
+    ttft = queue + retr + prefill + tpot
+    e2e = ttft + tpot * (out - 1) + 2.0
+    failed = rng.random() < s.error_p
+    return RequestRecord(
+        ts=ts, status="error" if failed else "ok", e2e_ms=round(e2e, 1), context_tokens=1500,
+        output_tokens=out, stages={"retriever": round(retr, 1),
+                                   "llm": round(e2e - queue - retr - 2.0, 1)},
+        queue_ms=round(queue, 1), ttft_ms=round(ttft, 1),
+    )  # fmt: skip
+
+
+def _envelopes(plan: Plan, hours: float, seed: int = 0) -> Iterator[RequestsEnvelope]:
+    rng = random.Random(seed)
+    for m in range(int(hours * 60)):
+        t = T0 + m * MIN
+        s = plan(t)
+        n = _poisson(rng, s.rpm)
+        recs = sorted((_record(rng, s, t + rng.random() * MIN) for _ in range(n)),
+                      key=lambda r: r.ts)  # fmt: skip
+        yield RequestsEnvelope("rag", "a", t + MIN - 0.001, tuple(recs))
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    if mean > 30:
+        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
+    k, p, limit = 0, 1.0, math.exp(-mean)
+    while (p := p * rng.random()) > limit:
+        k += 1
+    return k
+
+
+def _run(plan: Plan, hours: float, seed: int = 0, watch: Callable[[RequestPipeline], None]
+         | None = None) -> list[Transition]:  # fmt: skip
+    pipe = RequestPipeline(RULES)
+    out: list[Transition] = []
+    for e in _envelopes(plan, hours, seed):
+        out += pipe.process(e)
+        if watch is not None:
+            watch(pipe)
+    return out
+
+
+def _firing(out: list[Transition], rule: str | None = None) -> list[tuple[str, float]]:
+    return [(t.alert.rule, t.alert.starts_at) for t in out
+            if t.alert.status == "firing" and t.previous != "firing"
+            and (rule is None or t.alert.rule == rule)]  # fmt: skip
+
+
+def _at(start: float, fault: Service, end: float = math.inf) -> Plan:
+    healthy = Service(**{k: v for k, v in vars(fault).items() if False})  # the defaults
+    return lambda t: fault if start <= t < end else healthy
+
+
+# ---------------------------------------------------------------------- decode speed
+
+
+def test_decode_tps_is_the_median_of_the_recent_requests_speeds() -> None:
+    """Against a brute-force median of the per-request speeds over the last
+    ``DECODE_REQUESTS`` requests (whole minutes) or 2 minutes, whichever holds more."""
+    pipe = RequestPipeline(RULES)
+    seen: list[list[float]] = []
+    checked = 0
+    for e in _envelopes(lambda t: Service(rpm=25.0), 1.0, seed=3):
+        speeds = [1000.0 / v for r in e.records if (v := decode_ms_per_token(r)) is not None]
+        seen.append(speeds)
+        pipe.process(e)
+        sig = pipe.series[("rag", "a")].signals
+        closed = len(seen) - 1  # the newest minute is still open (30 s grace)
+        if not sig or sig.get("decode_tps") is None or closed < 3:
+            continue
+        window: list[float] = []
+        for minutes, m in enumerate(seen[:closed][::-1]):
+            if len(window) >= DECODE_REQUESTS and minutes >= 2:
+                break
+            window += m
+        want = statistics.median(window)
+        assert sig["decode_tps"] == pytest.approx(want, rel=0.03)
+        assert sig["decode_requests"] == len(window)
+        checked += 1
+    assert checked > 40
+
+
+def test_a_decode_slowdown_of_36_percent_pages_within_6_minutes_and_resolves() -> None:
+    start, end = T0 + 6 * HOUR, T0 + 7 * HOUR
+    slow = Service(tpot_ms=23.5 / 0.64)
+    out = _run(_at(start, slow, end), 8.0)
+    fired = _firing(out)
+    assert [r for r, _ in fired] == ["DecodeSpeedDrop"]
+    assert 0 < fired[0][1] - start <= 4 * MIN  # pending within 4: firing 2 min later
+    resolved = [t for t in out if t.alert.rule == "DecodeSpeedDrop" and t.alert.status ==
+                "resolved"]  # fmt: skip
+    assert resolved and resolved[0].alert.resolution == "recovered"
+
+
+@pytest.mark.parametrize("rpm", [60.0, 3.0])  # a busy instance, a quiet night
+def test_healthy_noisy_traffic_pages_nothing(rpm: float) -> None:
+    """Eight hours with the spread of real answers, exponential queue waits and a
+    retriever that stalls 0.3 % of its calls."""
+    assert _firing(_run(lambda t: Service(rpm=rpm, stall_p=0.003), 8.0, seed=7)) == []
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def test_thirty_percent_failing_pages_within_10_minutes() -> None:
+    start = T0 + 4 * HOUR
+    out = _run(_at(start, Service(error_p=0.3), start + 20 * MIN), 5.0)
+    fired = _firing(out)
+    assert [r for r, _ in fired] == ["ErrorRateHigh"]
+    assert fired[0][1] - start <= 8 * MIN
+
+
+def test_a_stable_error_rate_and_a_few_errors_of_a_quiet_night_never_page() -> None:
+    steady = _run(lambda t: Service(error_p=0.03), 6.0, seed=1)
+    assert _firing(steady, "ErrorRateHigh") == []
+    # a quiet night: 1 request a minute, and 2 failures close together
+    night = Service(rpm=1.0)
+    pipe = RequestPipeline(RULES)
+    out: list[Transition] = []
+    for i, e in enumerate(_envelopes(lambda t: night, 6.0, seed=2)):
+        if i == 200 and e.records:
+            e = replace(e, records=tuple(replace(r, status="error") for r in e.records[:2]))
+        out += pipe.process(e)
+    assert _firing(out, "ErrorRateHigh") == []
+
+
+# ---------------------------------------------------------------------- queue, TTFT
+
+
+def test_a_queue_that_grows_to_10_s_over_2_hours_pages_once_within_20_minutes() -> None:
+    start = T0 + 4 * HOUR
+
+    def plan(t: float) -> Service:
+        grown = max(0.0, min(1.0, (t - start) / (2 * HOUR))) * 10_000.0
+        return Service(queue_ms=15.0 + grown)
+
+    fired = _firing(_run(plan, 6.5))
+    assert [r for r, _ in fired] == ["QueueWaitHigh"]  # not TTFT again: it is less queue
+    assert fired[0][1] - start <= 15 * MIN
+
+
+def test_a_burst_of_traffic_that_queues_requests_for_minutes_does_not_page() -> None:
+    start = T0 + 4 * HOUR
+    burst = Service(rpm=120.0, queue_ms=1500.0)  # twice the requests, 1.5 s queued
+    assert _firing(_run(_at(start, burst, start + 6 * MIN), 5.0)) == []
+
+
+# ---------------------------------------------------------------------- retriever tail
+
+
+def test_the_retriever_tail_counts_requests_above_the_baseline_p99() -> None:
+    """``retriever_tail_ratio``: the share of the tail window's retrievals (the last 200,
+    whole minutes, or 2 minutes', whichever holds more: the P99's own window) above the
+    baseline P99, over 1 %; brute force over the minutes' records."""
+    pipe = RequestPipeline(RULES)
+    minutes: list[list[float]] = []
+    checked = 0
+    for e in _envelopes(lambda t: Service(rpm=40.0, stall_p=0.003), 2.0, seed=5):
+        minutes.append([r.stages["retriever"] for r in e.records])
+        pipe.process(e)
+        s = pipe.series[("rag", "a")].signals
+        if not s or s.get("retriever_tail_ratio") is None:
+            continue
+        window: list[float] = []
+        for k, m in enumerate(minutes[:-1][::-1]):  # the newest minute is still open
+            if len(window) >= 200 and k >= 2:  # RequestPipeline's tail window
+                break
+            window += m
+        base = s["retriever_p99_baseline_ms"]
+        assert base is not None
+        want = sum(1 for v in window if v > base) / len(window) / 0.01
+        assert s["retriever_tail_ratio"] == pytest.approx(want, rel=1e-9, abs=1e-12)
+        checked += 1
+    assert checked > 60
+
+
+def test_a_retriever_slowing_to_4x_pages_and_its_stalls_do_not() -> None:
+    start = T0 + 4 * HOUR
+    out = _run(_at(start, Service(retriever_ms=144.0, stall_p=0.003), start + HOUR),
+               6.0)  # fmt: skip
+    fired = _firing(out)
+    assert [r for r, _ in fired] == ["RetrievalSlowdown"]
+    assert fired[0][1] - start <= 3 * MIN
+
+
+# ---------------------------------------------------------------------- demand is context
+
+
+def test_shorter_answers_while_requests_rise_are_a_mix_shift_not_a_page() -> None:
+    start = T0 + 4 * HOUR
+    shift = Service(rpm=90.0, output_median=110.0)  # +50 % requests, answers -45 %
+    assert _firing(_run(_at(start, shift), 6.0)) == []
+
+
+def test_shorter_answers_at_the_same_demand_page_as_truncation() -> None:
+    start = T0 + 4 * HOUR
+    fired = _firing(_run(_at(start, Service(output_median=110.0)), 6.0))
+    assert [r for r, _ in fired] == ["TokensPerRequestDrop"]
+
+
+def test_fewer_users_are_context_but_a_collapse_pages() -> None:
+    start = T0 + 4 * HOUR
+    assert _firing(_run(_at(start, Service(rpm=20.0)), 7.0)) == []  # a third: quiet
+    fired = _firing(_run(_at(start, Service(rpm=1.0)), 7.0))  # a client switched off
+    assert [r for r, _ in fired] == ["ThroughputDrop"]
+
+
+# ---------------------------------------------------------------------- snapshots
+
+
+def _warm() -> RequestPipeline:
+    pipe = RequestPipeline(RULES)
+    for e in _envelopes(lambda t: Service(rpm=30.0), 1.0, seed=9):
+        pipe.process(e)
+    return pipe
+
+
+def _serving(pipe: RequestPipeline) -> list[float]:
+    row = pipe.series[("rag", "a")].row
+    three = pipe.rows.three(np.array([row], dtype=np.intp))
+    return pipe.rows.serving.baseline(three, np.full(len(three), T0 + HOUR)).tolist()
+
+
+def test_a_snapshot_keeps_the_serving_baselines_and_an_older_one_starts_them_fresh() -> None:
+    pipe = _warm()
+    state = pipe.dump("rag")
+    again = RequestPipeline(RULES)
+    assert again.adopt("rag", state) == 1
+    assert _serving(again) == _serving(pipe)
+    assert not any(math.isnan(v) for v in _serving(pipe)[:2])  # decode and TTFT learnt
+    older = {**state, "banks": {k: v for k, v in state["banks"].items() if k != "serving"}}
+    fresh = RequestPipeline(RULES)
+    assert fresh.adopt("rag", older) == 1  # written before the serving bank existed
+    assert all(math.isnan(v) for v in _serving(fresh))
+    row, was = fresh.series[("rag", "a")].row, pipe.series[("rag", "a")].row
+    both = np.array([2 * row, 2 * row + 1]), np.array([2 * was, 2 * was + 1])
+    at = np.full(2, T0 + HOUR)  # the other baselines as they were
+    assert (
+        fresh.rows.latency.baseline(both[0], at).tolist()
+        == pipe.rows.latency.baseline(both[1], at).tolist()
+    )
