@@ -22,7 +22,8 @@ Each draw (one seed) picks a world at random and plays it through the worker's
 
 Scored per fault (a firing alert on the fault's target, from its start until an hour after
 it ended, belongs to it; the expected rules: throughput -> TokensPerRequestDrop and
-ThroughputDrop, retrieval -> RetrievalSlowdown, outliers -> RequestOutlierCluster, leak ->
+DecodeSpeedDrop (the simulator's drop decodes slower; demand is context, issue 30),
+retrieval -> RetrievalSlowdown, outliers -> RequestOutlierCluster, leak ->
 GpuMemoryLeak):
 
 - ``pages``: firing transitions per expected rule (want at most 1 each);
@@ -77,7 +78,7 @@ STEP_S = 60.0  # envelopes: one a minute per instance and host
 SERVICE = "rag-api"
 HOST = host_name(0)
 EXPECTED = {
-    "throughput": ("TokensPerRequestDrop", "ThroughputDrop"),
+    "throughput": ("TokensPerRequestDrop", "DecodeSpeedDrop"),
     "retrieval": ("RetrievalSlowdown",),
     "outliers": ("RequestOutlierCluster",),
     "leak": ("GpuMemoryLeak",),
@@ -137,8 +138,11 @@ def draw(seed: int) -> Draw:
     faults: list[FaultSpec] = []
     for _ in range(rng.choice((0, 1, 1, 2, 3))):
         kind = rng.choice(KINDS)
-        if kind == "leak" and any(f.kind == "leak" for f in faults):
-            kind = "throughput"  # one leaking process per draw
+        if kind in ("leak", "outliers") and any(f.kind == kind for f in faults):
+            # one leaking process per draw; one outlier fault per draw: the simulator has
+            # one outlier shape, and a kind of request the service served hours ago is
+            # known by design (issue 30), so a second one is no new cluster
+            kind = "throughput"
         faults.append(_fault(rng, kind, start_ts, days * DAY, peak_hour))
     return Draw(
         seed=seed,
