@@ -31,16 +31,16 @@ The model, per service instance and per minute of event time:
 
 Faults (:class:`Effect`) change one instance from a start to an end, optionally ramped in.
 
-The real trace: ``../shared/traces/azure-llm-code-2023.csv.gz``, one hour (18:17-19:14 UTC,
-8,818 requests) of a production LLM code-completion service from the Azure LLM inference
-trace 2023 (Azure/AzurePublicDataset, CC-BY 4.0; Patel, Choukse, Zhang, Shah, Goiri,
-Maleki, Bianchini, "Splitwise: Efficient generative LLM inference using phase splitting",
-ISCA 2024). It is extended to days by a **block bootstrap**: every 5 minutes of event time
-replays one of the hour's 11 full 5-minute blocks drawn at random (arrivals at their
-offsets within the block, with their token counts), and the daily and weekly rhythms are
-applied by **thinning** (each request kept with probability ``level(t)``: the trace's hour
-is taken as the weekday peak). Kept requests go to an instance at random (a load balancer).
-"""
+The real trace: ``tests/data/traces/azure-llm-code-2023.csv.gz`` (a copy of
+``../shared/traces``), one hour (18:17-19:14 UTC, 8,818 requests) of a production LLM code-
+completion service from the Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY
+4.0; Patel, Choukse, Zhang, Shah, Goiri, Maleki, Bianchini, "Splitwise: Efficient generative
+LLM inference using phase splitting", ISCA 2024). It is extended to days by a **block
+bootstrap**: every 5 minutes of event time replays one of the hour's 11 full 5-minute blocks
+drawn at random (arrivals at their offsets within the block, with their token counts), and
+the daily and weekly rhythms are applied by **thinning** (each request kept with probability
+``level(t)``: the trace's hour is taken as the weekday peak). Kept requests go to an
+instance at random (a load balancer)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,11 @@ from ragwatch.schema import (
     RequestsEnvelope,
 )
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-code-2023.csv.gz"
+# a copy of ../shared/traces (CC-BY 4.0, its README and license beside it) in the
+# repository, so a clean clone anywhere has it
+TRACE = (
+    Path(__file__).resolve().parents[1] / "tests" / "data" / "traces" / "azure-llm-code-2023.csv.gz"
+)
 TRACE_CREDIT = (
     "Azure LLM inference trace 2023 (code), Azure/AzurePublicDataset, CC-BY 4.0: Patel et al., "
     "Splitwise, ISCA 2024"

@@ -43,7 +43,7 @@ from ragwatch.streams.pipelines.requests import RequestPipeline
 from ragwatch.streams.pipelines.service_clusters import ScoredRun, ServiceClusters
 from tests.reference.request_shapes import BruteShapeMemory, cell
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure-llm-code-2023.csv.gz"
+TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "azure-llm-code-2023.csv.gz"
 DAY, HOUR, BLOCK_S, BUCKET_S = 86400.0, 3600.0, 300.0, 60.0
 T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC
 F64 = npt.NDArray[np.float64]
