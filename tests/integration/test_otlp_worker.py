@@ -37,13 +37,17 @@ def test_spans_through_kafka_page_as_their_replay_does(
     assert topic is not None
     worker = start_ragwatch(["worker"], env)
     start_ragwatch(["notify"], env)
-    cfg = RequestSimConfig(services=2, scenario="retrieval", batch_s=10.0, base_qps=5.0)
+    # 72 recorded requests a minute and the fault at minute 30: the latency baselines
+    # judge after 1,500 values (issue 30), reached at minute 21
+    cfg = RequestSimConfig(
+        services=2, scenario="retrieval", batch_s=10.0, base_qps=12.0, fault_start_s=1800.0
+    )
     fleet = Fleet()
     publisher = KafkaPublisher(settings.kafka_config())
     recording = tmp_path / "traces.otlp.jsonl"
     with recording.open("wb") as f:
         for n, (_, batch) in enumerate(itertools.islice(RequestSimulator(cfg).ticks(), 480)):
-            for e in batch:  # 80 minutes of event time; the fault starts at minute 20
+            for e in batch:  # 80 minutes of event time; the fault starts at minute 30
                 spans = fleet.spans(e)
                 if not spans:
                     continue
