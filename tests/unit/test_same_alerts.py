@@ -10,7 +10,7 @@ it (say, after changing plan ``ci``):
         --write tests/data/transitions/ci.json
 
 (A change meant to change alerts records from its own code instead, updates ``BEFORE``
-below and says so in its commit: issue 30 recorded from 366ab0a, its rules changed what pages;
+below and says so in its commit: issue 30 recorded from 2275ee5, its rules changed what pages;
 the differences are listed in its commit.)
 
 The full plan (the quality scenarios, 7 healthy days, the soak's telemetry) is
@@ -32,7 +32,7 @@ from tests.bench_modules import load
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "transitions" / "ci.json"
-BEFORE = "366ab0a"
+BEFORE = "2275ee5"
 
 
 @pytest.fixture(scope="module")
