@@ -109,14 +109,15 @@ def _alive_mem(p: Proc, ts: np.ndarray, alive: np.ndarray) -> np.ndarray:
 
 
 def envelopes(
-    devices: Sequence[Device], start: float, end: float, seed: int
+    devices: Sequence[Device], start: float, end: float, seed: int, interval: float = INTERVAL
 ) -> Iterator[GpuEnvelope]:
-    """Every host's envelope every ``INTERVAL``, in event-time order, computed an hour at a time."""
+    """Every host's envelope every ``interval`` (NVML's 10 s by default), in event-time
+    order, computed an hour at a time."""
     rng = np.random.default_rng(seed)
     hosts = sorted({d.host for d in devices})
     t = start
     while t < end:
-        ts = np.arange(t, min(t + HOUR, end), INTERVAL)
+        ts = np.arange(t, min(t + HOUR, end), interval)
         per = {h: [d.samples(ts, rng) for d in devices if d.host == h] for h in hosts}
         for i, at in enumerate(ts.tolist()):
             for h in hosts:

@@ -28,14 +28,11 @@ each fault's window (plus an hour).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import shape_memory as mem
 import shape_traffic as traffic
 from shape_kit import DAY, HOUR, Expect, Shape
-
-from ragwatch.schema import Envelope, GpuEnvelope
 
 GPU_INTERVAL = 30.0
 GPU_HOSTS = traffic.HOSTS4[:2]
@@ -53,7 +50,7 @@ def real_world(seed: int) -> Shape:
     faulty = sum(min(t1, (x.end_ts or t1) + HOUR) - x.start_ts for x in leaks)
     return Shape(
         f"real-{seed}",
-        lambda: traffic.merged(base.make(), gpu_envelopes(devices, t0, t1, seed)),
+        lambda: traffic.merged(base.make(), mem.envelopes(devices, t0, t1, seed, GPU_INTERVAL)),
         faults=base.faults + leaks,
         series_days=round(base.series_days + (series * (t1 - t0) - faulty) / DAY, 3),
         note=f"{base.note} GPUs: {len(devices)}, memory faults: {len(leaks)}.",
@@ -131,17 +128,3 @@ def _batches(rng: np.random.Generator, pid: int, t0: float, t1: float) -> list[m
         for k in range(count)
         for at in [first + k * every]
     ]
-
-
-def gpu_envelopes(devices: list[mem.Device], t0: float, t1: float, seed: int) -> Iterator[Envelope]:
-    """Every host's envelope every :data:`GPU_INTERVAL`, an hour of samples at a time."""
-    rng = np.random.default_rng(seed)
-    hosts = sorted({d.host for d in devices})
-    t = t0
-    while t < t1:
-        ts = np.arange(t, min(t + HOUR, t1), GPU_INTERVAL)
-        per = {h: [d.samples(ts, rng) for d in devices if d.host == h] for h in hosts}
-        for i, at in enumerate(ts.tolist()):
-            for h in hosts:
-                yield GpuEnvelope(h, at, tuple(s[i] for s in per[h]))
-        t += HOUR
