@@ -16,6 +16,8 @@ partition a topic, read in event-time order), and scores the transitions:
   after the start, ``resolved_after_s`` the time from ``end_ts`` to the resolution of the
   last one (None: still firing at the end of the shape), ``resolved_during`` counts
   resolutions while the fault lasts;
+- firings the notifier mutes without a notify file (its default inhibition: a GPU's leak
+  alert mutes its ``GpuMemoryHigh``) are not pages (:func:`notified`);
 - every other firing transition is a false one: a page if its severity is warning or above,
   an info alert apart. Those on a fault's target during its window say which fault
   (``near``): a second rule on a real fault is still a second page.
@@ -38,10 +40,11 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ragwatch.schema import Alert, Envelope, Transition
 from ragwatch.streams.alerting.rules import Rule, load_rules
+from ragwatch.streams.notifier.routing import DEFAULT_INHIBIT_RULES, InhibitRule
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 DAY = 86400.0
@@ -176,7 +179,7 @@ def score(
     expects: tuple[Expect, ...], transitions: list[Transition]
 ) -> tuple[tuple[FaultOutcome, ...], tuple[Firing, ...], tuple[Firing, ...]]:
     """Per fault, then the false pages and the info alerts that belong to no fault."""
-    firing = [t.alert for t in transitions if t.alert.status == "firing" and t.previous != "firing"]
+    firing = notified(transitions)
     owned: set[int] = set()
     faults = []
     for e in expects:
@@ -192,6 +195,42 @@ def score(
         f = Firing(a.rule, a.severity, dict(a.labels), a.at or 0.0, near)
         (false if a.severity in PAGE_SEVERITIES else info).append(f)
     return tuple(faults), tuple(false), tuple(info)
+
+
+def notified(
+    transitions: list[Transition], rules: tuple[InhibitRule, ...] = DEFAULT_INHIBIT_RULES
+) -> list[Alert]:
+    """The firing transitions a receiver is told of, under the notifier's inhibition
+    (``ragwatch notify`` without a file): one muted while an inhibiting alert fires is told
+    when the last such alert resolves, if it still fires then (as Alertmanager does)."""
+    firing: dict[str, Alert] = {}
+    muted: set[str] = set()
+    out: list[Alert] = []
+
+    def inhibited(a: Alert) -> bool:
+        return any(
+            r.inhibits(src.labels, a.labels)
+            for src in firing.values()
+            if src.fingerprint != a.fingerprint
+            for r in rules
+        )
+
+    for t in transitions:
+        a = t.alert
+        if a.status == "firing":
+            fresh = t.previous != "firing"
+            firing[a.fingerprint] = a
+            if fresh and inhibited(a):
+                muted.add(a.fingerprint)
+            elif fresh:
+                out.append(a)
+            continue
+        firing.pop(a.fingerprint, None)
+        muted.discard(a.fingerprint)
+        for fp in [fp for fp in muted if not inhibited(firing[fp])]:
+            muted.discard(fp)
+            out.append(replace(firing[fp], at=a.at))  # told now: nothing mutes it any more
+    return out
 
 
 def _fault(e: Expect, mine: list[Alert], transitions: list[Transition]) -> FaultOutcome:

@@ -681,11 +681,25 @@ class LeakBank:
                 (self.fsteady[r] >= p.floor_steadiness)
                 & (self.fslope[r] * hour > p.floor_gb_per_hour)
                 & (self.rising[r] >= p.spread)
+                & (self.level[r] > self._horizon_low(r))  # not all given back (restart, OOM)
             )
         # both: the larger (the floor lags a leak's start; the fast slope is its rate now)
         floor = np.where(slow & self.fhas[r], self.fslope[r], 0.0)
         rate = np.fmax(floor, np.where(fast, self.recent_slope[r], 0.0))
         return np.where(self.has[r] | self.fhas[r], rate, np.nan)
+
+    def _horizon_low(self, r: Rows) -> F64:
+        """Each row's low-water mark at the start of the floor's horizon (its oldest
+        ``floor_group`` blocks; NaN: no block): memory now at or below it gave back all the
+        horizon's growth (a restart, an OOM kill), and the floor's slope is history."""
+        p, c = self.params, self.fcount[r]
+        newest = self.fl_t[r, np.maximum(c - 1, 0)]
+        cols = np.arange(self.floor_max)[None, :]
+        with np.errstate(invalid="ignore"):
+            k = np.count_nonzero(self.fl_t[r] < (newest - p.floor_horizon_s)[:, None], axis=1)
+            first = (cols >= k[:, None]) & (cols < (k + p.floor_group)[:, None])
+            low = np.where(first & (cols < c[:, None]), self.fl_lo[r], np.inf).min(axis=1)
+        return np.where((c > 0) & np.isfinite(low), low, np.nan)
 
     def scores(self, rows: npt.ArrayLike) -> F64:
         """Each row's score in [0, 1]: the growth over ``window_s`` at its leak rate, as

@@ -295,6 +295,19 @@ def _inhibit_rules(raw: Any) -> tuple[InhibitRule, ...]:
     return tuple(rules)
 
 
+# The inhibition the notifier applies without a notify file (a file states its own; the
+# example in docs/notifications.md carries this one): a firing leak alert of a GPU, which
+# already says when it will OOM, mutes that GPU's "memory over 95 %". The leak filling
+# the GPU is one fault, paged once; a GPU full with no leak alert still pages.
+DEFAULT_INHIBIT_RULES = (
+    InhibitRule(
+        (Matcher("alertname", "GpuMemoryLeak.*", regex=True),),
+        (Matcher("alertname", "GpuMemoryHigh"),),
+        ("host", "gpu"),
+    ),
+)
+
+
 def default_config(
     urls: Sequence[str],
     *,
@@ -302,7 +315,8 @@ def default_config(
     timeout_s: float = 10.0,
     max_attempts: int = 10,
 ) -> NotifyConfig:
-    """No notify file: every transition at once to one webhook receiver per URL."""
+    """No notify file: every transition at once to one webhook receiver per URL, with
+    :data:`DEFAULT_INHIBIT_RULES`."""
     receivers = {
         f"webhook-{i + 1}": {
             "name": f"webhook-{i + 1}",
@@ -314,13 +328,14 @@ def default_config(
         for i, url in enumerate(urls)
     }
     if not receivers:
-        return NotifyConfig({}, Route("", (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0), (), max_attempts)
+        root = Route("", (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0)
+        return NotifyConfig({}, root, DEFAULT_INHIBIT_RULES, max_attempts)
     children = tuple(
         Route(name, (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0, continue_=True, path=f"0.{i}")
         for i, name in enumerate(receivers)
     )
     root = Route(next(iter(receivers)), (ALL_LABELS,), 0.0, 0.0, 4 * 3600.0, routes=children)
-    return NotifyConfig(receivers, root, (), max_attempts)
+    return NotifyConfig(receivers, root, DEFAULT_INHIBIT_RULES, max_attempts)
 
 
 def load_config(path: Path, env: Mapping[str, str] | None = None) -> NotifyConfig:

@@ -131,6 +131,7 @@ class LeakReference:
             else math.nan,
             "steadiness": self._marks(inside),
             "known": max((b.hi for b in older), default=-math.inf),
+            "low": min(b.lo for b in inside[: p.floor_group]),
         }
 
     def _marks(self, inside: list[Block]) -> float:
@@ -170,6 +171,7 @@ class LeakReference:
             floor["steadiness"] >= p.floor_steadiness
             and floor["slope"] * hour > p.floor_gb_per_hour
             and fit["rising"] >= p.spread
+            and fit["level"] > floor["low"]  # a restart or an OOM kill gave it all back
         ):
             slow = floor["slope"]
         return max(fast, slow)

@@ -187,6 +187,18 @@ def test_inhibition_mutes_the_leak_while_the_oom_fires_and_not_after(grouper: Gr
     assert [a.labels["host"] for a in leaks] == ["h1"]  # sent once the OOM alert resolved
 
 
+def test_without_a_file_a_leak_mutes_its_gpus_memory_high() -> None:
+    """The default inhibition: the leak filling its GPU is one fault, paged once by the leak
+    alert; the same GPU's GpuMemoryHigh is muted, another GPU's still pages."""
+    g = Grouper(default_config(["http://a/1"]))
+    g.add(alert("GpuMemoryLeakSlow", host="h1", gpu="1", pid="7"), now=0.0)
+    g.add(alert("GpuMemoryHigh", host="h1", gpu="1"), now=10.0)
+    g.add(alert("GpuMemoryHigh", host="h1", gpu="2"), now=10.0)  # no leak there: a page
+    sent = [(a.rule, a.labels["gpu"]) for n in g.flush(now=20.0) for a in n.alerts]
+    assert sorted(sent) == [("GpuMemoryHigh", "2"), ("GpuMemoryLeakSlow", "1")]
+    assert g.stats.inhibited == 1
+
+
 def test_silences_mute_while_active_but_never_swallow_a_resolve(grouper: Grouper) -> None:
     s = Silence.new(parse_matchers(["host=h1"]), comment="maintenance", author="t", now=0.0)
     muted = lambda a: s.active(0.0) and s.matches(a.labels)  # noqa: E731
