@@ -85,6 +85,10 @@ class Device:
         mem = {p.pid: _alive_mem(p, ts, a) for p, a in alive}
         used = DRIVER + rng.integers(0, 4, len(ts)) * 2 * MIB  # driver churn: a few MB
         for p, a in alive:
+            # what does not fit is not given (CUDA's allocation fails; NVML never reads more
+            # than the total): a batch job beside a full server gets what is free
+            room = np.maximum(0.0, ROOM * TOTAL - used - CONTEXT)
+            mem[p.pid] = np.where(a, np.minimum(mem[p.pid], room), 0.0)
             used = used + np.where(a, mem[p.pid] + CONTEXT, 0.0)
         out = []
         for i in range(len(ts)):
@@ -98,6 +102,9 @@ class Device:
                           int(used[i]), TOTAL, gpu_util=float(round(util[i])), procs=procs)
             )  # fmt: skip
         return out
+
+
+ROOM = 0.995  # of the total, what processes can hold: the driver reserves the rest
 
 
 def _alive_mem(p: Proc, ts: np.ndarray, alive: np.ndarray) -> np.ndarray:
