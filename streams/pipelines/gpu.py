@@ -831,8 +831,10 @@ class GpuPipeline:
         """What each of the wave's ``n`` GPU samples' processes explain of its growth: the
         sum of their own growth rates (recent or floor, the larger), as of their last
         estimates (0 when no process is seen). Unknown (NaN) while a listed process has no
-        estimate yet (new, or warming up: a process that restarted and leaks again must not
-        read as growth nobody explains)."""
+        whole fast horizon of its own yet (new, or warming up: a process that restarted and
+        leaks again must not read as growth nobody explains, nor a batch job that just took
+        20 GB: its start is a step in the GPU's last 30 minutes that its own short, flat
+        series does not show as growth)."""
         wave, bank = self._wave, self.bank
         total = np.zeros(n)
         if wave.attr_rows:
@@ -842,7 +844,8 @@ class GpuPipeline:
             # the most a process's growth could explain: its recent or its floor's rate (the
             # GPU's leak rate is one of its own two, read on the same memory plus others')
             grows = np.fmax(np.fmax(bank.recent_slope[at], bank.fslope[at]), 0.0)
-            rate = np.where(known & bank.has[at], grows * 3600 / GB, np.nan)
+            whole = bank.span[at] >= bank.recent_s - bank.bucket_s  # as the fast test asks
+            rate = np.where(known & bank.has[at] & whole, grows * 3600 / GB, np.nan)
             np.add.at(total, np.array(wave.attr_of, dtype=np.intp), rate)  # in order
         return total
 
