@@ -33,6 +33,9 @@ more):
   baseline itself). A few stalls of a healthy
   retriever move a window's P99 a lot and this count hardly at all; a tail that really
   changed puts many requests above the old P99.
+- ``e2e_tail_ratio`` and ``e2e_tail_z``: the same test of the requests' end-to-end times
+  against the baseline P95 (5 % above it): a few long answers of a heavy-tailed mix on a
+  quiet instance double a window's P95, not the count above the baseline's.
 
 The baselines judge (and the tests are known) once the window has taken
 :data:`~.evidence.TRUST_VALUES` values of theirs: a baseline of the first hours of a
@@ -50,7 +53,8 @@ tokens per second, as its baseline).
 ...     ms = 20.0 if minute < 7 else 31.25
 ...     st.tails[row].push(60.0 * minute, {"tpot": [ms] * 300})
 ...     sig = {name: np.array([np.nan])   # what the close computed before: unknown here
-...            for name in ("retriever_p99_baseline_ms", "queue_p95_ms", "e2e_p95_ms")}
+...            for name in ("retriever_p99_baseline_ms", "queue_p95_ms", "e2e_p95_ms",
+...                         "e2e_p95_baseline_ms")}
 ...     serving_signals(st, rows, np.array([60.0 * minute]), sig)
 >>> [round(float(sig[name][0]), 2) for name in ("decode_tps", "decode_baseline_tps",
 ...                                             "decode_deviation")]
@@ -82,6 +86,7 @@ MEDIAN_SE = math.sqrt(math.pi / 2)  # a sample median's standard error / (sd / s
 MAD_SD = 1.4826  # a normal sample's sd / its median absolute deviation
 QUEUE_FLOOR_MS = 50.0  # a queue wait shorter than this is no wait to a person
 TAIL_P = 0.01  # the share of requests a P99 leaves above it
+E2E_TAIL_P = 0.05  # ... and a P95
 TAIL_SLACK = 0.25  # relative uncertainty of that share (a baseline P99 is an estimate)
 # The count above the P99 is taken over the window the P99 itself is (the last 200
 # requests or 2 minutes, whichever holds more): a stall rate of 4 % over 100 requests is
@@ -114,6 +119,7 @@ def serving_signals(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None
     none = np.isnan(sig["queue_p95_ms"]) & ~np.isnan(sig["e2e_p95_ms"])
     sig["queue_p95_excess_ms"] = np.where(none, 0.0, sig["queue_p95_excess_ms"])
     _retriever_tail(st, rows, end, sig)
+    _e2e_tail(st, rows, end, sig)
     _recent_tokens(st, rows, end, sig)
 
 
@@ -202,18 +208,33 @@ def _decode_signals(tpot: F64, se2: F64, n: F64, base: F64, var: F64, sig: Signa
 
 def _retriever_tail(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
     """How many of the window's retrievals exceed the baseline P99 (module docstring)."""
-    base = np.where(_trusted(st, rows, ("retriever",)), sig["retriever_p99_baseline_ms"], NAN)
+    _tail(st, rows, end, sig, "retriever", "retriever_p99_baseline_ms", TAIL_P, "p99")
+
+
+def _e2e_tail(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
+    """How many of the window's requests exceed the baseline P95 (module docstring)."""
+    _tail(st, rows, end, sig, "e2e", "e2e_p95_baseline_ms", E2E_TAIL_P, "p95")
+
+
+def _tail(
+    st: ServiceRows, rows: Rows, end: F64, sig: Signals, name: str, baseline: str, p: float,
+    least: str,
+) -> None:  # fmt: skip
+    """``<name>_tail_ratio`` and ``_z``: the count of the window's ``name`` values above
+    the baseline quantile against the share ``p`` it leaves above it (a binomial z with
+    :data:`TAIL_SLACK` for the baseline's own error)."""
+    base = np.where(_trusted(st, rows, (name,)), sig[baseline], NAN)
     above, n = np.zeros(len(rows)), np.zeros(len(rows))
     for i, (r, t, b) in enumerate(zip(rows.tolist(), end.tolist(), base.tolist(), strict=True)):
         if b == b:
-            v = np.frombuffer(st.tails[r].window("retriever", t), np.float64)
+            v = np.frombuffer(st.tails[r].window(name, t), np.float64)
             above[i], n[i] = np.count_nonzero(v > b), len(v)
-    ok = ~np.isnan(base) & (n >= MIN_VALUES["p99"])
-    expected = n * TAIL_P
-    var = expected * (1 - TAIL_P) + (TAIL_SLACK * expected) ** 2
+    ok = ~np.isnan(base) & (n >= MIN_VALUES[least])
+    expected = n * p
+    var = expected * (1 - p) + (TAIL_SLACK * expected) ** 2
     with np.errstate(divide="ignore", invalid="ignore"):
-        sig["retriever_tail_ratio"] = np.where(ok, above / expected, NAN)
-        sig["retriever_tail_z"] = np.where(ok, (above - expected) / np.sqrt(var), NAN)
+        sig[f"{name}_tail_ratio"] = np.where(ok, above / expected, NAN)
+        sig[f"{name}_tail_z"] = np.where(ok, (above - expected) / np.sqrt(var), NAN)
 
 
 def _p95(tail: TailWindow, name: str, now: float, newest: int | None = None) -> float:

@@ -263,6 +263,33 @@ def test_the_retriever_tail_counts_requests_above_the_baseline_p99() -> None:
     assert checked > 60
 
 
+def test_the_e2e_tail_counts_requests_above_the_baseline_p95() -> None:
+    """``e2e_tail_ratio`` / ``_z``: the same count for end-to-end times against the
+    baseline P95 (5 % above it), over the same window; brute force."""
+    pipe = RequestPipeline(RULES)
+    minutes: list[list[float]] = []
+    checked = 0
+    for e in _envelopes(lambda t: Service(rpm=40.0, stall_p=0.003), 2.0, seed=6):
+        minutes.append([r.e2e_ms for r in e.records])
+        pipe.process(e)
+        s = pipe.series[("rag", "a")].signals
+        if not s or s.get("e2e_tail_ratio") is None:
+            continue
+        window: list[float] = []
+        for k, m in enumerate(minutes[:-1][::-1]):
+            if len(window) >= 200 and k >= 2:
+                break
+            window += m
+        base = s["e2e_p95_baseline_ms"]
+        assert base is not None
+        above, n = sum(1 for v in window if v > base), len(window)
+        assert s["e2e_tail_ratio"] == pytest.approx(above / n / 0.05, rel=1e-9, abs=1e-12)
+        z = (above - 0.05 * n) / math.sqrt(0.05 * n * 0.95 + (0.25 * 0.05 * n) ** 2)
+        assert s["e2e_tail_z"] == pytest.approx(z, rel=1e-9, abs=1e-12)
+        checked += 1
+    assert checked > 60
+
+
 def test_a_retriever_slowing_to_4x_pages_and_its_stalls_do_not() -> None:
     start = T0 + 4 * HOUR
     out = _run(_at(start, Service(retriever_ms=144.0, stall_p=0.003), start + HOUR),
