@@ -43,6 +43,7 @@ SEGMENT = 256 * MIB  # the allocator's large segments
 SMALL = 20 * MIB  # its small-pool segments: what a leak of small tensors grows by
 DRIVER = 512 * MIB  # the device's memory in use with no process (driver, reserved)
 CONTEXT = 480 * MIB  # a process's CUDA context
+ROOM = 0.995  # of the total, what processes can hold: the driver reserves the rest
 INTERVAL = 10.0
 LEAK_RULES = ("GpuMemoryLeak", "GpuMemoryLeakSlow")
 GPU_LEAK_RULES = ("GpuMemoryLeakUnattributed", "GpuMemoryLeakUnattributedSlow")
@@ -87,8 +88,7 @@ class Device:
         for p, a in alive:
             # what does not fit is not given (CUDA's allocation fails; NVML never reads more
             # than the total): a batch job beside a full server gets what is free
-            room = np.maximum(0.0, ROOM * TOTAL - used - CONTEXT)
-            mem[p.pid] = np.where(a, np.minimum(mem[p.pid], room), 0.0)
+            mem[p.pid] = np.minimum(mem[p.pid], np.maximum(0.0, ROOM * TOTAL - used - CONTEXT))
             used = used + np.where(a, mem[p.pid] + CONTEXT, 0.0)
         out = []
         for i in range(len(ts)):
@@ -102,9 +102,6 @@ class Device:
                           int(used[i]), TOTAL, gpu_util=float(round(util[i])), procs=procs)
             )  # fmt: skip
         return out
-
-
-ROOM = 0.995  # of the total, what processes can hold: the driver reserves the rest
 
 
 def _alive_mem(p: Proc, ts: np.ndarray, alive: np.ndarray) -> np.ndarray:

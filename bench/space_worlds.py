@@ -72,9 +72,10 @@ def gpu_world(
             leaks.append(expect)
         else:
             procs = _server(rng, pid, t0, days)
+        # drawn beside vLLM too (the next GPUs' draws stay as they were), but not run there:
+        # it preallocates 90 %, no batch job fits beside it
         extra = [] if n == leaky else _batches(rng, pid, t0, t1)
-        if procs[0].name == "vllm":  # it preallocates 90 %: no batch job fits beside it
-            extra = []
+        extra = [] if procs[0].name == "vllm" else extra
         devices.append(mem.Device(host, g, procs, extra=extra))
     return devices, tuple(leaks)
 

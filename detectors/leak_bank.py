@@ -615,11 +615,7 @@ class LeakBank:
     def _fit_floor(self, r: Rows) -> None:
         """The floor's slope and steadiness over the horizon, and the known range."""
         p, width = self.params, self.floor_max
-        c, t = self.fcount[r], self.fl_t[r]
-        rows = np.arange(len(r))
-        newest = t[rows, c - 1]
-        with np.errstate(invalid="ignore"):
-            k = np.count_nonzero(t < (newest - p.floor_horizon_s)[:, None], axis=1)
+        c, k = self._horizon(r)
         ok = c - k >= 3
         slope = np.full(len(r), np.nan)
         if ok.any():
@@ -675,7 +671,7 @@ class LeakBank:
                 (self.recent_slope[r] * hour > p.fast_gb_per_hour)
                 & (self.recent_steadiness[r] > p.fast_steadiness)
                 & (self.level[r] - self.known[r] > p.margin_bytes)
-                & (self.span[r] >= p.recent_s - p.bucket)  # a whole horizon of data
+                & self.whole_recent(r)
             )
             slow = (
                 (self.fsteady[r] >= p.floor_steadiness)
@@ -688,18 +684,31 @@ class LeakBank:
         rate = np.fmax(floor, np.where(fast, self.recent_slope[r], 0.0))
         return np.where(self.has[r] | self.fhas[r], rate, np.nan)
 
+    def _horizon(self, r: Rows) -> tuple[I64, I64]:
+        """Each row's count of floor blocks, and how many of them are older than the floor's
+        horizon (before its newest block's time less ``floor_horizon_s``)."""
+        c = self.fcount[r]
+        newest = self.fl_t[r, np.maximum(c - 1, 0)]
+        with np.errstate(invalid="ignore"):
+            k = np.count_nonzero(self.fl_t[r] < (newest - self.params.floor_horizon_s)[:, None], 1)
+        return c, k
+
     def _horizon_low(self, r: Rows) -> F64:
         """Each row's low-water mark at the start of the floor's horizon (its oldest
         ``floor_group`` blocks; NaN: no block): memory now at or below it gave back all the
         horizon's growth (a restart, an OOM kill), and the floor's slope is history."""
-        p, c = self.params, self.fcount[r]
-        newest = self.fl_t[r, np.maximum(c - 1, 0)]
+        c, k = self._horizon(r)
         cols = np.arange(self.floor_max)[None, :]
-        with np.errstate(invalid="ignore"):
-            k = np.count_nonzero(self.fl_t[r] < (newest - p.floor_horizon_s)[:, None], axis=1)
-            first = (cols >= k[:, None]) & (cols < (k + p.floor_group)[:, None])
-            low = np.where(first & (cols < c[:, None]), self.fl_lo[r], np.inf).min(axis=1)
+        first = (cols >= k[:, None]) & (cols < np.minimum(k + self.params.floor_group, c)[:, None])
+        low = np.where(first, self.fl_lo[r], np.inf).min(axis=1)
         return np.where((c > 0) & np.isfinite(low), low, np.nan)
+
+    def whole_recent(self, rows: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Whether each row's window holds a whole fast horizon of data (``recent_s`` less a
+        bucket): the fast test asks it, and a GPU's attribution asks it of its processes."""
+        r = np.asarray(rows, dtype=np.intp)
+        with np.errstate(invalid="ignore"):
+            return self.span[r] >= self.params.recent_s - self.params.bucket
 
     def scores(self, rows: npt.ArrayLike) -> F64:
         """Each row's score in [0, 1]: the growth over ``window_s`` at its leak rate, as

@@ -844,8 +844,8 @@ class GpuPipeline:
             # the most a process's growth could explain: its recent or its floor's rate (the
             # GPU's leak rate is one of its own two, read on the same memory plus others')
             grows = np.fmax(np.fmax(bank.recent_slope[at], bank.fslope[at]), 0.0)
-            whole = bank.span[at] >= bank.recent_s - bank.bucket_s  # as the fast test asks
-            rate = np.where(known & bank.has[at] & whole, grows * 3600 / GB, np.nan)
+            whole = known & bank.has[at] & bank.whole_recent(at)
+            rate = np.where(whole, grows * 3600 / GB, np.nan)
             np.add.at(total, np.array(wave.attr_of, dtype=np.intp), rate)  # in order
         return total
 

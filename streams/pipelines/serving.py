@@ -118,8 +118,8 @@ def serving_signals(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None
     # queue does not explain a latency: E2eLatencyDeviation)
     none = np.isnan(sig["queue_p95_ms"]) & ~np.isnan(sig["e2e_p95_ms"])
     sig["queue_p95_excess_ms"] = np.where(none, 0.0, sig["queue_p95_excess_ms"])
-    _retriever_tail(st, rows, end, sig)
-    _e2e_tail(st, rows, end, sig)
+    _tail(st, rows, end, sig, "retriever", "retriever_p99_baseline_ms", TAIL_P, "p99")
+    _tail(st, rows, end, sig, "e2e", "e2e_p95_baseline_ms", E2E_TAIL_P, "p95")
     _recent_tokens(st, rows, end, sig)
 
 
@@ -204,16 +204,6 @@ def _decode_signals(tpot: F64, se2: F64, n: F64, base: F64, var: F64, sig: Signa
         total = se2 + np.where(np.isnan(var), 0.0, var)
         z = (np.log(base) - np.log(tpot)) / np.sqrt(total)
     sig["decode_z"] = np.where(total > 0, z, NAN)
-
-
-def _retriever_tail(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
-    """How many of the window's retrievals exceed the baseline P99 (module docstring)."""
-    _tail(st, rows, end, sig, "retriever", "retriever_p99_baseline_ms", TAIL_P, "p99")
-
-
-def _e2e_tail(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
-    """How many of the window's requests exceed the baseline P95 (module docstring)."""
-    _tail(st, rows, end, sig, "e2e", "e2e_p95_baseline_ms", E2E_TAIL_P, "p95")
 
 
 def _tail(
