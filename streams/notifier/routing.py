@@ -298,12 +298,27 @@ def _inhibit_rules(raw: Any) -> tuple[InhibitRule, ...]:
 # The inhibition the notifier applies without a notify file (a file states its own; the
 # example in docs/notifications.md carries this one): a firing leak alert of a GPU, which
 # already says when it will OOM, mutes that GPU's "memory over 95 %". The leak filling
-# the GPU is one fault, paged once; a GPU full with no leak alert still pages.
+# the GPU is one fault, paged once; a GPU full with no leak alert still pages. And a
+# firing cause of slow answers on an instance (queue, TTFT, retrieval, decode) mutes its
+# latency backstop, E2eLatencyDeviation: a queue of 10 s keeps the instance's P95 high
+# for as long as its 200-request window holds the queued requests (hours at night).
 DEFAULT_INHIBIT_RULES = (
     InhibitRule(
         (Matcher("alertname", "GpuMemoryLeak.*", regex=True),),
         (Matcher("alertname", "GpuMemoryHigh"),),
         ("host", "gpu"),
+    ),
+    # the latency backstop says nothing a page of its cause has not said
+    InhibitRule(
+        (
+            Matcher(
+                "alertname",
+                "QueueWaitHigh|TtftDeviation|RetrievalSlowdown|DecodeSpeedDrop",
+                regex=True,
+            ),
+        ),
+        (Matcher("alertname", "E2eLatencyDeviation"),),
+        ("service", "instance"),
     ),
 )
 

@@ -114,6 +114,17 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
         )
     },
     **{f"{f}_relearned_{x}": (np.float64, math.nan) for f in FAMILIES for x in ("at", "from")},
+    # the tail tests' usual share above the baseline quantile, the count's usual variance
+    # over its mean, and how many windows taught them (serving._tail)
+    **{
+        f"{name}_tail_{x}": (dtype, fresh)
+        for name in ("retriever", "e2e")
+        for x, dtype, fresh in (
+            ("share", np.float64, math.nan),
+            ("disp", np.float64, math.nan),
+            ("learnt", np.int64, 0),
+        )
+    },
 }
 
 

@@ -219,7 +219,10 @@ def _adopt_rows(
 
 def _parse(st: ServiceRows, state: Mapping[str, Any], n: int, rng: random.Random) -> dict[str, Any]:
     scalars = {}
-    for name, (dtype, _) in SCALARS.items():
+    for name, (dtype, fresh) in SCALARS.items():
+        if name not in state["scalars"]:  # a snapshot from before the column: fresh
+            scalars[name] = np.full(n, fresh, dtype=dtype)
+            continue
         a = _bytes(state["scalars"][name], np.dtype(dtype).newbyteorder("<").str)
         if len(a) != n:
             raise ValueError(f"{name}: {len(a)} values for {n} series")

@@ -88,6 +88,11 @@ QUEUE_FLOOR_MS = 50.0  # a queue wait shorter than this is no wait to a person
 TAIL_P = 0.01  # the share of requests a P99 leaves above it
 E2E_TAIL_P = 0.05  # ... and a P95
 TAIL_SLACK = 0.25  # relative uncertainty of that share (a baseline P99 is an estimate)
+# A window's count above the baseline quantile that is no evidence of a change (z under
+# this) is what the row's usual share and dispersion learn, over the last day of closes
+LEARN_Z = 3.0
+TAIL_LEARN = 1440
+TAIL_PRIOR = 360  # windows' worth of belief in the prior (the quantile's own share, 1)
 # The count above the P99 is taken over the window the P99 itself is (the last 200
 # requests or 2 minutes, whichever holds more): a stall rate of 4 % over 100 requests is
 # 4 against 1 expected, no evidence (z ~ 3); over 200 it is 8 against 2 (z ~ 4).
@@ -211,20 +216,50 @@ def _tail(
     least: str,
 ) -> None:  # fmt: skip
     """``<name>_tail_ratio`` and ``_z``: the count of the window's ``name`` values above
-    the baseline quantile against the share ``p`` it leaves above it (a binomial z with
-    :data:`TAIL_SLACK` for the baseline's own error)."""
+    the baseline quantile against the share of them usually above it (at least the ``p``
+    the quantile leaves): a binomial z, its variance times the count's usual dispersion,
+    with :data:`TAIL_SLACK` for the baseline's own error; then the usual share and
+    dispersion learn the count, unless it is evidence of a change (:func:`_learn_tail`)."""
     base = np.where(_trusted(st, rows, (name,)), sig[baseline], NAN)
-    above, n = np.zeros(len(rows)), np.zeros(len(rows))
+    ratio, z = np.full(len(rows), NAN), np.full(len(rows), NAN)
+    share, disp = st.col[f"{name}_tail_share"], st.col[f"{name}_tail_disp"]
     for i, (r, t, b) in enumerate(zip(rows.tolist(), end.tolist(), base.tolist(), strict=True)):
-        if b == b:
-            v = np.frombuffer(st.tails[r].window(name, t), np.float64)
-            above[i], n[i] = np.count_nonzero(v > b), len(v)
-    ok = ~np.isnan(base) & (n >= MIN_VALUES[least])
-    expected = n * p
-    var = expected * (1 - p) + (TAIL_SLACK * expected) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sig[f"{name}_tail_ratio"] = np.where(ok, above / expected, NAN)
-        sig[f"{name}_tail_z"] = np.where(ok, (above - expected) / np.sqrt(var), NAN)
+        if b != b:
+            continue
+        v = np.frombuffer(st.tails[r].window(name, t), np.float64)
+        if len(v) < MIN_VALUES[least]:
+            continue
+        above, n = int(np.count_nonzero(v > b)), len(v)
+        usual = max(p, share[r]) if share[r] == share[r] else p
+        expected = n * usual
+        phi = max(1.0, disp[r]) if disp[r] == disp[r] else 1.0
+        ratio[i] = above / expected
+        var = expected * (1.0 - usual) * phi + (TAIL_SLACK * expected) ** 2
+        z[i] = (above - expected) / math.sqrt(var)
+        if z[i] < LEARN_Z:
+            _learn_tail(st, name, r, above, n, expected, p)
+    sig[f"{name}_tail_ratio"], sig[f"{name}_tail_z"] = ratio, z
+
+
+def _learn_tail(
+    st: ServiceRows, name: str, r: int, above: int, n: int, expected: float, p: float
+) -> None:  # fmt: skip
+    """The usual share of a window above its baseline quantile, and the count's usual
+    variance over its mean (1 for independent requests; more where slow requests come in
+    runs: a burst of long answers, a retriever's stalls in a GC pause), as means over the
+    row's windows since the baseline judged: the last :data:`TAIL_LEARN` of them (a day
+    of minutes), after a prior of :data:`TAIL_PRIOR` windows at ``p`` and 1. The prior
+    keeps a fault of a series' first hour from teaching it its own share."""
+    col = st.col
+    seen = col[f"{name}_tail_learnt"][r] = col[f"{name}_tail_learnt"][r] + 1
+    a = max(1.0 / TAIL_LEARN, 1.0 / (TAIL_PRIOR + seen))
+    for key, value, prior in (
+        ("share", above / n, p),
+        ("disp", (above - expected) ** 2 / expected, 1.0),
+    ):
+        old = col[f"{name}_tail_{key}"][r]
+        old = prior if old != old else old
+        col[f"{name}_tail_{key}"][r] = old + a * (value - old)
 
 
 def _p95(tail: TailWindow, name: str, now: float, newest: int | None = None) -> float:

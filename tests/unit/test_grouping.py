@@ -199,6 +199,18 @@ def test_without_a_file_a_leak_mutes_its_gpus_memory_high() -> None:
     assert g.stats.inhibited == 1
 
 
+def test_without_a_file_a_cause_of_slow_answers_mutes_the_latency_backstop() -> None:
+    """A queue that makes an instance's answers slow is paged by QueueWaitHigh; the same
+    instance's E2eLatencyDeviation is muted, another instance's still pages."""
+    g = Grouper(default_config(["http://a/1"]))
+    g.add(alert("QueueWaitHigh", service="rag", instance="a"), now=0.0)
+    g.add(alert("E2eLatencyDeviation", service="rag", instance="a"), now=10.0)
+    g.add(alert("E2eLatencyDeviation", service="rag", instance="b"), now=10.0)
+    sent = [(a.rule, a.labels["instance"]) for n in g.flush(now=20.0) for a in n.alerts]
+    assert sorted(sent) == [("E2eLatencyDeviation", "b"), ("QueueWaitHigh", "a")]
+    assert g.stats.inhibited == 1
+
+
 def test_silences_mute_while_active_but_never_swallow_a_resolve(grouper: Grouper) -> None:
     s = Silence.new(parse_matchers(["host=h1"]), comment="maintenance", author="t", now=0.0)
     muted = lambda a: s.active(0.0) and s.matches(a.labels)  # noqa: E731
