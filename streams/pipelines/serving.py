@@ -219,10 +219,11 @@ def _tail(
     the baseline quantile against the share of them usually above it (at least the ``p``
     the quantile leaves): a binomial z, its variance times the count's usual dispersion,
     with :data:`TAIL_SLACK` for the baseline's own error; then the usual share and
-    dispersion learn the count, unless it is evidence of a change (:func:`_learn_tail`)."""
+    dispersion learn the count, unless it is evidence of a change (:func:`_learnt`)."""
     base = np.where(_trusted(st, rows, (name,)), sig[baseline], NAN)
     ratio, z = np.full(len(rows), NAN), np.full(len(rows), NAN)
     share, disp = st.col[f"{name}_tail_share"], st.col[f"{name}_tail_disp"]
+    learnt = st.col[f"{name}_tail_learnt"]
     for i, (r, t, b) in enumerate(zip(rows.tolist(), end.tolist(), base.tolist(), strict=True)):
         if b != b:
             continue
@@ -230,36 +231,31 @@ def _tail(
         if len(v) < MIN_VALUES[least]:
             continue
         above, n = int(np.count_nonzero(v > b)), len(v)
-        usual = max(p, share[r]) if share[r] == share[r] else p
+        # what the row has learnt, or the prior (the quantile's own share, dispersion 1)
+        known = (p if share[r] != share[r] else share[r], 1.0 if disp[r] != disp[r] else disp[r])
+        usual = max(p, known[0])
         expected = n * usual
-        phi = max(1.0, disp[r]) if disp[r] == disp[r] else 1.0
         ratio[i] = above / expected
-        var = expected * (1.0 - usual) * phi + (TAIL_SLACK * expected) ** 2
+        var = expected * (1.0 - usual) * max(1.0, known[1]) + (TAIL_SLACK * expected) ** 2
         z[i] = (above - expected) / math.sqrt(var)
         if z[i] < LEARN_Z:
-            _learn_tail(st, name, r, above, n, expected, p)
+            learnt[r] += 1
+            a = max(1.0 / TAIL_LEARN, 1.0 / (TAIL_PRIOR + learnt[r]))
+            share[r], disp[r] = _learnt(known, (above / n, (above - expected) ** 2 / expected), a)
     sig[f"{name}_tail_ratio"], sig[f"{name}_tail_z"] = ratio, z
 
 
-def _learn_tail(
-    st: ServiceRows, name: str, r: int, above: int, n: int, expected: float, p: float
-) -> None:  # fmt: skip
+def _learnt(
+    known: tuple[float, float], seen: tuple[float, float], a: float
+) -> tuple[float, float]:  # fmt: skip
     """The usual share of a window above its baseline quantile, and the count's usual
     variance over its mean (1 for independent requests; more where slow requests come in
-    runs: a burst of long answers, a retriever's stalls in a GC pause), as means over the
-    row's windows since the baseline judged: the last :data:`TAIL_LEARN` of them (a day
-    of minutes), after a prior of :data:`TAIL_PRIOR` windows at ``p`` and 1. The prior
+    runs: a burst of long answers, a retriever's stalls in a GC pause), moved by one
+    window that was no evidence at rate ``a``: a mean over the row's windows since the
+    baseline judged, the last :data:`TAIL_LEARN` of them (a day of minutes), after a
+    prior of :data:`TAIL_PRIOR` windows at the quantile's own share and 1. The prior
     keeps a fault of a series' first hour from teaching it its own share."""
-    col = st.col
-    seen = col[f"{name}_tail_learnt"][r] = col[f"{name}_tail_learnt"][r] + 1
-    a = max(1.0 / TAIL_LEARN, 1.0 / (TAIL_PRIOR + seen))
-    for key, value, prior in (
-        ("share", above / n, p),
-        ("disp", (above - expected) ** 2 / expected, 1.0),
-    ):
-        old = col[f"{name}_tail_{key}"][r]
-        old = prior if old != old else old
-        col[f"{name}_tail_{key}"][r] = old + a * (value - old)
+    return known[0] + a * (seen[0] - known[0]), known[1] + a * (seen[1] - known[1])
 
 
 def _p95(tail: TailWindow, name: str, now: float, newest: int | None = None) -> float:
