@@ -161,10 +161,11 @@ def test_status_watch_into_a_file_appends_plain_snapshots_until_a_signal(
         )
     try:
         deadline = time.monotonic() + 30
-        while path.read_text().count(header) < 3 and time.monotonic() < deadline:
+        # Bytes while it runs: a read can land mid-write, inside a multi-byte character.
+        while path.read_bytes().count(header.encode()) < 3 and time.monotonic() < deadline:
             assert proc.poll() is None
             time.sleep(0.1)
-        assert path.read_text().count(header) >= 3  # written while it runs, not at exit
+        assert path.read_bytes().count(header.encode()) >= 3  # written while it runs
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=10)
     finally:
