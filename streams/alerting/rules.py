@@ -23,7 +23,10 @@ alert's value reports (default: ``expr``'s first), so that it can be in the unit
         annotations:
           summary: "{process} (pid {pid}) on {host} GPU {gpu} grows {gb_per_hour:.2f} GB/h"
 
-``expr`` is one or more ``signal OP number`` terms joined by ``and``; OP is one of
+``expr`` is one or more ``signal OP number`` terms joined by ``and``; ``resolve`` may also
+list alternatives joined by ``or`` (``and`` binds tighter: any alternative that holds
+clears, as a P99 back under its baseline or evidence that the newest requests recovered
+while the window still holds the fault's); OP is one of
 ``> >= < <= == !=``; numbers take the suffixes ``KB MB GB TB`` (powers of 1000) and
 ``KiB MiB GiB TiB``. Annotations are ``str.format`` templates over the alert's labels and
 the series' signals. Everything is checked at load time: a bad rule is a
@@ -115,7 +118,7 @@ class Rule:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     keep_firing_for_s: float = 0.0
-    resolve: tuple[Condition, ...] = ()
+    resolve: tuple[tuple[Condition, ...], ...] = ()  # alternatives ('or') of conjunctions
     keep_firing_requests: int = 0
     value_signal: str | None = None  # what the alert's value reports (default: expr's first)
 
@@ -132,7 +135,7 @@ class Rule:
         or, without one, its ``expr`` is known and no longer holds. A signal without a
         value (too little evidence) clears nothing."""
         if self.resolve:
-            return all(c.holds(signals) for c in self.resolve)
+            return any(all(c.holds(signals) for c in alt) for alt in self.resolve)
         return all(c.known(signals) for c in self.conditions) and not self.holds(signals)
 
     @property
@@ -226,12 +229,14 @@ def _evidence(v: Any, series: str, where: str) -> int:
     return v
 
 
-def _resolve(v: Any, series: str, where: str) -> tuple[Condition, ...]:
+def _resolve(v: Any, series: str, where: str) -> tuple[tuple[Condition, ...], ...]:
+    """``resolve``'s alternatives: conjunctions joined by ``or``."""
     if v is None:
         return ()
     if not isinstance(v, str):
         raise ConfigError(f"{where}.resolve: must be an expression string")
-    return parse_expr(v, series, f"{where}.resolve")
+    alts = re.split(r"\s+or\s+", v.strip())
+    return tuple(parse_expr(alt, series, f"{where}.resolve") for alt in alts)
 
 
 def _expected(v: Any, series: str, where: str) -> float | str | None:
@@ -281,6 +286,8 @@ def parse_rule(d: Mapping[str, Any], where: str = "rule") -> Rule:
         raise ConfigError(f"{where}.series: must be one of {', '.join(SERIES_SIGNALS)}")
     if not isinstance(d.get("expr"), str):
         raise ConfigError(f"{where}.expr: required string")
+    if re.search(r"\sor\s", d["expr"]):
+        raise ConfigError(f"{where}.expr: terms join with 'and' ('or' is for resolve only)")
     severity = d.get("severity", "warning")
     if severity not in SEVERITIES:
         raise ConfigError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}")

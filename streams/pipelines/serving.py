@@ -36,6 +36,10 @@ more):
 - ``e2e_tail_ratio`` and ``e2e_tail_z``: the same test of the requests' end-to-end times
   against the baseline P95 (5 % above it): a few long answers of a heavy-tailed mix on a
   quiet instance double a window's P95, not the count above the baseline's.
+- ``retriever_tail_recovered`` and ``e2e_tail_recovered``: the evidence, in nats, that
+  the window's newest requests are back at the usual share after an older stretch above
+  it (:func:`tail_recovered`): a window of 200 holds a fault's requests for an hour at
+  night after it ended, the newest few say it ended.
 
 The baselines judge (and the tests are known) once the window has taken
 :data:`~.evidence.TRUST_VALUES` values of theirs: a baseline of the first hours of a
@@ -93,6 +97,7 @@ TAIL_SLACK = 0.25  # relative uncertainty of that share (a baseline P99 is an es
 LEARN_Z = 3.0
 TAIL_LEARN = 1440
 TAIL_PRIOR = 360  # windows' worth of belief in the prior (the quantile's own share, 1)
+RECOVERED = 7.0  # nats of evidence that a tail came back (odds of ~1000 to 1)
 # The count above the P99 is taken over the window the P99 itself is (the last 200
 # requests or 2 minutes, whichever holds more): a stall rate of 4 % over 100 requests is
 # 4 against 1 expected, no evidence (z ~ 3); over 200 it is 8 against 2 (z ~ 4).
@@ -222,6 +227,7 @@ def _tail(
     dispersion learn the count, unless it is evidence of a change (:func:`_learnt`)."""
     base = np.where(_trusted(st, rows, (name,)), sig[baseline], NAN)
     ratio, z = np.full(len(rows), NAN), np.full(len(rows), NAN)
+    recovered = np.full(len(rows), NAN)
     share, disp = st.col[f"{name}_tail_share"], st.col[f"{name}_tail_disp"]
     learnt = st.col[f"{name}_tail_learnt"]
     for i, (r, t, b) in enumerate(zip(rows.tolist(), end.tolist(), base.tolist(), strict=True)):
@@ -230,7 +236,8 @@ def _tail(
         v = np.frombuffer(st.tails[r].window(name, t), np.float64)
         if len(v) < MIN_VALUES[least]:
             continue
-        above, n = int(np.count_nonzero(v > b)), len(v)
+        over = v > b
+        above, n = int(np.count_nonzero(over)), len(v)
         # what the row has learnt, or the prior (the quantile's own share, dispersion 1)
         known = (p if share[r] != share[r] else share[r], 1.0 if disp[r] != disp[r] else disp[r])
         usual = max(p, known[0])
@@ -238,11 +245,49 @@ def _tail(
         ratio[i] = above / expected
         var = expected * (1.0 - usual) * max(1.0, known[1]) + (TAIL_SLACK * expected) ** 2
         z[i] = (above - expected) / math.sqrt(var)
+        recovered[i] = tail_recovered(over, usual, known[1])
         if z[i] < LEARN_Z:
             learnt[r] += 1
             a = max(1.0 / TAIL_LEARN, 1.0 / (TAIL_PRIOR + learnt[r]))
             share[r], disp[r] = _learnt(known, (above / n, (above - expected) ** 2 / expected), a)
     sig[f"{name}_tail_ratio"], sig[f"{name}_tail_z"] = ratio, z
+    sig[f"{name}_tail_recovered"] = recovered
+
+
+def tail_recovered(over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0) -> float:
+    """The evidence, in nats, that a window's newest requests are back at the ``usual``
+    share above the baseline quantile after an older stretch above it, taken at the
+    window's best split into an older and a newer part: the lesser of the older part's
+    evidence of a share above ``usual`` (its log-likelihood ratio at its own share) and
+    the newer part's of being at ``usual`` rather than still at the older part's share;
+    that share is shrunk toward ``usual`` by one request above in ``1 / usual``, so a
+    short or mild stretch takes many clean requests to be over. Both divided by the
+    count's usual dispersion (slow requests that come in runs are less evidence); 0
+    where no older part was above ``usual``. :data:`RECOVERED` nats are odds of ~1000 to 1.
+
+    ``over``: whether each request of the window, oldest first, was above the baseline.
+    A fault that made every request slow is over after a few clean ones; a retriever that
+    still stalls 3 % of its calls never is (a clean request is evidence of 0.02 nats):
+
+    >>> round(tail_recovered(np.array([True] * 150 + [False] * 8), 0.01), 1)
+    7.3
+    >>> tail_recovered(np.array([True] * 150 + [False] * 7), 0.01) < RECOVERED
+    True
+    >>> tail_recovered(np.array([False] * 200), 0.01)
+    0.0
+    """
+    u = min(usual, 0.5)
+    n = len(over)
+    newer = np.cumsum(over[::-1], dtype=np.float64)[:-1]  # above, in the newest k
+    k = np.arange(1, n, dtype=np.float64)
+    old, m = float(np.count_nonzero(over)) - newer, n - k  # above, of the m before them
+    lu, l1u = math.log(u), math.log1p(-u)
+    own = np.clip(old / m, 1e-12, 1.0 - 1e-12)
+    e_old = old * (np.log(own) - lu) + (m - old) * (np.log1p(-own) - l1u)
+    q = (old + 1.0) / (m + 1.0 / u)
+    e_new = newer * (lu - np.log(q)) + (k - newer) * (l1u - np.log1p(-q))
+    r = np.minimum(e_old, e_new)[q > u]
+    return float(max(0.0, r.max()) / max(1.0, disp)) if len(r) else 0.0
 
 
 def _learnt(

@@ -58,7 +58,7 @@ def _signals(rule: Rule, conditions: tuple[Condition, ...], evidence: float) -> 
 def _cleared(rule: Rule) -> tuple[Condition, ...]:
     """Conditions under which a firing alert of ``rule`` may resolve."""
     if rule.resolve:
-        return rule.resolve
+        return rule.resolve[0]  # its first alternative
     first = rule.conditions[0]  # without `resolve`: expr stops holding
     negated = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}[first.op]
     return (Condition(first.signal, negated, first.threshold),)

@@ -105,7 +105,7 @@ def test_every_shipped_rule_names_only_signals_a_pipeline_produces(
     produced: dict[str, set[str]],
 ) -> None:
     for rule in load_rules():
-        named = {c.signal for c in (*rule.conditions, *rule.resolve)}
+        named = {c.signal for c in (*rule.conditions, *(c for a in rule.resolve for c in a))}
         named |= {s for s in (rule.value_signal, rule.expected) if isinstance(s, str)}
         assert named <= produced[rule.series], (rule.name, named - produced[rule.series])
 

@@ -52,6 +52,22 @@ def test_resolve_and_keep_firing_for_combine() -> None:
     assert got == [(0, "firing"), (180, "resolved")]  # cleared again from 120, +1 min
 
 
+def test_resolve_alternatives_joined_by_or_clear_on_either() -> None:
+    rule = parse_rule({"name": "Hot", "series": "gpu", "expr": "temp_c > 80",
+                       "resolve": "temp_c < 70 and power_w < 300 or gpu_util < 0.1"})  # fmt: skip
+    eng = AlertEngine()
+
+    def at(ts: float, temp: float, power: float, util: float) -> str | None:
+        t = eng.evaluate(rule, LABELS, {"temp_c": temp, "power_w": power, "gpu_util": util}, ts)
+        return None if t is None else t.alert.status
+
+    assert at(0, 85, 400, 0.9) == "firing"
+    assert at(60, 65, 400, 0.9) is None  # cool but drawing power: neither alternative
+    assert at(120, 65, 250, 0.9) == "resolved"  # the first alternative, whole
+    assert at(180, 85, 400, 0.9) == "firing"
+    assert at(240, 85, 400, 0.05) == "resolved"  # the second, alone
+
+
 def test_pending_still_drops_when_expr_stops_holding() -> None:
     got = run({"for": "5m", "resolve": "temp_c < 70"}, [(0, 85), (60, 75), (120, 85)])
     assert got == [(0, "pending"), (60, "resolved"), (120, "pending")]
@@ -63,6 +79,8 @@ def test_pending_still_drops_when_expr_stops_holding() -> None:
         ({"resolve": 5}, r"rule Hot\.resolve: must be an expression string"),
         ({"resolve": "nope > 1"}, r"rule Hot\.resolve\.expr: unknown signal 'nope'"),
         ({"keep_firing_for": "soon"}, r"rule Hot\.keep_firing_for: bad duration"),
+        ({"resolve": "temp_c < 70 or nope > 1"}, r"rule Hot\.resolve\.expr: unknown signal"),
+        ({"expr": "temp_c > 80 or power_w > 400"}, r"rule Hot\.expr: .*'or' is for resolve"),
     ],
 )
 def test_bad_fields_are_config_errors(fields: dict[str, object], match: str) -> None:

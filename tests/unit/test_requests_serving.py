@@ -22,7 +22,7 @@ from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.buckets import decode_ms_per_token, ttft_net_ms
 from ragwatch.streams.pipelines.requests import RequestPipeline
-from ragwatch.streams.pipelines.serving import DECODE_REQUESTS
+from ragwatch.streams.pipelines.serving import DECODE_REQUESTS, tail_recovered
 
 T0 = 1_700_006_400.0  # a Wednesday 00:00 UTC (a multiple of a day)
 MIN, HOUR = 60.0, 3600.0
@@ -245,18 +245,18 @@ def _tail_reference(stage: str, baseline: str, p: float, seed: int) -> int:
     checked."""
     pipe = RequestPipeline(RULES)
     minutes: list[list[float]] = []
-    share, disp, learnt, checked = math.nan, math.nan, 0, 0
+    share, disp, learnt, checked, positive = math.nan, math.nan, 0, 0, 0
     for e in _envelopes(lambda t: Service(rpm=40.0, stall_p=0.003), 2.0, seed=seed):
         minutes.append([r.e2e_ms if stage == "e2e" else r.stages[stage] for r in e.records])
         pipe.process(e)
         s = pipe.series[("rag", "a")].signals
         if not s or s.get(f"{stage}_tail_ratio") is None:
             continue
-        window: list[float] = []
+        window: list[float] = []  # oldest first
         for k, m in enumerate(minutes[:-1][::-1]):  # the newest minute is still open
             if len(window) >= 200 and k >= 2:
                 break
-            window += m
+            window = m + window
         base = s[baseline]
         assert base is not None
         above, n = sum(1 for v in window if v > base), len(window)
@@ -266,13 +266,51 @@ def _tail_reference(stage: str, baseline: str, p: float, seed: int) -> int:
         z = (above - mu) / math.sqrt(mu * (1 - usual) * phi + (0.25 * mu) ** 2)
         assert s[f"{stage}_tail_ratio"] == pytest.approx(above / mu, rel=1e-9)
         assert s[f"{stage}_tail_z"] == pytest.approx(z, rel=1e-9, abs=1e-12)
+        got = s[f"{stage}_tail_recovered"]
+        assert got == pytest.approx(_recovered([v > base for v in window], usual, phi), abs=1e-9)
+        positive += got > 0  # a few stalls at the start of a window are a stretch above
         if z < 3:  # no evidence: learnt, after a prior of 360 windows at p and 1
             learnt += 1
             a = max(1 / 1440, 1 / (360 + learnt))
             share = (p if math.isnan(share) else share) * (1 - a) + a * above / n
             disp = (1.0 if math.isnan(disp) else disp) * (1 - a) + a * (above - mu) ** 2 / mu
         checked += 1
+    assert positive > checked // 4  # the recovery was compared where it is not 0
     return checked
+
+
+def _recovered(over: list[bool], u: float, phi: float) -> float:
+    """``<stage>_tail_recovered`` by brute force: every split of the window (oldest
+    first) into an older part above ``u`` (its own share; shrunk toward ``u`` by one
+    request above in 1 / u for the newer part's alternative) and a newer part."""
+    best = 0.0
+    for cut in range(1, len(over)):
+        old, new = over[:cut], over[cut:]
+        a, m, c, k = sum(old), len(old), sum(new), len(new)
+        q = (a + 1) / (m + 1 / u)
+        if q <= u:
+            continue
+        own = min(max(a / m, 1e-12), 1 - 1e-12)
+        e_old = a * math.log(own / u) + (m - a) * math.log((1 - own) / (1 - u))
+        e_new = c * math.log(u / q) + (k - c) * math.log((1 - u) / (1 - q))
+        best = max(best, min(e_old, e_new))
+    return best / phi
+
+
+def test_the_tail_recovers_after_a_few_clean_requests_of_a_fault_that_slowed_them_all() -> None:
+    """A fault that put every request above the baseline is over, by evidence, after a
+    few clean ones; the same few clean requests inside a fault of 3 % stalls are not;
+    nor is a healthy window, slow requests sprinkled at the usual share."""
+    over = [True] * 150
+    clean = next(n for n in range(1, 60) if tail_recovered(np.array(over + [False] * n), 0.01) > 7)
+    assert 5 <= clean <= 12
+    rng = np.random.default_rng(3)
+    stalls = [tail_recovered(rng.random(200) < 0.03, 0.01) for _ in range(500)]
+    healthy = [tail_recovered(rng.random(200) < 0.01, 0.01) for _ in range(500)]
+    assert max(stalls) < 7 and max(healthy) < 7
+    # in runs (a dispersion of 3), the same counts are a third of the evidence
+    runs = np.repeat(np.array(over[:50] + [False] * 20), 3)
+    assert tail_recovered(runs, 0.01, 3.0) == pytest.approx(tail_recovered(runs, 0.01) / 3)
 
 
 def test_the_retriever_tail_counts_requests_above_the_baseline_p99() -> None:

@@ -338,10 +338,10 @@ def test_default_rules_load() -> None:
     assert leak.conditions == (Condition("tte_h", "<", 48.0),)
     # resolved only when both horizons show the growth gone (a sawtooth's recent slope
     # goes negative at each collection, its floor does not)
-    assert leak.resolve == (
+    assert leak.resolve == ((
         Condition("floor_gb_per_hour", "<", 0.05),
         Condition("recent_gb_per_hour", "<", 0.2),
-    )
+    ),)  # fmt: skip
     assert leak.labels == {"team": "ml-platform"}
     assert {"summary", "description", "runbook"} <= set(leak.annotations)
     slow = by_name["GpuMemoryLeakSlow"]  # days to OOM: a warning, not a wake-up
