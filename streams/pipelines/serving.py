@@ -224,7 +224,8 @@ def _tail(
     the baseline quantile against the share of them usually above it (at least the ``p``
     the quantile leaves): a binomial z, its variance times the count's usual dispersion,
     with :data:`TAIL_SLACK` for the baseline's own error; then the usual share and
-    dispersion learn the count, unless it is evidence of a change (:func:`_learnt`)."""
+    dispersion learn the count, unless it is evidence of a change (:func:`_learnt`); and
+    ``<name>_tail_recovered`` (:func:`tail_recovered`)."""
     base = np.where(_trusted(st, rows, (name,)), sig[baseline], NAN)
     ratio, z = np.full(len(rows), NAN), np.full(len(rows), NAN)
     recovered = np.full(len(rows), NAN)
@@ -241,20 +242,36 @@ def _tail(
         # what the row has learnt, or the prior (the quantile's own share, dispersion 1)
         known = (p if share[r] != share[r] else share[r], 1.0 if disp[r] != disp[r] else disp[r])
         usual = max(p, known[0])
-        expected = n * usual
-        ratio[i] = above / expected
-        var = expected * (1.0 - usual) * max(1.0, known[1]) + (TAIL_SLACK * expected) ** 2
-        z[i] = (above - expected) / math.sqrt(var)
-        recovered[i] = tail_recovered(over, usual, known[1])
-        if z[i] < LEARN_Z:
+        ratio[i], z[i] = whole = _count_test(above, n, usual, known[1])
+        recovered[i], newer = tail_recovered(over, usual, known[1])
+        if recovered[i] >= RECOVERED:  # the test is of the requests since it came back,
+            since = over[-newer:]  # unknown while they are fewer than a quantile needs
+            ratio[i], z[i] = (
+                _count_test(int(np.count_nonzero(since)), newer, usual, known[1])
+                if newer >= MIN_VALUES[least]
+                else (NAN, NAN)
+            )
+        if whole[1] < LEARN_Z:  # no evidence of a change (whatever came back since)
             learnt[r] += 1
             a = max(1.0 / TAIL_LEARN, 1.0 / (TAIL_PRIOR + learnt[r]))
-            share[r], disp[r] = _learnt(known, (above / n, (above - expected) ** 2 / expected), a)
+            seen = (above / n, (above - n * usual) ** 2 / (n * usual))
+            share[r], disp[r] = _learnt(known, seen, a)
     sig[f"{name}_tail_ratio"], sig[f"{name}_tail_z"] = ratio, z
     sig[f"{name}_tail_recovered"] = recovered
 
 
-def tail_recovered(over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0) -> float:
+def _count_test(above: int, n: int, usual: float, disp: float) -> tuple[float, float]:
+    """(ratio, z) of ``above`` of ``n`` requests above the baseline quantile against the
+    ``usual`` share: a binomial z, its variance times the count's usual dispersion, with
+    :data:`TAIL_SLACK` for the baseline's own error."""
+    expected = n * usual
+    var = expected * (1.0 - usual) * max(1.0, disp) + (TAIL_SLACK * expected) ** 2
+    return above / expected, (above - expected) / math.sqrt(var)
+
+
+def tail_recovered(
+    over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0
+) -> tuple[float, int]:  # fmt: skip
     """The evidence, in nats, that a window's newest requests are back at the ``usual``
     share above the baseline quantile after an older stretch above it, taken at the
     window's best split into an older and a newer part: the lesser of the older part's
@@ -264,17 +281,19 @@ def tail_recovered(over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0)
     short or mild stretch takes many clean requests to be over. Both divided by the
     count's usual dispersion (slow requests that come in runs are less evidence); 0
     where no older part was above ``usual``. :data:`RECOVERED` nats are odds of ~1000 to 1.
+    Returns the evidence and how many of the newest requests are after the split.
 
     ``over``: whether each request of the window, oldest first, was above the baseline.
     A fault that made every request slow is over after a few clean ones; a retriever that
     still stalls 3 % of its calls never is (a clean request is evidence of 0.02 nats):
 
-    >>> round(tail_recovered(np.array([True] * 150 + [False] * 8), 0.01), 1)
-    7.3
-    >>> tail_recovered(np.array([True] * 150 + [False] * 7), 0.01) < RECOVERED
+    >>> evidence, newer = tail_recovered(np.array([True] * 150 + [False] * 8), 0.01)
+    >>> round(evidence, 1), newer
+    (7.3, 8)
+    >>> tail_recovered(np.array([True] * 150 + [False] * 7), 0.01)[0] < RECOVERED
     True
     >>> tail_recovered(np.array([False] * 200), 0.01)
-    0.0
+    (0.0, 0)
     """
     u = min(usual, 0.5)
     n = len(over)
@@ -286,8 +305,11 @@ def tail_recovered(over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0)
     e_old = old * (np.log(own) - lu) + (m - old) * (np.log1p(-own) - l1u)
     q = (old + 1.0) / (m + 1.0 / u)
     e_new = newer * (lu - np.log(q)) + (k - newer) * (l1u - np.log1p(-q))
-    r = np.minimum(e_old, e_new)[q > u]
-    return float(max(0.0, r.max()) / max(1.0, disp)) if len(r) else 0.0
+    r = np.where(q > u, np.minimum(e_old, e_new), 0.0)
+    best = int(np.argmax(r)) if len(r) else 0
+    if not len(r) or r[best] <= 0.0:
+        return 0.0, 0
+    return float(r[best]) / max(1.0, disp), best + 1
 
 
 def _learnt(

@@ -246,11 +246,18 @@ def _tail_reference(stage: str, baseline: str, p: float, seed: int) -> int:
     pipe = RequestPipeline(RULES)
     minutes: list[list[float]] = []
     share, disp, learnt, checked, positive = math.nan, math.nan, 0, 0, 0
-    for e in _envelopes(lambda t: Service(rpm=40.0, stall_p=0.003), 2.0, seed=seed):
+    since = 0
+
+    def plan(t: float) -> Service:  # 20 minutes of a fault (evidence), then its end
+        if 70 * MIN <= t - T0 < 90 * MIN:
+            return Service(rpm=40.0, retriever_ms=150.0, tpot_ms=60.0)
+        return Service(rpm=40.0, stall_p=0.003)
+
+    for e in _envelopes(plan, 3.0, seed=seed):
         minutes.append([r.e2e_ms if stage == "e2e" else r.stages[stage] for r in e.records])
         pipe.process(e)
         s = pipe.series[("rag", "a")].signals
-        if not s or s.get(f"{stage}_tail_ratio") is None:
+        if not s or s.get(f"{stage}_tail_recovered") is None:  # no test at all
             continue
         window: list[float] = []  # oldest first
         for k, m in enumerate(minutes[:-1][::-1]):  # the newest minute is still open
@@ -264,11 +271,21 @@ def _tail_reference(stage: str, baseline: str, p: float, seed: int) -> int:
         phi = 1.0 if math.isnan(disp) else max(1.0, disp)
         usual = mu / n
         z = (above - mu) / math.sqrt(mu * (1 - usual) * phi + (0.25 * mu) ** 2)
-        assert s[f"{stage}_tail_ratio"] == pytest.approx(above / mu, rel=1e-9)
-        assert s[f"{stage}_tail_z"] == pytest.approx(z, rel=1e-9, abs=1e-12)
-        got = s[f"{stage}_tail_recovered"]
-        assert got == pytest.approx(_recovered([v > base for v in window], usual, phi), abs=1e-9)
-        positive += got > 0  # a few stalls at the start of a window are a stretch above
+        recovered, newer = _recovered([v > base for v in window], usual, phi)
+        assert s[f"{stage}_tail_recovered"] == pytest.approx(recovered, abs=1e-9)
+        positive += recovered > 0  # a few stalls at the start of a window are a stretch
+        ratio, tested = above / mu, z
+        if recovered >= 7:  # came back: the test is of the requests since (unknown while
+            c, m = sum(1 for v in window[-newer:] if v > base), newer * usual  # too few)
+            ratio, tested = c / m, (c - m) / math.sqrt(m * (1 - usual) * phi + (0.25 * m) ** 2)
+            if newer < (100 if p == 0.01 else 40):
+                ratio = tested = math.nan
+            since += 1
+        if math.isnan(tested):
+            assert s[f"{stage}_tail_ratio"] is None and s[f"{stage}_tail_z"] is None
+        else:
+            assert s[f"{stage}_tail_ratio"] == pytest.approx(ratio, rel=1e-9)
+            assert s[f"{stage}_tail_z"] == pytest.approx(tested, rel=1e-9, abs=1e-12)
         if z < 3:  # no evidence: learnt, after a prior of 360 windows at p and 1
             learnt += 1
             a = max(1 / 1440, 1 / (360 + learnt))
@@ -276,16 +293,18 @@ def _tail_reference(stage: str, baseline: str, p: float, seed: int) -> int:
             disp = (1.0 if math.isnan(disp) else disp) * (1 - a) + a * (above - mu) ** 2 / mu
         checked += 1
     assert positive > checked // 4  # the recovery was compared where it is not 0
+    assert since > 0  # and the fault's end came back, by evidence
     return checked
 
 
-def _recovered(over: list[bool], u: float, phi: float) -> float:
+def _recovered(over: list[bool], u: float, phi: float) -> tuple[float, int]:
     """``<stage>_tail_recovered`` by brute force: every split of the window (oldest
     first) into an older part above ``u`` (its own share; shrunk toward ``u`` by one
-    request above in 1 / u for the newer part's alternative) and a newer part."""
-    best = 0.0
-    for cut in range(1, len(over)):
-        old, new = over[:cut], over[cut:]
+    request above in 1 / u for the newer part's alternative) and a newer part; with the
+    newer part's length (the shortest of the best)."""
+    best, newest = 0.0, 0
+    for k in range(1, len(over)):
+        old, new = over[: len(over) - k], over[len(over) - k :]
         a, m, c, k = sum(old), len(old), sum(new), len(new)
         q = (a + 1) / (m + 1 / u)
         if q <= u:
@@ -293,8 +312,9 @@ def _recovered(over: list[bool], u: float, phi: float) -> float:
         own = min(max(a / m, 1e-12), 1 - 1e-12)
         e_old = a * math.log(own / u) + (m - a) * math.log((1 - own) / (1 - u))
         e_new = c * math.log(u / q) + (k - c) * math.log((1 - u) / (1 - q))
-        best = max(best, min(e_old, e_new))
-    return best / phi
+        if min(e_old, e_new) > best:
+            best, newest = min(e_old, e_new), k
+    return best / phi, newest
 
 
 def test_the_tail_recovers_after_a_few_clean_requests_of_a_fault_that_slowed_them_all() -> None:
@@ -302,15 +322,18 @@ def test_the_tail_recovers_after_a_few_clean_requests_of_a_fault_that_slowed_the
     few clean ones; the same few clean requests inside a fault of 3 % stalls are not;
     nor is a healthy window, slow requests sprinkled at the usual share."""
     over = [True] * 150
-    clean = next(n for n in range(1, 60) if tail_recovered(np.array(over + [False] * n), 0.01) > 7)
+    clean = next(
+        n for n in range(1, 60) if tail_recovered(np.array(over + [False] * n), 0.01)[0] > 7
+    )
     assert 5 <= clean <= 12
+    assert tail_recovered(np.array(over + [False] * clean), 0.01)[1] == clean  # since when
     rng = np.random.default_rng(3)
-    stalls = [tail_recovered(rng.random(200) < 0.03, 0.01) for _ in range(500)]
-    healthy = [tail_recovered(rng.random(200) < 0.01, 0.01) for _ in range(500)]
+    stalls = [tail_recovered(rng.random(200) < 0.03, 0.01)[0] for _ in range(500)]
+    healthy = [tail_recovered(rng.random(200) < 0.01, 0.01)[0] for _ in range(500)]
     assert max(stalls) < 7 and max(healthy) < 7
     # in runs (a dispersion of 3), the same counts are a third of the evidence
     runs = np.repeat(np.array(over[:50] + [False] * 20), 3)
-    assert tail_recovered(runs, 0.01, 3.0) == pytest.approx(tail_recovered(runs, 0.01) / 3)
+    assert tail_recovered(runs, 0.01, 3.0)[0] == pytest.approx(tail_recovered(runs, 0.01)[0] / 3)
 
 
 def test_the_retriever_tail_counts_requests_above_the_baseline_p99() -> None:
