@@ -33,7 +33,7 @@ from tests.bench_modules import load
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "transitions" / "ci.json"
-BEFORE = "5b9000a"
+BEFORE = "cabb9ec"
 
 
 @pytest.fixture(scope="module")
