@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from ragwatch.detectors.leak import LeakDetector
 
 GB = 1e9
+ROUNDING = 1e-9  # a bucket step under this share of the memory is rounding, not a rise
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 Rows = npt.NDArray[np.intp]
@@ -543,7 +544,9 @@ class LeakBank:
             # the fast test is a sign test (noise alone: half up, whatever its size; the
             # slope and the margin carry the size); the spread counts the steps that stand
             # out of the noise
-            up = step > 0  # NaN padding: False
+            # a step of rounding is no rise: bucket means of a flat series differ in their
+            # last bits with the order of the sums (NaN padding: False)
+            up = step > ROUNDING * np.abs(vs[:, :-1])
             rise = step > noise[:, None]
         nr = c - k
         has_recent = nr >= self.min_points

@@ -19,7 +19,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ragwatch.detectors.leak_bank import LeakParams
+from ragwatch.detectors.leak_bank import ROUNDING, LeakParams
 
 
 def theil_sen(ts: list[float], vs: list[float]) -> float:
@@ -99,6 +99,7 @@ class LeakReference:
             self.fit = None
             return
         steps = [b - a for a, b in itertools.pairwise(vs)]
+        ups = [b - a > ROUNDING * abs(a) for a, b in itertools.pairwise(vs)]  # not rounding
         mid = statistics.median(steps)
         mad = statistics.median(abs(s - mid) for s in steps)
         self.noise = max(p.noise_k * 1.4826 * mad, p.noise_floor_bytes)
@@ -108,11 +109,11 @@ class LeakReference:
             "slope": theil_sen(ts, vs),
             "span": ts[-1] - ts[0],
             "level": vs[-1],
-            "steadiness": sum(s > 0 for s in steps) / len(steps),
+            "steadiness": sum(ups) / len(steps),
             "rising": sum(s > self.noise for s in steps) / len(steps),
             "recent_slope": theil_sen(ts[k:], vs[k:]) if recent else math.nan,
             "recent_steadiness": (
-                sum(s > 0 for s in steps[k:]) / (len(ts) - k - 1) if recent else math.nan
+                sum(ups[k:]) / (len(ts) - k - 1) if recent else math.nan
             ),
         }
 
