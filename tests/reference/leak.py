@@ -112,9 +112,7 @@ class LeakReference:
             "steadiness": sum(ups) / len(steps),
             "rising": sum(s > self.noise for s in steps) / len(steps),
             "recent_slope": theil_sen(ts[k:], vs[k:]) if recent else math.nan,
-            "recent_steadiness": (
-                sum(ups[k:]) / (len(ts) - k - 1) if recent else math.nan
-            ),
+            "recent_steadiness": (sum(ups[k:]) / (len(ts) - k - 1) if recent else math.nan),
         }
 
     def _close_block(self) -> None:
