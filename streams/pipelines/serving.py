@@ -306,8 +306,8 @@ def tail_recovered(
     q = (old + 1.0) / (m + 1.0 / u)
     e_new = newer * (lu - np.log(q)) + (k - newer) * (l1u - np.log1p(-q))
     r = np.where(q > u, np.minimum(e_old, e_new), 0.0)
-    best = int(np.argmax(r)) if len(r) else 0
-    if not len(r) or r[best] <= 0.0:
+    best = int(np.argmax(r)) if len(r) else -1
+    if best < 0 or r[best] <= 0.0:
         return 0.0, 0
     return float(r[best]) / max(1.0, disp), best + 1
 

@@ -99,7 +99,7 @@ class LeakReference:
             self.fit = None
             return
         steps = [b - a for a, b in itertools.pairwise(vs)]
-        ups = [b - a > ROUNDING * abs(a) for a, b in itertools.pairwise(vs)]  # not rounding
+        ups = [s > ROUNDING * abs(a) for s, a in zip(steps, vs, strict=False)]  # not rounding
         mid = statistics.median(steps)
         mad = statistics.median(abs(s - mid) for s in steps)
         self.noise = max(p.noise_k * 1.4826 * mad, p.noise_floor_bytes)

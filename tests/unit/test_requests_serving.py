@@ -303,8 +303,8 @@ def _recovered(over: list[bool], u: float, phi: float) -> tuple[float, int]:
     request above in 1 / u for the newer part's alternative) and a newer part; with the
     newer part's length (the shortest of the best)."""
     best, newest = 0.0, 0
-    for k in range(1, len(over)):
-        old, new = over[: len(over) - k], over[len(over) - k :]
+    for cut in range(len(over) - 1, 0, -1):  # the shortest newer part first
+        old, new = over[:cut], over[cut:]
         a, m, c, k = sum(old), len(old), sum(new), len(new)
         q = (a + 1) / (m + 1 / u)
         if q <= u:
