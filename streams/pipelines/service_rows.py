@@ -69,7 +69,7 @@ SIGNALS: tuple[str, ...] = (
     "retriever_p99_baseline_ms", "retriever_p99_ratio", "retriever_p99_held_s",
     "retriever_p99_relearned_at", "retriever_p99_relearned_from",
     "retriever_tail_ratio", "retriever_tail_z", "e2e_tail_ratio", "e2e_tail_z",
-    "retriever_tail_recovered", "e2e_tail_recovered",
+    "retriever_tail_recovered", "e2e_tail_recovered", "retriever_tail_cusum", "e2e_tail_cusum",
     "e2e_p95_baseline_ms", "e2e_p95_ratio", "e2e_p95_held_s",
     "e2e_p95_relearned_at", "e2e_p95_relearned_from",
     "outliers", "outlier_ratio", "recent_outliers",
@@ -116,7 +116,8 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
     },
     **{f"{f}_relearned_{x}": (np.float64, math.nan) for f in FAMILIES for x in ("at", "from")},
     # the tail tests' usual share above the baseline quantile, the count's usual variance
-    # over its mean, and how many windows taught them (serving._tail)
+    # over its mean, how many windows taught them, the CUSUM of the requests above it and
+    # the values the window had seen when it last moved (serving._tail)
     **{
         f"{name}_tail_{x}": (dtype, fresh)
         for name in ("retriever", "e2e")
@@ -124,6 +125,8 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
             ("share", np.float64, math.nan),
             ("disp", np.float64, math.nan),
             ("learnt", np.int64, 0),
+            ("cusum", np.float64, 0.0),
+            ("seen", np.int64, -1),
         )
     },
 }

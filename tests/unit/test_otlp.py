@@ -224,7 +224,8 @@ def test_replay_of_an_otlp_json_file_pages_the_slow_instance_only(tmp_path: Path
     path = tmp_path / "traces.otlp.jsonl"
     fleet = Fleet()
     with path.open("wb") as f:
-        for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 720):  # 2 h
+        # 3 h: 3 % of stalls at 30 requests a minute page by evidence over ~800 of them
+        for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 1080):
             for env in batch:
                 if spans := fleet.spans(env):
                     f.write(otlp_json(spans) + b"\n")
