@@ -166,10 +166,17 @@ FAULT_HOURS = {  # simulated hours per fault scenario: enough for every expected
     "all": 13.0,
 }
 HEALTHY_DAYS = 7.0
-TARGET_MIN = {"GpuMemoryLeak": 30.0, "ThroughputDrop": 6.0, "RetrievalSlowdown": 5.0}
+# the seed's targets (issue 30: tokens/request and decode speed within 6 minutes; demand,
+# ThroughputDrop, pages only on a collapse to a tenth since, and the seed's -37 % is not one)
+TARGET_MIN = {
+    "GpuMemoryLeak": 30.0,
+    "TokensPerRequestDrop": 6.0,
+    "DecodeSpeedDrop": 6.0,
+    "RetrievalSlowdown": 5.0,
+}
 _OOM = ("GpuOomKill", "GpuMemoryLeak", "GpuMemoryHigh")
 GPU_EXPECTED = {"leak": ("GpuMemoryLeak",), "oom": _OOM, "all": _OOM}
-_THROUGHPUT = ("TokensPerRequestDrop", "ThroughputDrop")
+_THROUGHPUT = ("TokensPerRequestDrop", "DecodeSpeedDrop")
 REQUEST_EXPECTED = {
     "throughput": _THROUGHPUT,
     "retrieval": ("RetrievalSlowdown",),

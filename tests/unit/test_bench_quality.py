@@ -43,12 +43,12 @@ def test_score_splits_expected_missed_and_unexpected(quality: ModuleType) -> Non
     run = {
         "job": {"hours": 2.0},
         "fault_start_ts": 1000.0,
-        "expected": [("ThroughputDrop", svc), ("RetrievalSlowdown", svc)],
+        "expected": [("DecodeSpeedDrop", svc), ("RetrievalSlowdown", svc)],
         "fault_targets": [svc],
         "firing": [
             _firing("E2eLatencyDeviation", svc, 4.0),
-            _firing("ThroughputDrop", svc, 7.0),
-            _firing("ThroughputDrop", other, 9.0),
+            _firing("DecodeSpeedDrop", svc, 7.0),
+            _firing("DecodeSpeedDrop", other, 9.0),
         ],
         "envelopes": 3,
         "wall_s": 0.1,
@@ -61,5 +61,5 @@ def test_score_splits_expected_missed_and_unexpected(quality: ModuleType) -> Non
     assert retrieval["fired_min"] is None and retrieval["met"] is False
     assert [(u["rule"], u["on_fault_target"]) for u in r["unexpected"]] == [
         ("E2eLatencyDeviation", True),
-        ("ThroughputDrop", False),
+        ("DecodeSpeedDrop", False),
     ]
