@@ -33,7 +33,7 @@ from tests.bench_modules import load
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "transitions" / "ci.json"
-BEFORE = "4707de2"
+BEFORE = "435c586"
 
 
 @pytest.fixture(scope="module")
