@@ -42,6 +42,7 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
         *_MEMORY_SIGNALS,
         "attributed_gb_per_hour",  # the recent growth the GPU's processes explain
         "unattributed_gb_per_hour",  # the GPU's recent growth less that
+        "unattributed_growth_gb",  # memory no process holds: now less its 1-2 h low
         "fb_used_ratio",
         "gpu_util",
         "mem_copy_util",
