@@ -95,3 +95,54 @@ def test_a_process_that_restarts_and_leaks_again_pages_from_its_new_pid_only() -
         ("GpuMemoryLeak", "4011"),
         ("GpuMemoryLeak", "4012"),
     ]
+
+
+def _growth(pipe: GpuPipeline) -> float | None:
+    (view,) = (v for k, v in pipe.host_series("gpu-node-01").items() if k[3] == -1)
+    return view.signals["unattributed_growth_gb"]
+
+
+def test_the_memory_no_process_holds_grows_only_where_no_process_explains_it() -> None:
+    """``unattributed_growth_gb``: the memory no listed process holds (the GPU's less its
+    processes'), now less its low-water mark of this hour and the hour before. A process
+    that holds every step of the GPU's growth leaves it at 0 (a caching allocator's
+    morning: its GPU's robust slope is not the sum of its processes', but the memory
+    nobody holds does not move); memory that no listed process holds grows it by what
+    it grew since the hour before began; a gap of more than an hour forgets the hour
+    before."""
+
+    def feed(pipe: GpuPipeline, t: float, gpu_gb: float, proc_gb: float) -> None:
+        procs = (ProcessSample(4011, "rag-worker", int(proc_gb * GB)),) if proc_gb else ()
+        sample = GpuSample(0, "GPU-8f2c", "H100", int(gpu_gb * GB), int(80 * GB), procs=procs)
+        pipe.process(GpuEnvelope("gpu-node-01", T0 + t, (sample,)))
+
+    steps, hidden = GpuPipeline(load_rules()), GpuPipeline(load_rules())
+    for minute in range(3 * 60):  # steps of 0.5 GB every 20 min, held by the process
+        held = 20.0 + 0.5 * (minute // 20)
+        feed(steps, 60.0 * minute, held + 0.54, held)
+        # 1.2 GB/h in memory no process lists (a MIG instance, another PID namespace)
+        feed(hidden, 60.0 * minute, 20.54 + 1.2 * minute / 60, 20.0)
+    assert _growth(steps) == pytest.approx(0.0, abs=1e-9)
+    # at 02:59 the low is the hour before's (01:00): 1.2 GB/h for 1 h 59 min
+    assert _growth(hidden) == pytest.approx(1.2 * 119 / 60, abs=1e-6)
+    feed(hidden, 5 * H, 26.0, 20.0)  # two hours later: only this hour's sample is known
+    assert _growth(hidden) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_snapshot_from_before_the_residual_columns_adopts_them_afresh() -> None:
+    """A dump written before ``residual*`` existed: those columns are unknown, and the
+    next sample starts the low-water mark again (the memory nobody holds grew 0 since)."""
+    pipe = GpuPipeline(load_rules())
+    for minute in range(90):
+        sample = GpuSample(0, "GPU-8f2c", "H100", int((20.0 + minute / 60) * GB), int(80 * GB))
+        pipe.process(GpuEnvelope("gpu-node-01", T0 + 60.0 * minute, (sample,)))
+    assert _growth(pipe) == pytest.approx(89 / 60, abs=1e-6)
+    state = pipe.dump("gpu-node-01")
+    for name in ("residual", "residual_lo", "residual_lo_before", "residual_block"):
+        del state["columns"][name]
+    restored = GpuPipeline(load_rules())
+    assert restored.adopt("gpu-node-01", state) == 1
+    assert _growth(restored) is None  # not known until a sample comes
+    sample = GpuSample(0, "GPU-8f2c", "H100", int(21.5 * GB), int(80 * GB))
+    restored.process(GpuEnvelope("gpu-node-01", T0 + 5400.0, (sample,)))
+    assert _growth(restored) == pytest.approx(0.0, abs=1e-9)
