@@ -99,6 +99,9 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     "ttft_net_p95_excess_ms", "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio",
     "queue_p95_excess_ms", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
     "clustered_requests", *_baseline_signals("service"),
+    # 1 while a serving baseline holds a deviation back at the same hour as a day or two
+    # before, no higher (streams/pipelines/recurrence.py)
+    "decode_recurring", "ttft_net_p95_recurring", "queue_p95_recurring",
 )  # fmt: skip
 # a cumulative count of the evidence behind a series' signals, for keep_firing_requests
 EVIDENCE_SIGNAL = {"service": "requests_total"}

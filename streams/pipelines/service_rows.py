@@ -76,12 +76,13 @@ SIGNALS: tuple[str, ...] = (
     "new_outlier_cluster", "outlier_cluster_size", "outlier_cluster_active",
     # what the service controls against its baselines (streams/pipelines/serving.py)
     "decode_tps", "decode_baseline_tps", "decode_deviation", "decode_z", "decode_requests",
-    "decode_held_s", "decode_relearned_at", "decode_relearned_from",
+    "decode_held_s", "decode_relearned_at", "decode_relearned_from", "decode_recurring",
     "ttft_net_p95_ms", "ttft_net_p95_baseline_ms", "ttft_net_p95_ratio",
     "ttft_net_p95_excess_ms", "ttft_net_p95_held_s", "ttft_net_p95_relearned_at",
-    "ttft_net_p95_relearned_from",
+    "ttft_net_p95_relearned_from", "ttft_net_p95_recurring",
     "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio", "queue_p95_excess_ms",
     "queue_p95_held_s", "queue_p95_relearned_at", "queue_p95_relearned_from",
+    "queue_p95_recurring",
     "window_errors", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
 )  # fmt: skip
 SIGNAL_AT = {name: i for i, name in enumerate(SIGNALS)}
@@ -128,6 +129,13 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
             ("cusum", np.float64, 0.0),
             ("seen", np.int64, -1),
         )
+    },
+    # each serving baseline's hold under way (its start, highest value over the baseline,
+    # last close) and the last two that lasted an hour or more (recurrence.py)
+    **{
+        f"{family}_hold{x}": (np.float64, math.nan)
+        for family in SERVING
+        for x in ("_at", "_peak", "_last", "0_at", "0_peak", "1_at", "1_peak")
     },
 }
 

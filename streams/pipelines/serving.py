@@ -49,7 +49,9 @@ The baselines judge (and the tests are known) once the window has taken
 series (a level, or a trend fitted to a quiet start) cannot tell a fault from its own
 error. Each baseline also has ``<family>_held_s``, ``_relearned_at`` and ``_relearned_from``
 (families ``decode``, ``ttft_net_p95``, ``queue_p95``; ``decode_relearned_from`` in
-tokens per second, as its baseline).
+tokens per second, as its baseline), and ``<family>_recurring``: 1 while it holds a
+deviation that came back at the same hour as one of the day or two before, no higher
+(:mod:`~.recurrence`: the service's daily rhythm, which a hold keeps from learning).
 
 >>> from ragwatch.streams.pipelines.service_rows import ServiceRows
 >>> st = ServiceRows(bucket_s=60.0, rate_max_s=600.0, tail=(200, 120.0, 3600.0),
@@ -76,6 +78,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.streams.pipelines.evidence import MIN_VALUES, TRUST_VALUES, TailWindow
+from ragwatch.streams.pipelines.recurrence import recurring
 from ragwatch.streams.pipelines.service_rows import SERVING, ServiceRows
 
 F64 = npt.NDArray[np.float64]
@@ -165,10 +168,13 @@ def _judge(st: ServiceRows, rows: Rows, end: F64, values: F64, sig: Signals) -> 
     held = st.serving.held_s(three, ends)
     at, before = st.serving.relearned_at[three], st.serving.relearned_before[three]
     k = len(rows)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = values / base
     for i, name in enumerate(SERVING):
         part = slice(i * k, (i + 1) * k)
         sig[f"{name}_held_s"], sig[f"{name}_relearned_at"] = held[part], at[part]
         sig[f"{name}_relearned_from"] = before[part]
+        sig[f"{name}_recurring"] = recurring(st, rows, end, held[part], ratio[part], name)
     sig["decode_relearned_from"] = _per_s(before[:k])  # in tokens/s, as its baseline
     return base, st.serving.log_var(three, ends)
 

@@ -32,7 +32,7 @@ from ragwatch.streams.pipelines.serving import (
 )
 
 T0 = 1_700_006_400.0  # a Wednesday 00:00 UTC (a multiple of a day)
-MIN, HOUR = 60.0, 3600.0
+MIN, HOUR, DAY = 60.0, 3600.0, 86400.0
 RULES = [r for r in load_rules() if r.series == "service"]
 
 
@@ -481,3 +481,40 @@ def test_a_snapshot_keeps_the_serving_baselines_and_an_older_one_starts_them_fre
         fresh.rows.latency.baseline(both[0], at).tolist()
         == pipe.rows.latency.baseline(both[1], at).tolist()
     )
+
+
+# ---------------------------------------------------------------------- daily rhythm
+
+
+def _evenings(extra: Callable[[float], float] = lambda t: 0.0) -> Plan:
+    """A queue that builds every evening (18:00-21:00, up to 1.5 s on a 15 ms wait) at the
+    same demand, plus ``extra`` ms at ``t``."""
+
+    def plan(t: float) -> Service:
+        hour = (t - T0) % DAY / HOUR
+        evening = 1500.0 * max(0.0, 1.0 - abs(hour - 19.5) / 1.5)
+        return Service(rpm=10.0, queue_ms=15.0 + evening + extra(t))
+
+    return plan
+
+
+def test_a_queue_that_builds_every_evening_pages_the_first_evening_only() -> None:
+    """The serving baseline holds the evening's queue each day and never learns it; the
+    hold that comes back at the same hour, no higher, is the rhythm (recurrence.py)."""
+    fired = _firing(_run(_evenings(), 3 * 24.0), "QueueWaitHigh")
+    assert len(fired) <= 1
+    assert all(at - T0 < DAY for _, at in fired)
+
+
+def test_a_queue_fault_beside_the_evening_rhythm_still_pages() -> None:
+    """At another hour (06:00 on the third day), or at the evening peak but ten times
+    higher than the evenings before: a fault, not the rhythm."""
+    for start, extra, hours in (
+        (2 * DAY + 6 * HOUR, 8000.0, 56.0),
+        (2 * DAY + 19 * HOUR, 15_000.0, 69.0),
+    ):
+        at = T0 + start
+        plan = _evenings(lambda t, at=at, extra=extra: extra if at <= t < at + HOUR else 0.0)
+        fired = [when for _, when in _firing(_run(plan, hours), "QueueWaitHigh")]
+        later = [when for when in fired if when >= T0 + DAY]  # (the first evening may page)
+        assert later != [] and all(at <= when < at + 20 * MIN for when in later), (start, fired)
