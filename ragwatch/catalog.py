@@ -94,6 +94,7 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     "errors_baseline", "errors_z", "window_errors",
     "retriever_tail_ratio", "retriever_tail_z", "e2e_tail_ratio", "e2e_tail_z",
     "retriever_tail_recovered", "e2e_tail_recovered", "retriever_tail_cusum", "e2e_tail_cusum",
+    "retriever_p99_z", "e2e_p95_z",
     "decode_tps", "decode_baseline_tps", "decode_deviation", "decode_z", "decode_requests",
     "ttft_net_p95_ms", "ttft_net_p95_baseline_ms", "ttft_net_p95_ratio",
     "ttft_net_p95_excess_ms", "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio",

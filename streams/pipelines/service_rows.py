@@ -70,6 +70,7 @@ SIGNALS: tuple[str, ...] = (
     "retriever_p99_relearned_at", "retriever_p99_relearned_from",
     "retriever_tail_ratio", "retriever_tail_z", "e2e_tail_ratio", "e2e_tail_z",
     "retriever_tail_recovered", "e2e_tail_recovered", "retriever_tail_cusum", "e2e_tail_cusum",
+    "retriever_p99_z", "e2e_p95_z",
     "e2e_p95_baseline_ms", "e2e_p95_ratio", "e2e_p95_held_s",
     "e2e_p95_relearned_at", "e2e_p95_relearned_from",
     "outliers", "outlier_ratio", "recent_outliers",
