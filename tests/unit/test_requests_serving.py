@@ -79,6 +79,7 @@ class Service:
     queue_ms: float = 15.0  # mean wait
     retriever_ms: float = 36.0
     stall_p: float = 0.0  # retrievals that stall 90-200 ms
+    prefill_ms: float = 80.0
     error_p: float = 0.002
     output_median: float = 200.0
 
@@ -92,7 +93,7 @@ def _record(rng: random.Random, s: Service, ts: float) -> RequestRecord:
     retr = s.retriever_ms * math.exp(rng.gauss(0, 0.25))
     if rng.random() < s.stall_p:
         retr = rng.uniform(90.0, 200.0)
-    prefill = 80.0 * math.exp(rng.gauss(0, 0.2))
+    prefill = s.prefill_ms * math.exp(rng.gauss(0, 0.2))
     tpot = s.tpot_ms * math.exp(rng.gauss(0, 0.15))
     ttft = queue + retr + prefill + tpot
     e2e = ttft + tpot * (out - 1) + 2.0
@@ -518,3 +519,37 @@ def test_a_queue_fault_beside_the_evening_rhythm_still_pages() -> None:
         fired = [when for _, when in _firing(_run(plan, hours), "QueueWaitHigh")]
         later = [when for when in fired if when >= T0 + DAY]  # (the first evening may page)
         assert later != [] and all(at <= when < at + 20 * MIN for when in later), (start, fired)
+
+
+# ---------------------------------------------------------------------- baseline's doubt
+
+
+@pytest.mark.parametrize("start_h", [3.0, 50.0])
+def test_a_sudden_doubling_pages_e2e_on_a_young_baseline_and_a_baseline_of_days(
+    start_h: float,
+) -> None:
+    """``e2e_p95_z`` (the log ratio in standard deviations of the baseline's own
+    uncertainty) keeps E2eLatencyDeviation off a baseline that cannot vouch for its level
+    (bench/space_real.py seed 4: a first trusted night held for hours, z 1.3), not off a
+    sudden fault: at its onset a held forecast is sharp, on the first hours of a series
+    as on a baseline of two days. The signal is the bank's: log(ratio) / sqrt(log_var)."""
+    start = T0 + start_h * HOUR
+    slow = Service(rpm=20.0, prefill_ms=12_000.0)  # +12 s before the first token: P95 2.1x
+    zs: list[float] = []
+
+    def watch(pipe: RequestPipeline) -> None:
+        view = pipe.series[("rag", "a")]
+        z, ratio, end = (
+            view.signals.get("e2e_p95_z"),
+            view.signals.get("e2e_p95_ratio"),
+            view.bucket_end,
+        )
+        if z is not None and ratio is not None and end is not None:
+            st, row = pipe.rows, pipe.rows.index.get(("rag", "a"))
+            lv = st.latency.log_var(st.both(np.array([row])), np.full(2, end))[1]
+            zs.append(abs(z - math.log(ratio) / math.sqrt(lv)))
+
+    plan = _at(start, slow, start + HOUR)
+    out = _run(lambda t: replace(plan(t), rpm=20.0), start_h + 2.0, watch=watch)
+    assert [r for r, _ in _firing(out, "E2eLatencyDeviation")] == ["E2eLatencyDeviation"]
+    assert zs and max(zs) < 1e-9
