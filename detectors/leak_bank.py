@@ -66,7 +66,11 @@ if TYPE_CHECKING:
     from ragwatch.detectors.leak import LeakDetector
 
 GB = 1e9
-ROUNDING = 1e-9  # a bucket step under this share of the memory is rounding, not a rise
+# A bucket step under this share of the memory is rounding, not a rise; and a level above
+# the known range by the margin plus this much is above it (bucket means differ in their
+# last bits with the order of the sums: a level exactly 0.25 GB over, as a stream of
+# quarter-GB steps has, was over it by one rounding and not over it by another)
+ROUNDING = 1e-9
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 Rows = npt.NDArray[np.intp]
@@ -673,7 +677,10 @@ class LeakBank:
             fast = (
                 (self.recent_slope[r] * hour > p.fast_gb_per_hour)
                 & (self.recent_steadiness[r] > p.fast_steadiness)
-                & (self.level[r] - self.known[r] > p.margin_bytes)
+                & (
+                    self.level[r] - self.known[r]
+                    > p.margin_bytes + ROUNDING * np.abs(self.level[r])
+                )
                 & self.whole_recent(r)
             )
             slow = (

@@ -162,7 +162,7 @@ class LeakReference:
         if (
             fit["recent_slope"] * hour > p.fast_gb_per_hour
             and fit["recent_steadiness"] > p.fast_steadiness
-            and fit["level"] - floor["known"] > p.margin_bytes
+            and fit["level"] - floor["known"] > p.margin_bytes + ROUNDING * abs(fit["level"])
             and fit["span"] >= p.recent_s - p.bucket
         ):
             fast = fit["recent_slope"]

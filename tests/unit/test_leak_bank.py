@@ -12,7 +12,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ragwatch.detectors.leak import LeakDetector
@@ -160,6 +160,12 @@ def test_a_leak_given_back_by_an_oom_kill_is_history_at_once() -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(  # found by CI: a level exactly 0.25 GB over the known range, by one rounding
+    seed=311,
+    rows=1,
+    batch=1,
+    params={"window_s": 1800.0, "min_span_s": 300.0, "recent_s": 600.0, "floor_horizon_s": 3600.0},
+)
 @given(
     seed=st.integers(0, 2**32 - 1),
     rows=st.integers(1, 5),
