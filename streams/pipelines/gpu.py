@@ -385,9 +385,7 @@ class _Signals(Mapping[str, F64]):
         return self["leak_gb_per_hour"] - self["attributed_gb_per_hour"]
 
     def _unattributed_growth_gb(self) -> F64:
-        p = self._p
-        low = np.fmin(p.residual_lo[self._r], p.residual_lo_before[self._r])
-        return (p.residual[self._r] - low) / GB
+        return self._p.residual_growth_gb(self._r)
 
     def _fb_used_ratio(self) -> F64:
         total = self["fb_total_bytes"]
@@ -889,6 +887,12 @@ class GpuPipeline:
         self.residual_block[r] = block
         self.residual[r] = residual
 
+    def residual_growth_gb(self, r: Rows) -> F64:
+        """``unattributed_growth_gb`` of GPU rows ``r``: the memory no listed process holds,
+        now less its low-water mark of this hour and the hour before (:meth:`_residual`)."""
+        low = np.fmin(self.residual_lo[r], self.residual_lo_before[r])
+        return (self.residual[r] - low) / GB
+
     def _evaluate(self, r: Rows, ts: F64, out: list[Transition]) -> None:
         """The rules on the wave's rows ``r`` (sampled at ``ts``), in sample order."""
         picked: list[tuple[int, int, list[Rule], list[npt.NDArray[np.bool_]] | None]] = []
@@ -976,11 +980,10 @@ class GpuPipeline:
         ]  # fmt: skip
         if self.is_gpu[row]:
             attributed = float(self.attributed[row])
-            low = np.fmin(self.residual_lo[row], self.residual_lo_before[row])
             values += [
                 attributed,
                 leak_gb - attributed,
-                float(self.residual[row] - low) / GB,
+                float(self.residual_growth_gb(np.array([row]))[0]),
                 used / total if total != 0 else nan,
                 float(self.gpu_util[row]),
                 float(self.mem_copy_util[row]),

@@ -15,12 +15,13 @@ whatever the services of its envelopes.
 
 Exactly the arithmetic of the object version (``tests/reference/requests_objects.py``, one
 :class:`ServiceSeries` at a time) for the signals it had, in the same order (the signals
-added since, :mod:`~.serving`'s and ``window_errors``, are held to brute-force references
-with a tolerance, ``tests/unit/test_requests_serving.py``): numpy's ``+ - * /``, square root and
-comparisons round as Python's floats do, but its ``exp``, ``log`` and ``**`` do not always
-(SIMD implementations), so those go element by element through :mod:`math`
-(``_each``). ``tests/unit/test_requests_columnar.py`` holds every signal of every close to
-the object version's, bit for bit.
+added since, :mod:`~.serving`'s, ``window_errors`` and the latency baselines' ``*_z``,
+are held to brute-force references with a tolerance,
+``tests/unit/test_requests_serving.py``): numpy's ``+ - * /``, square root and comparisons
+round as Python's floats do, but its ``exp``, ``log`` and ``**`` do not always (SIMD
+implementations), so those go element by element through :mod:`math` (``_each``).
+``tests/unit/test_requests_columnar.py`` holds every signal of every close to the object
+version's, bit for bit.
 """
 
 from __future__ import annotations
@@ -453,10 +454,26 @@ def _latency(st: ServiceRows, c: _Round, sig: Signals) -> None:
         ok = ~np.isnan(value) & ~np.isnan(base) & (base != 0)
         ratio = np.where(ok, value / np.where(ok, base, 1.0), NAN)
     at, before = st.latency.relearned_at[both], st.latency.relearned_before[both]
+    z = _latency_z(ratio, st.latency.log_var(both, ends))
     for name, part in (("retriever_p99", slice(0, k)), ("e2e_p95", slice(k, 2 * k))):
         sig[f"{name}_baseline_ms"], sig[f"{name}_ratio"] = base[part], ratio[part]
-        sig[f"{name}_held_s"] = held[part]
+        sig[f"{name}_held_s"], sig[f"{name}_z"] = held[part], z[part]
         sig[f"{name}_relearned_at"], sig[f"{name}_relearned_from"] = at[part], before[part]
+
+
+def _latency_z(ratio: F64, log_var: F64) -> F64:
+    """``retriever_p99_z`` and ``e2e_p95_z``: the log of the window's quantile over its
+    baseline (``ratio``), in standard deviations of the baseline's own uncertainty
+    (:meth:`~.latency_bank.LatencyBank.log_var`: the level's, grown with the steps a hold
+    has lasted, and the entries' scatter around it, which holds the window quantile's own
+    sampling noise). A baseline that has seen a day knows a night's P95 within ~10-20 %
+    and a doubling is 3.5 to 12 of them; on its first night it has seen no night, and
+    after holding for hours it has watched the level drift: a doubling there was 1.2
+    to 1.7 (bench/space_real.py seed 4, whose first trusted night paged
+    E2eLatencyDeviation)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.log(ratio) / np.sqrt(log_var)
+    return np.where(log_var > 0, z, NAN)
 
 
 # ---------------------------------------------------------------------- outliers

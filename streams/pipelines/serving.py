@@ -33,10 +33,6 @@ more):
   baseline itself). A few stalls of a healthy
   retriever move a window's P99 a lot and this count hardly at all; a tail that really
   changed puts many requests above the old P99.
-- ``retriever_p99_z`` and ``e2e_p95_z``: the log of the window's quantile over its
-  baseline in standard deviations of the baseline's own uncertainty (:func:`_latency_z`):
-  a young baseline, or one held for hours, knows its level to within a factor of 1.5 to
-  2, a baseline of days to within 10-20 %;
 - ``e2e_tail_ratio`` and ``e2e_tail_z``: the same test of the requests' end-to-end times
   against the baseline P95 (5 % above it): a few long answers of a heavy-tailed mix on a
   quiet instance double a window's P95, not the count above the baseline's.
@@ -67,7 +63,7 @@ deviation that came back at the same hour as one of the day or two before, no hi
 ...     st.tails[row].push(60.0 * minute, {"tpot": [ms] * 300})
 ...     sig = {name: np.array([np.nan])   # what the close computed before: unknown here
 ...            for name in ("retriever_p99_baseline_ms", "queue_p95_ms", "e2e_p95_ms",
-...                         "e2e_p95_baseline_ms", "retriever_p99_ratio", "e2e_p95_ratio")}
+...                         "e2e_p95_baseline_ms")}
 ...     serving_signals(st, rows, np.array([60.0 * minute]), sig)
 >>> [round(float(sig[name][0]), 2) for name in ("decode_tps", "decode_baseline_tps",
 ...                                             "decode_deviation")]
@@ -149,7 +145,6 @@ def serving_signals(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None
     sig["queue_p95_excess_ms"] = np.where(none, 0.0, sig["queue_p95_excess_ms"])
     _tail(st, rows, end, sig, "retriever", "retriever_p99_baseline_ms", TAIL_P, "p99")
     _tail(st, rows, end, sig, "e2e", "e2e_p95_baseline_ms", E2E_TAIL_P, "p95")
-    _latency_z(st, rows, end, sig)
     _recent_tokens(st, rows, end, sig)
 
 
@@ -182,24 +177,6 @@ def _judge(st: ServiceRows, rows: Rows, end: F64, values: F64, sig: Signals) -> 
         sig[f"{name}_recurring"] = recurring(st, rows, end, held[part], ratio[part], name)
     sig["decode_relearned_from"] = _per_s(before[:k])  # in tokens/s, as its baseline
     return base, st.serving.log_var(three, ends)
-
-
-def _latency_z(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
-    """``retriever_p99_z`` and ``e2e_p95_z``: the log of the window's quantile over its
-    baseline, in standard deviations of the baseline's own uncertainty
-    (:meth:`~.latency_bank.LatencyBank.log_var`: the level's, grown with the steps a hold
-    has lasted, and the entries' scatter around it, which holds the window quantile's own
-    sampling noise). A baseline that has seen a day knows a night's P95 within ~10-20 %
-    and a doubling is 3.5 to 12 of them; on its first night it has seen no night, and
-    after holding for hours it has watched the level drift: a doubling there was 1.2
-    to 1.7 (bench/space_real.py seed 4, whose first trusted night paged
-    E2eLatencyDeviation)."""
-    k = len(rows)
-    lv = st.latency.log_var(st.both(rows), np.concatenate([end, end]))
-    for name, part in (("retriever_p99", slice(0, k)), ("e2e_p95", slice(k, 2 * k))):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.log(sig[f"{name}_ratio"]) / np.sqrt(lv[part])
-        sig[f"{name}_z"] = np.where(lv[part] > 0, z, NAN)
 
 
 def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
