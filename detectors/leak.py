@@ -19,7 +19,6 @@ over the window at the leak rate: 0 while warming up and without a leak.
 from __future__ import annotations
 
 import math
-from array import array
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,6 @@ import numpy as np
 from ragwatch.detectors.base import register
 from ragwatch.detectors.leak_bank import (
     GB,
-    NO_BUCKET,
     LeakBank,
     LeakEstimate,
     LeakParams,
@@ -59,9 +57,6 @@ class LeakDetector:
         return {"params": self.params.as_dict(), "row": self.bank.dump(_ROW)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if "_points" in state:  # a pickle of the object detector (snapshots of version 5)
-            self.bank = _from_object_state(state)
-            return
         self.bank = LeakBank(1, **state["params"])
         self.bank.load(_ROW, state["row"])
 
@@ -90,27 +85,3 @@ class LeakDetector:
 
     def score_one(self, x: dict[str, Any]) -> float:
         return float(self.bank.scores(_ROW)[0])
-
-
-def _from_object_state(state: dict[str, Any]) -> LeakBank:
-    """The one-row bank of a pickled object detector (its window; the floor starts fresh)."""
-    keys = ("window_s", "bucket_s", "min_span_s", "min_points", "scale_bytes", "recent_s")
-    bank = LeakBank(1, **{k: state[k] for k in keys})
-    flat = array("d")
-    flat.frombytes(state["_points"])
-    n = len(flat) // 2
-    if n >= bank.points_max:
-        raise ValueError("leak detector of more points than its window holds")
-    bank.pts_t[0, :n], bank.pts_v[0, :n] = flat[0::2], flat[1::2]
-    bank.count[0], bank.late[0] = n, int(state["late"])
-    bank.bucket[0] = NO_BUCKET if state["_bucket"] is None else int(state["_bucket"])
-    bank.n[0], bank.tsum[0], bank.mean[0] = state["_n"], state["_tsum"], state["_mean"]
-    est: LeakEstimate | None = state["_estimate"]
-    bank.has[0] = est is not None
-    if est is not None:
-        bank.slope[0], bank.span[0] = est.slope_bytes_per_s, est.span_s
-        bank.level[0], bank.steadiness[0] = est.level_bytes, est.steadiness
-        recent, steady = est.recent_slope_bytes_per_s, est.recent_steadiness
-        bank.recent_slope[0] = math.nan if recent is None else recent
-        bank.recent_steadiness[0] = math.nan if steady is None else steady
-    return bank

@@ -91,10 +91,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from ragwatch.detectors.base import register
-from ragwatch.detectors.seasonal_bank import DAY, NO_DAY, SeasonalBank, SeasonalParams
+from ragwatch.detectors.seasonal_bank import DAY, SeasonalBank, SeasonalParams
 
 __all__ = ["DAY", "Forecast", "Relearned", "SeasonalBaseline", "SeasonalParams"]
 
@@ -286,72 +284,20 @@ class SeasonalBaseline:
             return 1.0 if d > 1e-9 * max(1.0, abs(f.mean)) else 0.0
         return min(1.0, max(0.0, (d / sd - 3.0) / 3.0))
 
-    # -- pickling (snapshots before the engine-series format held these objects) --------
+    # -- pickling (a copy of the one row) ------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         river = (self._open, self._mean, self._count, self._scale)
         return {"params": self.params.as_list(), "bank": self._bank.dump([0]), "river": river}
 
     def __setstate__(self, state: Any) -> None:
-        """From :meth:`__getstate__`, or an object pickled before the bank was the
-        implementation (its slots: the weekly table starts fresh)."""
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
-            _legacy(self, state[1])
-            return
+        """From :meth:`__getstate__`."""
         values: list[Any] = [None if math.isnan(v) else v for v in state["params"]]
         params = SeasonalParams(*values)
         params = replace(params, days=int(params.days), warmup=int(params.warmup))
         self._bank = SeasonalBank(params, capacity=1)
         self._bank.load([0], state["bank"])
         self._open, self._mean, self._count, self._scale = state["river"]
-
-
-# the state of a baseline pickled as an object (snapshot formats 5 and 6): its slots -> rows
-_LEGACY = (
-    ("_l", "level"), ("_b", "trend"), ("_p00", "p00"), ("_p01", "p01"), ("_p11", "p11"),
-    ("_t", "at"), ("_n", "n"), ("model_var", "model_var"), ("_run", "run"),
-    ("_drift", "drift"), ("_day", "day"), ("_row", "cur"), ("_refreshed", "refreshed"),
-    ("_held_since", "held_since"), ("_held_q", "held_q"), ("late", "late"),
-    ("outliers", "outliers"),
-)  # fmt: skip
-_LEGACY_PARAMS = (
-    "step_s", "season_s", "slot_s", "days", "level_noise", "trend_noise", "damping",
-    "min_coverage", "warmup", "hold_max_s", "outlier_z", "unprofiled_hold_s",
-)  # fmt: skip
-
-
-def _legacy(base: SeasonalBaseline, s: dict[str, Any]) -> None:
-    """``base`` from the slots of an object of the previous implementation (ValueError if
-    they do not fit)."""
-    try:
-        params = SeasonalParams(**{k: s[k] for k in _LEGACY_PARAMS if k in s})
-        bank = SeasonalBank(params, capacity=1)
-        for slot, name in _LEGACY:
-            v = s[slot]
-            none = NO_DAY if slot == "_day" else math.nan
-            getattr(bank, name)[0] = none if v is None else v
-        rel = s["relearned"]
-        if rel is not None:
-            bank.rel_at[0], bank.rel_held_s[0] = rel.at, rel.held_s
-            bank.rel_before[0], bank.rel_after[0] = rel.before, rel.after
-        if s["_profile"] is not None:
-            bank.profile[0], bank.profiled[0] = list(s["_profile"]), True
-        days = list(s["_row_day"])
-        k = len(days)
-        w, zw = np.asarray(s["_w"], dtype=float), np.asarray(s["_zw"], dtype=float)
-        if k > params.days or len(w) != k * params.slots or len(zw) != len(w):
-            raise ValueError("seasonal: a baseline's cells do not fit")
-        # through dump/load: the checks a snapshot gets
-        data = bank.dump([0])
-        data["row_day"] = np.asarray(days + [0] * (params.days - k), dtype="<i8").tobytes()
-        data["nrows"] = np.asarray([k], dtype="<i8").tobytes()
-        data["cell_w"], data["cell_zw"] = w.astype("<f8").tobytes(), zw.astype("<f8").tobytes()
-        bank.load([0], data)
-    except (KeyError, TypeError, AttributeError, OverflowError) as e:
-        raise ValueError(f"seasonal: a pickled baseline that does not fit: {e}") from None
-    base._bank = bank
-    base._open, base._mean = s.get("_open"), s.get("_mean", 0.0)
-    base._count, base._scale = s.get("_count", 0), s.get("_scale")
 
 
 def _read(x: dict[str, Any]) -> tuple[float, float]:

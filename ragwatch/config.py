@@ -17,6 +17,7 @@ a bad one is one :class:`~ragwatch.errors.ConfigError` line naming the variable.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -30,6 +31,13 @@ from ragwatch.errors import ConfigError
 from ragwatch.setting_values import parse_duration as parse_duration
 
 PREFIX = "RAGWATCH_"
+# settings of earlier releases that no longer do anything: accepted (a deployment that sets
+# them still starts), with a warning that says why
+RETIRED = {
+    "RAGWATCH_SNAPSHOT_LEGACY": "snapshots of versions 5 and 6 (pickles) are no longer read "
+    "(ragwatch 0.2); a worker meeting one starts that host or service afresh",
+}
+log = logging.getLogger(__name__)
 TOPICS = ("gpu", "requests", "events", "metrics", "alerts", "deadletter")
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -392,12 +400,6 @@ class Settings:
         "(what a restarted worker resumes from), 0.1 s..1 h (committed offsets wait for "
         "snapshots: a restart re-reads up to this much)",
     )
-    snapshot_legacy: bool = _setting(
-        True,
-        values.boolean,
-        "read snapshots of the previous format (pickles) once, during a rolling upgrade; "
-        "set false to never unpickle",
-    )
     status_interval: float = _setting(
         5.0,
         values.seconds(0.1, 600.0),
@@ -453,7 +455,12 @@ class Settings:
                     parsed[f.name] = f.metadata["parse"](raw)
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
-        unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in env_names())
+        names = env_names()
+        unknown = sorted(
+            k for k in env if k.startswith(PREFIX) and k not in names and k not in RETIRED
+        )
+        for k in sorted(RETIRED.keys() & env.keys()):
+            log.warning("%s has no effect any more: %s", k, RETIRED[k])
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
         return cls(**parsed, explicit=frozenset(parsed)).validated()

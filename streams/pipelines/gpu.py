@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -54,7 +54,7 @@ import numpy.typing as npt
 from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.chart_ids import series_prefix
 from ragwatch.codec import gpu_wire
-from ragwatch.detectors.leak import GB, LeakDetector, LeakEstimate
+from ragwatch.detectors.leak import GB, LeakEstimate
 from ragwatch.detectors.leak_bank import LeakBank
 from ragwatch.gpu_wire import GpuMessage, GpuSampleWire, ProcessWire
 from ragwatch.schema import GpuEnvelope, Transition
@@ -153,29 +153,6 @@ def _pod(labels: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 def _pod_labels(sample: GpuSampleWire | ProcessWire, names: tuple[str, ...]) -> dict[str, str]:
     """The Kubernetes labels ``names`` of a sample, where set."""
     return {k: v for k in names if (v := getattr(sample, k))}
-
-
-@dataclass(slots=True)
-class Series:
-    """A series as snapshots of the previous format (version 5, one object per series)
-    hold it: read only, to adopt such a snapshot into rows (``GpuPipeline.adopt``)."""
-
-    labels: dict[str, str]
-    detector: LeakDetector
-    last_ts: float = 0.0
-    gpu: bool = True
-    value: float = 0.0
-    fb_used: int = 0
-    fb_total: int = 0
-    gpu_util: float | None = None
-    mem_copy_util: float | None = None
-    temp_c: float | None = None
-    power_w: float | None = None
-    rss: int | None = None
-    estimate: LeakEstimate | None = None
-    attributed: float | None = 0.0
-    watch: bool = True
-    keys: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
 
 
 STATUS_SIGNALS = ("fb_used_bytes", "fb_total_bytes", "gb_per_hour", "mem_increase_gb", "tte_h")
@@ -1157,15 +1134,13 @@ class GpuPipeline:
         }
 
     def adopt(self, host: str, state: Any) -> int:
-        """Take over a host's series from a snapshot (:meth:`dump`, or the previous
-        format's :class:`Series` objects), unless this pipeline already tracks the host
-        (its own state is newer). Returns how many series it adopted."""
+        """Take over a host's series from a snapshot (:meth:`dump`), unless this pipeline
+        already tracks the host (its own state is newer). Returns how many series it
+        adopted."""
         if self.tracks(host):
             return 0
         if isinstance(state, dict) and state.get("format") == SNAPSHOT_FORMAT:
             return self._adopt_rows(host, state)
-        if isinstance(state, dict) and all(isinstance(s, Series) for s in state.values()):
-            return self._adopt_objects(host, state)
         raise ValueError(f"GPU state of host {host} in an unknown format")
 
     def _adopt_rows(self, host: str, state: dict[str, Any]) -> int:
@@ -1201,21 +1176,6 @@ class GpuPipeline:
             self.bank.load(np.array(rows, dtype=np.intp), probe.dump(picked))
             self.watch[rows] = True  # the engine may restore its alerts next
         return len(rows)
-
-    def _adopt_objects(self, host: str, series: Mapping[SeriesKey, Series]) -> int:
-        if any(k[0] != host for k in series):
-            return 0
-        n = 0
-        for key in sorted(series)[: self._room()]:
-            s = series[key]
-            row = self._add(key, _checked_labels(key, s.labels), s.last_ts, gpu=s.gpu)
-            self.bank.adopt(row, s.detector)
-            for c in COLUMNS:  # a Series field each; older snapshots lack the newer ones
-                v = getattr(s, c, None)
-                getattr(self, c)[row] = math.nan if v is None else v
-            self.watch[row] = True
-            n += 1
-        return n
 
     def forget(self, host: str) -> int:
         """Drop a host's series without resolving anything (another worker owns it now);

@@ -273,17 +273,12 @@ class MetricsPipeline:
             del self.series[k]
 
     def adopt(self, host: str, state: Any) -> int:
-        """Take over a host's engines from a snapshot (:meth:`dump`, or the previous
-        format's :class:`EngineSeries` objects), unless this pipeline has any; ValueError,
-        with nothing changed, if the state does not fit."""
+        """Take over a host's engines from a snapshot (:meth:`dump`), unless this pipeline
+        has any; ValueError, with nothing changed, if the state does not fit."""
         if host in self._by_host:
             return 0
         if isinstance(state, Mapping) and state.get("format") == SNAPSHOT_FORMAT:
             series = _load_series(host, state)
-        elif isinstance(state, Mapping) and all(
-            isinstance(s, EngineSeries) for s in state.values()
-        ):
-            series = dict(state)  # version 6: the objects themselves
         else:
             raise ValueError(f"engine state of host {host} in an unknown format")
         if any(k[0] != host for k in series):

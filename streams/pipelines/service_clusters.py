@@ -102,12 +102,6 @@ class ServiceClusters:
     memory: ShapeMemory = field(default_factory=ShapeMemory, compare=False)
     fresh: array[float] = field(default_factory=lambda: array("d"), repr=False, compare=False)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Pickles written before the memory existed load with a fresh one."""
-        self.__dict__.update(state)
-        self.__dict__.setdefault("memory", ShapeMemory())
-        self.__dict__.setdefault("fresh", array("d"))
-
     def memory_state(self) -> dict[str, Any]:
         """The shape memory and the records waiting for it, as plain data."""
         return {"memory": self.memory.dump(), "fresh": self.fresh.tobytes()}

@@ -6,9 +6,7 @@ object that unpickling would rebuild: scalar columns and the banks' rows as type
 the per-row lists (open buckets, tail windows, gaps, senders) element by element, the
 signals with their names (a snapshot of another signal set maps by name), and the
 service's outlier window and cluster state. :func:`adopt` checks all of it before any row
-changes. Snapshots of version 6 held the previous form's objects (a ``ServiceSeries`` per
-series, see :mod:`~.legacy_series`); :func:`adopt` takes those too, moving each object's
-state into a row.
+changes.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from ragwatch.streams.pipelines.buckets import DERIVED, Bucket, Reservoir
 from ragwatch.streams.pipelines.count_bank import CountBank
 from ragwatch.streams.pipelines.evidence import TailWindow
 from ragwatch.streams.pipelines.latency_bank import LatencyBank
-from ragwatch.streams.pipelines.legacy_series import ServiceSeries
 from ragwatch.streams.pipelines.service_clusters import ServiceClusters
 from ragwatch.streams.pipelines.service_rows import (
     RECENT_BUCKETS,
@@ -38,7 +35,6 @@ from ragwatch.streams.pipelines.service_rows import (
     SERVING,
     SIGNAL_AT,
     SIGNALS,
-    SeriesKey,
     ServiceRows,
 )
 
@@ -183,21 +179,15 @@ def adopt(
     rng: random.Random,
     max_instances: int,
 ) -> tuple[ServiceClusters, list[int]] | None:
-    """Rows for the series of a snapshot's state (:func:`dump`'s, or version 6's objects),
-    at most ``room`` of them, and the service's shared state; None if the state is of
-    another service. ValueError (nothing changed) if it does not fit, or holds more than
-    ``max_instances`` series (a service never has more: checked before anything is sized
-    by what the snapshot claims)."""
+    """Rows for the series of a snapshot's state (:func:`dump`'s), at most ``room`` of
+    them, and the service's shared state; None if the state is of another service.
+    ValueError (nothing changed) if it does not fit, or holds more than ``max_instances``
+    series (a service never has more: checked before anything is sized by what the
+    snapshot claims)."""
     if isinstance(state, Mapping) and state.get("format") == FORMAT:
         if len(state.get("instances") or ()) > max_instances:
             raise ValueError(f"more than max_instances={max_instances} series")
         return _adopt_rows(st, service, state, room, rng)
-    if isinstance(state, tuple | list) and len(state) == 2:
-        series, shared = state
-        if isinstance(shared, ServiceClusters) and all(
-            isinstance(s, ServiceSeries) for s in series.values()
-        ):
-            return _adopt_objects(st, service, series, shared, room, rng)
     raise ValueError(f"request state of service {service!r} in an unknown format")
 
 
@@ -390,61 +380,3 @@ def _write(st: ServiceRows, rows: Rows, picked: Rows, p: dict[str, Any]) -> None
     for row, i in zip(rows.tolist(), picked.tolist(), strict=True):
         for name in ("next_bucket", "buckets", "tails", "gaps", "senders", "host", "label"):
             getattr(st, name)[row] = p[name][i]
-
-
-# ---------------------------------------------------------------------- version 6
-
-
-def _adopt_objects(
-    st: ServiceRows,
-    service: str,
-    series: Mapping[SeriesKey, ServiceSeries],
-    shared: ServiceClusters,
-    room: int,
-    rng: random.Random,
-) -> tuple[ServiceClusters, list[int]] | None:
-    if any(k[0] != service for k in series):
-        return None
-    rows = []
-    for key in sorted(series)[: max(0, room)]:
-        row = st.add((str(key[0]), str(key[1])), at=-math.inf)
-        _adopt_series(st, row, series[key], rng)
-        rows.append(row)
-    return shared, rows
-
-
-def _adopt_series(st: ServiceRows, row: int, s: ServiceSeries, rng: random.Random) -> None:
-    """One object's state into ``row``."""
-    col, none = st.col, math.nan
-    col["watermark"][row], col["bucket_end"][row] = s.watermark, _nan(s.bucket_end)
-    col["requests_total"][row], col["errors_total"][row] = s.requests_total, s.errors_total
-    col["output_tokens_total"][row], col["error_base"][row] = s.output_tokens_total, s.error_base
-    col["novel_score"][row], col["token_cv2"][row] = s.novel_score, s.token_cv2
-    col["cluster_size"][row] = _nan(s.cluster_size)
-    for family, p in (("rps", s.pending_rps), ("tpr", s.pending_tpr)):
-        col[f"{family}_pending_start"][row] = _nan(p.start)
-        for k in ("end", "n", "tokens", "tokens_sq", "expected"):
-            col[f"{family}_pending_{k}"][row] = getattr(p, k)
-    for family in ("rps", "tpr", "tps"):
-        at, before = s.relearned.get(family, (none, none))
-        col[f"{family}_relearned_at"][row], col[f"{family}_relearned_from"][row] = at, before
-    recent = list(s.recent_outliers)[-RECENT_BUCKETS:]
-    st.recent[row] = [0] * (RECENT_BUCKETS - len(recent)) + recent
-    st.signals[row] = np.nan
-    for name, v in s.signals.items():
-        if name in SIGNAL_AT and v is not None:
-            st.signals[row, SIGNAL_AT[name]] = v
-    st.traffic.adopt(2 * row, s.rps)
-    st.traffic.adopt(2 * row + 1, s.tpr)
-    st.latency.adopt(2 * row, s.retriever_p99)
-    st.latency.adopt(2 * row + 1, s.e2e_p95)
-    st.counts.adopt(row, s.counts)
-    for bucket in s.buckets.values():
-        bucket.rng = rng
-    st.buckets[row], st.tails[row], st.gaps[row] = dict(s.buckets), s.tail, deque(s.gaps)
-    st.senders[row], st.host[row] = dict(s.last_envelope_ts), s.host
-    st.label[row], st.next_bucket[row] = s.outlier_label, s.next_bucket
-
-
-def _nan(v: float | None) -> float:
-    return math.nan if v is None else v

@@ -160,7 +160,7 @@ class Delivery(mode.Service):
             return
         load = load_host if kind == "host" else load_service
         try:
-            n = load(pipes, key, data, legacy=self.settings.snapshot_legacy)
+            n = load(pipes, key, data)
         except SnapshotError as exc:
             self.counters.snapshot_errors += 1
             log.warning("%s %s: snapshot not used, starting from scratch: %s", kind, key, exc)

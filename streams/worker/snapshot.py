@@ -31,14 +31,12 @@ is decoded into plain Python only (no class is ever built from the data) and eac
 pipeline checks its part before it changes anything. The magic cannot be a pickle (whose
 first byte is 0x80).
 
-**The previous format.** Snapshots of version 6 and 5 were pickles. While
-``RAGWATCH_SNAPSHOT_LEGACY`` is on (the default in this release: for the rolling upgrade),
-they are read once with an allow-list unpickler (only classes of ragwatch's own detectors,
-streams and schema, and a few containers from the standard library, can be rebuilt, and
-nothing can be called), logged once per key, and the key's next snapshot is version 7;
-with it off, nothing is ever unpickled and such a snapshot is refused. A snapshot that
-fails to load (another version, corrupt, of other shapes) raises :class:`SnapshotError`:
-the worker counts it and starts that key from scratch (nothing of it adopted).
+**Older formats.** :mod:`~.migrations` holds what this version reads of older snapshots
+and until when: the pickles of version 6 and older are refused (the key starts afresh); parts
+of version 7 written before a field existed are brought up to date before a pipeline
+adopts them. A snapshot that fails to load (another version, corrupt, of other shapes)
+raises :class:`SnapshotError`: the worker counts it and starts that key from scratch
+(nothing of it adopted).
 
 >>> from ragwatch.agents.scenario import build
 >>> from ragwatch.streams.pipelines.fleet import Pipelines
@@ -59,9 +57,7 @@ True
 
 from __future__ import annotations
 
-import io
 import logging
-import pickle
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,20 +68,13 @@ from ragwatch.streams.alerting.engine import AlertState, fingerprint
 from ragwatch.streams.alerting.plain import export_plain, states_of
 from ragwatch.streams.pipelines.base import Domain, owns
 from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker import migrations
 
 log = logging.getLogger(__name__)
 
-# 2: GPU series keep raw values; 3: request series keep evidence windows and seasonal
-# baselines; 4: request buckets count an outlier cluster's records apart; 5: seasonal
-# baselines keep a row per day seen and count rings grow as buckets arrive; 6: tail
-# windows keep runs of one bucket, outlier windows doubles; 7: msgpack of plain data, not
-# a pickle (a worker writes 7 and reads 7, and 6 and 5 while RAGWATCH_SNAPSHOT_LEGACY is
-# on; a worker of version 6 counts a 7 as unreadable and relearns that key, once)
+# the format written and read (the older ones, and what becomes of them: migrations.py)
 SNAPSHOT_VERSION = 7
 MAGIC = b"ragwatch-snapshot\x00"  # then the version byte, then msgpack
-LEGACY_VERSIONS = frozenset({5, 6})  # pickles, read only while the setting allows it
-LEGACY_DEFAULT = True  # RAGWATCH_SNAPSHOT_LEGACY's default (ragwatch.config)
-_PICKLE = b"\x80"  # the PROTO opcode every pickle of protocol 2 and later starts with
 _ENCODER = msgspec.msgpack.Encoder()
 
 
@@ -103,16 +92,14 @@ def dump_service(p: Pipelines, service: str) -> bytes:
     return _dump(p, "service", service)
 
 
-def load_host(p: Pipelines, host: str, data: bytes, *, legacy: bool = LEGACY_DEFAULT) -> int:
-    """Adopt a host snapshot (what ``p`` already knows wins); returns the series adopted.
-    ``legacy``: whether a snapshot of the previous format (a pickle) may be read."""
-    return _load(p, "host", host, data, legacy)
+def load_host(p: Pipelines, host: str, data: bytes) -> int:
+    """Adopt a host snapshot (what ``p`` already knows wins); returns the series adopted."""
+    return _load(p, "host", host, data)
 
 
-def load_service(p: Pipelines, service: str, data: bytes, *, legacy: bool = LEGACY_DEFAULT) -> int:
-    """Adopt a service snapshot (what ``p`` already knows wins); returns the series adopted.
-    ``legacy``: whether a snapshot of the previous format (a pickle) may be read."""
-    return _load(p, "service", service, data, legacy)
+def load_service(p: Pipelines, service: str, data: bytes) -> int:
+    """Adopt a service snapshot (what ``p`` already knows wins); returns the series adopted."""
+    return _load(p, "service", service, data)
 
 
 def _dump(p: Pipelines, domain: Domain, key: str) -> bytes:
@@ -126,18 +113,10 @@ def _dump(p: Pipelines, domain: Domain, key: str) -> bytes:
     return MAGIC + bytes([SNAPSHOT_VERSION]) + _ENCODER.encode(body)
 
 
-def _load(p: Pipelines, domain: Domain, key: str, data: bytes, legacy: bool) -> int:
-    if data.startswith(MAGIC):
-        parts, alerts = _decode(domain, key, data)
-    elif data.startswith(_PICKLE) and legacy:
-        parts, alerts = _unpickle(domain, key, data)
-    elif data.startswith(_PICKLE):
-        raise SnapshotError(
-            f"{domain} snapshot of {key!r} is of the previous format, not read "
-            "(RAGWATCH_SNAPSHOT_LEGACY=false)"
-        )
-    else:
-        raise SnapshotError(f"{domain} snapshot of {key!r} is not a snapshot (no header)")
+def _load(p: Pipelines, domain: Domain, key: str, data: bytes) -> int:
+    if not data.startswith(MAGIC):
+        raise SnapshotError(f"{domain} snapshot of {key!r} {migrations.not_read(data)}")
+    parts, alerts = _decode(domain, key, data)
     alerts = _own_alerts(domain, key, alerts)
     pipes = p.of(domain)
     fresh = not any(pipe.tracks(key) for pipe in pipes)
@@ -163,7 +142,7 @@ def _own_alerts(
             fp for fp, s in alerts.items() if fp != fingerprint(s.alert.rule, s.alert.labels)
         ]
         own = {fp: s for fp, s in alerts.items() if owns(domain, key, s.alert.labels)}
-    except Exception as exc:  # a legacy state's alert of another shape
+    except Exception as exc:  # an alert of another shape
         raise SnapshotError(f"{domain} snapshot of {key!r}: its alerts: {_why(exc)}") from None
     if misfiled:
         raise SnapshotError(
@@ -215,122 +194,3 @@ def _why(exc: Exception) -> str:
     """Why a snapshot did not fit, for a message (shortened: it may quote the snapshot)."""
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 300 else text[:300] + "..."
-
-
-# ---------------------------------------------------------------------- versions 5 and 6
-# Pickles, read with an allow-list while RAGWATCH_SNAPSHOT_LEGACY is on (the next version
-# drops this part and the setting).
-
-# (module, names) the unpickler may rebuild besides ragwatch's own classes
-_STDLIB: dict[str, frozenset[str]] = {
-    "builtins": frozenset({"set", "frozenset", "list", "dict", "tuple", "float", "int"}),
-    "collections": frozenset({"deque", "Counter", "OrderedDict"}),
-    "array": frozenset({"array", "_array_reconstructor"}),
-    "random": frozenset({"Random"}),
-    "copyreg": frozenset({"_reconstructor"}),
-}
-# ragwatch's classes whose objects versions 5 and 6 held (as their modules name them now):
-# data classes only, whose construction sizes nothing by its arguments (a bank or a
-# pipeline, built by a pickle, would allocate what the pickle asks for)
-_OWN: dict[str, frozenset[str]] = {
-    "ragwatch.detectors.leak": frozenset({"LeakDetector", "LeakEstimate"}),
-    "ragwatch.detectors.request_outliers": frozenset({"RequestOutliers"}),
-    "ragwatch.detectors.seasonal": frozenset({"SeasonalBaseline"}),
-    "ragwatch.schema": frozenset({"Alert"}),
-    "ragwatch.streams.alerting.engine": frozenset({"AlertState"}),
-    "ragwatch.streams.pipelines.evidence": frozenset(
-        {"CountRing", "LatencyBaseline", "TailWindow"}
-    ),
-    "ragwatch.streams.pipelines.gpu": frozenset({"Series"}),
-    "ragwatch.streams.pipelines.metrics": frozenset({"EngineSeries", "_Counter"}),
-    "ragwatch.streams.pipelines.buckets": frozenset({"Bucket", "Reservoir"}),
-    "ragwatch.streams.pipelines.legacy_series": frozenset({"ServiceSeries", "_Pending"}),
-    "ragwatch.streams.pipelines.service_clusters": frozenset({"ServiceClusters"}),
-}
-# modules that moved when streams/ got packages by job (snapshots of version 5 written
-# before the move name the old ones): old -> new
-MOVED = {
-    f"ragwatch.streams.{old}": f"ragwatch.streams.{new}"
-    for old, new in {
-        "budget": "pipelines.budget",
-        "evidence": "pipelines.evidence",
-        "gpu": "pipelines.gpu",
-        "requests": "pipelines.requests",
-        "metrics": "pipelines.metrics",
-        "events": "pipelines.events",
-        "hints": "pipelines.hints",
-        "pipelines": "pipelines.fleet",
-        "series": "pipelines.charts",
-        "rules": "alerting.rules",
-        "engine": "alerting.engine",
-    }.items()
-}
-
-
-# classes of version-6 snapshots that live elsewhere now (the request series became rows;
-# their objects are read once, into rows: service_snapshot.adopt): (module, name) -> new
-RENAMED = {
-    ("ragwatch.streams.pipelines.requests", name): (f"ragwatch.streams.pipelines.{mod}", new)
-    for name, (mod, new) in {
-        "ServiceSeries": ("legacy_series", "ServiceSeries"),
-        "_Pending": ("legacy_series", "_Pending"),
-        "_Service": ("service_clusters", "ServiceClusters"),
-        "Bucket": ("buckets", "Bucket"),
-        "Reservoir": ("buckets", "Reservoir"),
-    }.items()
-}
-RENAMED[("ragwatch.streams.alerting.engine", "_State")] = (
-    "ragwatch.streams.alerting.engine",
-    "AlertState",
-)
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        module = MOVED.get(module, module)
-        module, name = RENAMED.get((module, name), (module, name))
-        if name in _STDLIB.get(module, ()) or name in _OWN.get(module, ()):
-            return super().find_class(module, name)
-        raise SnapshotError(f"snapshot refers to {module}.{name}, which is not allowed")
-
-
-def _unpickle(
-    domain: Domain, key: str, data: bytes
-) -> tuple[dict[str, Any], dict[str, AlertState]]:
-    """A version-5 or 6 snapshot's parts and alert states (SnapshotError if unusable)."""
-    try:
-        state = _Unpickler(io.BytesIO(data)).load()
-    except SnapshotError:
-        raise
-    except Exception as exc:  # pickle raises many types on corrupt input
-        raise SnapshotError(f"unreadable {domain} snapshot of {key!r}: {exc}") from None
-    _check_header(domain, key, state, LEGACY_VERSIONS)
-    try:
-        parts = _legacy_parts(domain, state)
-        alerts = state["alerts"]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SnapshotError(f"{domain} snapshot of {key!r} does not fit: {exc!r}") from None
-    if not isinstance(alerts, Mapping) or not all(
-        isinstance(s, AlertState) for s in alerts.values()
-    ):
-        raise SnapshotError(f"{domain} snapshot of {key!r}: its alerts are not alert states")
-    # once per key in practice: the key's next snapshot is of this version
-    log.info(
-        "%s %s: read a snapshot of the previous format (version %s); its next one is "
-        "version %d (RAGWATCH_SNAPSHOT_LEGACY=false once every worker is upgraded)",
-        domain,
-        key,
-        state["v"],
-        SNAPSHOT_VERSION,
-    )
-    return parts, dict(alerts)
-
-
-def _legacy_parts(kind: str, state: dict[str, Any]) -> dict[str, Any]:
-    """The pipelines' parts of a snapshot, by pipeline name. Snapshots written before the
-    pipelines had names held the same parts under fixed keys."""
-    if "parts" in state:
-        return dict(state["parts"])
-    if kind == "host":
-        return {"gpu": state["series"], "events": state["events"], "engines": state["engines"]}
-    return {"requests": (state["series"], state["shared"])}

@@ -160,7 +160,6 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_STATE_DIR", "/var/lib/ragwatch", "state_dir", Path("/var/lib/ragwatch")),
     ("RAGWATCH_MAX_SERIES", "500", "max_series", 500),
     ("RAGWATCH_SNAPSHOT_INTERVAL", "30", "snapshot_interval", 30.0),
-    ("RAGWATCH_SNAPSHOT_LEGACY", "false", "snapshot_legacy", False),
     ("RAGWATCH_STATUS_INTERVAL", "2.5", "status_interval", 2.5),
     ("RAGWATCH_SLOW_MESSAGE", "0.5", "slow_message", 0.5),
     ("RAGWATCH_MAX_CLOCK_SKEW", "60", "max_clock_skew", 60.0),
@@ -321,7 +320,6 @@ BAD: list[tuple[str, str]] = [
     ("RAGWATCH_REDIS_PREFIX", ""),
     ("RAGWATCH_SERVE_HOST", "http://0.0.0.0"),
     ("RAGWATCH_STATUS_INTERVAL", "1h"),
-    ("RAGWATCH_SNAPSHOT_LEGACY", "maybe"),
     ("RAGWATCH_OTLP_TOPIC", "spans/otlp"),
 ]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import gzip
 import math
-import pickle
 import random
 from datetime import datetime
 from functools import cache
@@ -277,7 +276,7 @@ def test_a_nightly_batch_is_news_the_first_night_only_and_a_new_kind_still_is() 
     assert late and late[0] <= 10 * 60  # within minutes
 
 
-def test_the_memory_goes_through_snapshots_and_old_pickles_load_without_one() -> None:
+def test_the_memory_goes_through_its_plain_state() -> None:
     svc = ServiceClusters(RequestOutliers(), "code", {"code-0"})
     replay(merged(*bootstrap(2, range(12), seed=7)), svc)
     back = ServiceClusters(RequestOutliers(), "code")
@@ -290,10 +289,6 @@ def test_the_memory_goes_through_snapshots_and_old_pickles_load_without_one() ->
         back.restore_memory({**svc.memory_state(), "fresh": b"\x00" * 8})
     back.restore_memory(None)
     assert back.memory.mass == 0.0
-    old = pickle.loads(pickle.dumps(svc))
-    del old.__dict__["memory"], old.__dict__["fresh"]  # as a pickle from before the memory
-    again = pickle.loads(pickle.dumps(old))
-    assert again.memory.mass == 0.0 and len(again.fresh) == 0
 
 
 def test_a_service_snapshot_keeps_the_memory_and_an_older_one_starts_it_afresh() -> None:

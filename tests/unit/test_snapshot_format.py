@@ -3,19 +3,17 @@ and a service go through one and the restored worker does what the one that neve
 does; the state restored is the state dumped (engines, their seasonal baselines, event
 identities, alert states); the bytes are no pickle and reading them unpickles nothing;
 truncated, corrupt and ill-shaped snapshots, and fuzzed bytes, raise SnapshotError only,
-with nothing adopted; snapshots of the previous format (pickles of version 6 and 5) are
-read only while RAGWATCH_SNAPSHOT_LEGACY allows it."""
+with nothing adopted; pickles (the retired versions 2-6) are refused without being
+unpickled, and the setting that once let them be read is accepted and ignored."""
 
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import math
 import pickle
 from array import array
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -27,7 +25,6 @@ from hypothesis import strategies as st
 
 from ragwatch.agents.scenario import build
 from ragwatch.config import Settings
-from ragwatch.detectors.leak_bank import LeakBank
 from ragwatch.detectors.seasonal import Relearned, SeasonalBaseline
 from ragwatch.schema import (
     Envelope,
@@ -39,11 +36,9 @@ from ragwatch.schema import (
 )
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.base import Domain
-from ragwatch.streams.pipelines.count_bank import CountBank
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.pipelines.metrics import EngineSeries
 from ragwatch.streams.pipelines.requests import MAX_INSTANCES
-from ragwatch.streams.worker import snapshot
 from ragwatch.streams.worker.snapshot import (
     MAGIC,
     SNAPSHOT_VERSION,
@@ -59,7 +54,6 @@ T0 = 1_767_225_600.0
 HOST, SERVICE = "gpu-node-01", "rag-api"
 TARGET = "http://vllm:8000/metrics"
 HOURS, DROP_H, BACK_H, EVENT_H, CUT_H = 30.0, 27.0, 28.5, 27.2, 27.25
-SNAPSHOTS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
 HEADER = MAGIC + bytes([SNAPSHOT_VERSION])
 
 
@@ -261,9 +255,7 @@ def test_reading_version_7_never_unpickles(
 
     monkeypatch.setattr(pickle, "loads", boom)
     monkeypatch.setattr(pickle, "load", boom)
-    monkeypatch.setattr(snapshot, "_Unpickler", boom)
-    monkeypatch.setattr(snapshot, "pickle", None)  # any use of the module fails
-    assert load_host(Pipelines(RULES), HOST, data, legacy=False) > 0
+    monkeypatch.setattr(pickle, "Unpickler", boom)
     assert load_host(Pipelines(RULES), HOST, data) > 0
 
 
@@ -465,25 +457,6 @@ def test_a_service_snapshot_the_pipeline_would_fail_on_later_is_refused(
     assert fresh_after_failure(p, "service", SERVICE), name
 
 
-class _Builds:
-    """Pickles as a call of ``cls(*args)``."""
-
-    def __init__(self, cls: type, *args: Any) -> None:
-        self.cls, self.args = cls, args
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return self.cls, self.args
-
-
-@pytest.mark.parametrize("cls", [LeakBank, CountBank, Pipelines])
-def test_a_legacy_pickle_cannot_build_a_bank_or_a_pipeline(cls: type) -> None:
-    """With legacy reading on, a pickle may build only the data classes versions 5 and 6
-    held: a bank sized by the pickle (a few bytes asking for gigabytes) is refused."""
-    data = pickle.dumps({"v": 6, "kind": "host", "key": HOST, "x": _Builds(cls, 2**30)})
-    with pytest.raises(SnapshotError, match="not allowed"):
-        load_host(Pipelines(RULES), HOST, data, legacy=True)
-
-
 @pytest.mark.parametrize(
     "data",
     [
@@ -583,64 +556,34 @@ def test_any_value_anywhere_in_a_snapshot_loads_or_raises_snapshot_error(
         assert fresh_after_failure(p, kind, key), path
 
 
-# ---------------------------------------------------------------------- the previous format
+# ---------------------------------------------------------------------- retired formats
 
 
-def legacy_expected(version: str) -> dict[str, Any]:
-    out: dict[str, Any] = orjson.loads((SNAPSHOTS / f"{version}-expected.json").read_bytes())
-    return out
-
-
-@pytest.mark.parametrize("version", ["v5", "v6"])
-def test_a_pickle_of_the_previous_format_is_refused_when_legacy_reading_is_off(
-    version: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("version", [5, 6])
+def test_a_pickle_of_a_retired_version_is_refused_unread_and_the_key_starts_afresh(
+    version: int, monkeypatch: pytest.MonkeyPatch, worker: Pipelines
 ) -> None:
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("unpickled")
 
-    monkeypatch.setattr(snapshot, "_Unpickler", boom)
-    for name in legacy_expected(version)["adopted"]:
-        kind, key = name.split("-", 1)
-        data = (SNAPSHOTS / f"{version}-{name}.pickle").read_bytes()
+    monkeypatch.setattr(pickle, "loads", boom)
+    monkeypatch.setattr(pickle, "load", boom)
+    monkeypatch.setattr(pickle, "Unpickler", boom)
+    host = {"v": version, "kind": "host", "key": HOST, "parts": {}, "alerts": {}}
+    service = {**host, "kind": "service", "key": SERVICE}
+    for kind, key, state in (("host", HOST, host), ("service", SERVICE, service)):
+        data = pickle.dumps(state, protocol=4)
         load = load_host if kind == "host" else load_service
         p = Pipelines(RULES)
-        with pytest.raises(SnapshotError, match=r"previous format.*RAGWATCH_SNAPSHOT_LEGACY=false"):
-            load(p, key, data, legacy=False)
+        with pytest.raises(SnapshotError, match=r"is a pickle .*no longer read.*afresh"):
+            load(p, key, data)
         assert fresh_after_failure(p, kind, key)  # type: ignore[arg-type]
 
 
-def test_a_version_6_host_with_engines_and_events_restores_and_is_rewritten_as_7(
-    engines: tuple[list[Envelope], int],
+def test_the_retired_legacy_setting_is_accepted_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """``v6-engines-host-gpu-node-01.pickle`` was written by a worker of version 6 (main at
-    7e4c050) from :func:`engine_stream` cut at 27.25 h; ``v6-engines-expected.json`` holds
-    what that worker did with the rest after adopting it (and what one that never stopped
-    did). This one does the same, and its own snapshot of the host is version 7."""
-    envs, cut = engines
-    expected = legacy_expected("v6-engines")
-    assert expected["cut"] == cut
-    data = (SNAPSHOTS / "v6-engines-host-gpu-node-01.pickle").read_bytes()
-    with caplog.at_level(logging.INFO, logger=snapshot.__name__):
-        p = Pipelines(RULES)
-        assert load_host(p, HOST, data, legacy=True) == expected["adopted"]
-    logged = [r for r in caplog.records if "previous format" in r.getMessage()]
-    assert len(logged) == 1 and logged[0].levelno == logging.INFO
-    rewritten = dump_host(p, HOST)
-    assert rewritten.startswith(HEADER)
-    again = Pipelines(RULES)
-    assert load_host(again, HOST, rewritten, legacy=False) == expected["adopted"]
-    for q in (p, again):
-        after = [
-            [t.alert.rule, t.alert.status, t.alert.fingerprint, t.alert.starts_at]
-            for t in run(q, envs[cut:])
-        ]
-        assert after == expected["transitions_after"]
-
-
-def test_the_loaders_default_is_the_settings_default() -> None:
-    default = Settings().snapshot_legacy
-    assert default is True
-    for load in (load_host, load_service):
-        assert inspect.signature(load).parameters["legacy"].default is default
-    assert Settings.from_env({"RAGWATCH_SNAPSHOT_LEGACY": "false"}).snapshot_legacy is False
+    with caplog.at_level(logging.WARNING, logger="ragwatch.config"):
+        assert Settings.from_env({"RAGWATCH_SNAPSHOT_LEGACY": "false"}) == Settings()
+    (record,) = [r for r in caplog.records if "RAGWATCH_SNAPSHOT_LEGACY" in r.getMessage()]
+    assert "no effect" in record.getMessage() and "no longer read" in record.getMessage()
