@@ -10,7 +10,8 @@ point in the ring, 16 in its cell, a byte in the core-point cache (a full window
 2,000 requests: 80-120 KiB with the cells' own overhead; as tuples of floats it was
 about 400 KiB). (river's ``cluster.DBSTREAM``
 keeps adding micro-clusters and slows down as they pile up, river#1086; this detector
-never holds more than ``window`` points.)
+never holds more than ``window`` points.) The functions over those arrays and cells are
+:mod:`~ragwatch.detectors.outlier_grid`'s.
 
 Density follows DBSCAN with the incident analysis' ``eps=128``, ``min_samples=3``:
 
@@ -94,6 +95,22 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.base import register
+from ragwatch.detectors.outlier_grid import (
+    F64,
+    I64,
+    Key,
+    Point,
+    around_2d,
+    by_cell,
+    cyclic,
+    earlier,
+    leaving,
+    linked_groups,
+    near_offsets,
+    pairs,
+    sub_keys,
+    tuples,
+)
 
 REQUEST_FEATURES = ("context_tokens", "output_tokens")
 VALUE_FEATURES = ("value",)
@@ -101,19 +118,11 @@ VALUE_FEATURES = ("value",)
 # beyond it the nearest-core search need not look, so its cost is bounded by the grid
 # around the point, not by how many cells a scattered (or hostile) window occupies.
 FAR_EPS = 4
-NEAR_CACHE = 4096  # 2-D cells whose neighbours' keys are kept, for all detectors together
 LONG, SHORT = 2.0, 0.5  # x / median above LONG is "long", below SHORT is "short"
-# certified()'s sub-cells: side eps / sqrt(2) shrunk by SUB_SHRINK; an index is clipped to
-# +-SUB_OUT, which marks it out of range (there float division could stretch a sub-cell by
-# more than 2 * 2**30 * 2**-53 = 2**-22 of its side, which the shrinking absorbs); the
-# two indices of a point are packed in an int64 as ``x * 2**32 + y``.
+# certified()'s sub-cells: side eps / sqrt(2) shrunk by SUB_SHRINK, which absorbs how far
+# float division may stretch a sub-cell whose indices are in range
+# (:data:`~ragwatch.detectors.outlier_grid.SUB_OUT`).
 SUB_SHRINK = 1e-6
-SUB_OUT = 2**30
-
-Point = tuple[float, ...]
-Key = tuple[int, ...]
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +208,12 @@ class RequestOutliers:
 
     def points(self) -> list[Point]:
         """The window's points, oldest first (in ``features`` order)."""
-        return list(_tuples(self._ordered(), self._dim))
+        return list(tuples(self._ordered(), self._dim))
 
     @staticmethod
     @functools.cache  # one copy per dimension, shared by every detector (they are many)
     def _make_offsets(d: int) -> tuple[list[Key], list[list[Key]]]:
-        # Own cell first, so a dense point finds its neighbours early.
-        near = sorted(itertools.product((-1, 0, 1), repeat=d), key=lambda o: any(o))
+        near = near_offsets(d)  # own cell first, so a dense point finds its neighbours early
         rings: list[list[Key]] = [[] for _ in range(FAR_EPS + 2)]
         for off in itertools.product(range(-FAR_EPS - 1, FAR_EPS + 2), repeat=d):
             rings[max(map(abs, off))].append(off)
@@ -373,15 +381,15 @@ class RequestOutliers:
         >>> det.certified(run).tolist()  # warming up, then 2 window points near or more
         [True, True, False, True, False]
         """
-        pts = _pairs(points)
+        pts = pairs(points)
         m, n, w = len(pts), len(self), self.window
         if self._features != REQUEST_FEATURES or m == 0:
             return np.zeros(m, dtype=np.bool_)
         old, run, valid = self._sub_cells(pts)
         gone = min(n, max(0, n + m - 1 - w))  # the oldest points: some turns no longer see
-        stable = np.sort(_cyclic(old, self._head // 2 + gone, n - gone))
+        stable = np.sort(cyclic(old, self._head // 2 + gone, n - gone))
         count = np.searchsorted(stable, run, "right") - np.searchsorted(stable, run, "left")
-        count += _earlier(run)
+        count += earlier(run)
         count[w + 1 :] = 0  # a run longer than the window: its first points are gone too
         sure = (count >= self.min_samples) & valid
         if n < max(self.warmup, 1):  # fewer than warmup points at turn i: scores 0
@@ -399,7 +407,7 @@ class RequestOutliers:
             fresh = n
         fresh = min(fresh, n)
         xy = np.concatenate((np.frombuffer(self._newest(fresh), dtype=np.float64), pts.ravel()))
-        keys, ok = _sub_keys(xy, self.eps / math.sqrt(2.0) * (1.0 - SUB_SHRINK))
+        keys, ok = sub_keys(xy, self.eps / math.sqrt(2.0) * (1.0 - SUB_SHRINK))
         start = (h - fresh) % max(n, 1)
         a = min(fresh, n - start)
         subs[start : start + a] = keys[:a]
@@ -441,7 +449,7 @@ class RequestOutliers:
         room = self.window - len(self)
         old = self._oldest(max(0, len(keys) - room))  # evicted in turn from turn ``room``
         self._write_ring(flat, room)
-        groups, first = _by_cell(keys, flat)
+        groups, first = by_cell(keys, flat)
         self._evict_run(old, room, first)
         cells = self._cells
         for key, values in groups.items():  # new cells in order of first arrival
@@ -484,7 +492,7 @@ class RequestOutliers:
         """Drop the evicted points (``old``, evicted at turns ``room``, ``room + 1``, ...)
         from their cells' fronts; a cell all of whose points left before a run point
         (first at turn ``first[key]``) joined it is dropped as :meth:`_evict` drops it."""
-        taken, last = _leaving(old, room, self.eps)
+        taken, last = leaving(old, room, self.eps)
         cells = self._cells
         for key, k in taken.items():
             cell = cells[key]
@@ -510,7 +518,7 @@ class RequestOutliers:
     def _around(self, key: Key) -> Sequence[Key]:
         """The cell keys next to ``key`` (itself first), in ``_offsets`` order."""
         if len(key) == 2:  # the request features: the hot path, kept for the cells seen lately
-            return _around_2d(*key)
+            return around_2d(*key)
         return [tuple(a + b for a, b in zip(key, off, strict=True)) for off in self._offsets]
 
     # -- density queries -----------------------------------------------------------------
@@ -524,7 +532,7 @@ class RequestOutliers:
             cell = cells.get(k)
             if cell is None:
                 continue
-            for p in _tuples(cell, d):
+            for p in tuples(cell, d):
                 if dist(p, q) <= eps:
                     n += 1
                     if n >= need:
@@ -537,10 +545,10 @@ class RequestOutliers:
         need = self.min_samples + 1  # the point itself is in the window
         blocks = [cells[k] for k in self._around(key) if k in cells]
         flags = bytearray()
-        for q in _tuples(cells[key], d):
+        for q in tuples(cells[key], d):
             n = 0
             for block in blocks:
-                for p in _tuples(block, d):
+                for p in tuples(block, d):
                     if dist(p, q) <= eps:
                         n += 1
                         if n >= need:
@@ -617,7 +625,7 @@ class RequestOutliers:
         flags = self._core.get(key)
         if flags is None:
             return iter(())
-        return itertools.compress(_tuples(self._cells[key], self._dim), flags)
+        return itertools.compress(tuples(self._cells[key], self._dim), flags)
 
     def _clean(self, key: Key) -> None:
         if key in self._dirty:
@@ -737,182 +745,24 @@ class RequestOutliers:
         """The window's DBSCAN clusters (connected core points), largest first."""
         if self._features is None:
             return []
-        d = len(self._features)
         self._refresh()
         cores = [p for key in self._core for p in self._cores(key)]
-        if not cores:
-            return []
-        # Sub-cells of side < eps / sqrt(d): any two points in one are within eps, so
-        # connectivity is only checked between sub-cells, stopping at the first link.
-        side = self.eps / math.sqrt(d) * (1 - 1e-9)
-        reach = math.ceil(self.eps / side)
-        sub: dict[Key, list[Point]] = {}
-        for p in cores:
-            sub.setdefault(tuple(math.floor(v / side) for v in p), []).append(p)
-        parent = {k: k for k in sub}
-
-        def find(k: Key) -> Key:
-            while parent[k] != k:
-                parent[k] = parent[parent[k]]
-                k = parent[k]
-            return k
-
-        offsets = [o for o in itertools.product(range(-reach, reach + 1), repeat=d) if o > (0,) * d]
-        blocks: dict[Key, npt.NDArray[np.float64]] = {}
-        for key in sorted(sub):
-            for off in offsets:
-                other = tuple(a + b for a, b in zip(key, off, strict=True))
-                if other not in sub:
-                    continue
-                ra, rb = find(key), find(other)
-                if ra != rb and _linked(sub, blocks, key, other, self.eps):
-                    parent[max(ra, rb)] = min(ra, rb)
-        groups: dict[Key, list[Point]] = {}
-        cells: dict[Key, set[Key]] = {}  # per cluster, the cell of one point per sub-cell
-        for key, pts in sub.items():
-            root = find(key)
-            groups.setdefault(root, []).extend(pts)
-            cells.setdefault(root, set()).add(self._key(min(pts)))
-        out = [
-            Cluster(
-                tuple(sum(c) / len(pts) for c in zip(*pts, strict=True)),
-                len(pts),
-                frozenset(cells[root]),
-                tuple(pts),
+        out = []
+        for parts in linked_groups(cores, self.eps):
+            pts = [p for part in parts for p in part]
+            out.append(
+                Cluster(
+                    tuple(sum(c) / len(pts) for c in zip(*pts, strict=True)),
+                    len(pts),
+                    frozenset(self._key(min(part)) for part in parts),  # a cell per sub-cell
+                    tuple(pts),
+                )
             )
-            for root, pts in groups.items()
-        ]
         out.sort(key=lambda c: (-c.size, c.centroid))
         return out
-
-
-def _tuples(values: array[float], d: int) -> Iterator[Point]:
-    """The points of a flat array of ``d`` doubles each, as tuples (zip reuses the tuple
-    of a point the caller does not keep)."""
-    it = iter(values)
-    return zip(*(it,) * d, strict=True)  # a partial point would be a bug
-
-
-@functools.lru_cache(maxsize=NEAR_CACHE)  # shared by every detector: a pure function
-def _around_2d(k0: int, k1: int) -> tuple[Key, ...]:
-    """The keys of cell ``(k0, k1)`` and its 8 neighbours, in ``_make_offsets(2)`` order."""
-    near, _ = RequestOutliers._make_offsets(2)
-    return tuple((k0 + a, k1 + b) for a, b in near)
-
-
-def _linked(
-    sub: dict[Key, list[Point]],
-    blocks: dict[Key, npt.NDArray[np.float64]],
-    ka: Key,
-    kb: Key,
-    eps: float,
-) -> bool:
-    """Whether any point of sub-cell ``ka`` is within ``eps`` of one of ``kb``: a loop for
-    a few pairs, numpy (each sub-cell's array made once per scan) for many."""
-    a, b = sub[ka], sub[kb]
-    if len(a) * len(b) <= 64:
-        return any(math.dist(p, q) <= eps for p in a for q in b)
-    xa, xb = (blocks.get(k) for k in (ka, kb))
-    if xa is None:
-        xa = blocks[ka] = np.asarray(a, dtype=np.float64)
-    if xb is None:
-        xb = blocks[kb] = np.asarray(b, dtype=np.float64)
-    d2 = ((xa[:, None, :] - xb[None, :, :]) ** 2).sum(axis=-1)
-    return bool((d2 <= eps * eps).any())
 
 
 def _ratio_word(v: float, median: float) -> str:
     if median > 0:
         return "long" if v > LONG * median else "short" if v < SHORT * median else "typical"
     return "long" if v > median else "short" if v < median else "typical"
-
-
-def _pairs(points: npt.ArrayLike) -> F64:
-    """``points`` as an ``(m, 2)`` array of doubles (ValueError if it is not one)."""
-    pts = np.asarray(points, dtype=np.float64)
-    if pts.size == 0:
-        pts = pts.reshape(0, 2)
-    if pts.ndim != 2 or pts.shape[1] != 2:
-        raise ValueError(f"need an (m, 2) array of points, got shape {pts.shape}")
-    return pts
-
-
-def _sub_keys(xy: F64, side: float) -> tuple[I64, npt.NDArray[np.bool_]]:
-    """The sub-cell (side ``side``) of each point of a flat array of ``(x, y)`` doubles,
-    its indices clipped to ``+-SUB_OUT`` and packed in an int64; and whether both were in
-    range (NaN is not).
-
-    >>> keys, ok = _sub_keys(np.array([0.5, 1.5, -0.5, 2.0**64, 3.0, np.nan]), 1.0)
-    >>> keys.tolist() == [1, -(2**32) + SUB_OUT, 3 * 2**32 - SUB_OUT], ok.tolist()
-    (True, [True, False, False])
-    """
-    if side >= 1.0:  # |x / side| <= |x|: no overflow
-        f = np.floor(xy / side)
-    else:
-        with np.errstate(over="ignore"):  # a huge x / side is inf, clipped as out of range
-            f = np.floor(xy / side)
-    k = np.fmin(np.fmax(f, -SUB_OUT), SUB_OUT).astype(np.int64)  # fmax: NaN -> -SUB_OUT
-    ok = np.abs(k) < SUB_OUT
-    return k[0::2] * 2**32 + k[1::2], ok[0::2] & ok[1::2]
-
-
-def _cyclic(a: I64, start: int, k: int) -> I64:
-    """``k`` items of ``a`` from ``start`` on, wrapping around its end."""
-    start %= max(len(a), 1)
-    end = start + k
-    if end <= len(a):
-        return a[start:end]
-    return np.concatenate((a[start:], a[: end - len(a)]))
-
-
-def _earlier(keys: I64) -> I64:
-    """For each item, how many items before it have its key.
-
-    >>> _earlier(np.array([7, 8, 7, 7, 8])).tolist()
-    [0, 0, 1, 2, 1]
-    """
-    order = np.argsort(keys, kind="stable")
-    ranked = keys[order]
-    out = np.empty(len(keys), dtype=np.int64)
-    out[order] = np.arange(len(keys)) - np.searchsorted(ranked, ranked)
-    return out
-
-
-def _leaving(old: array[float], room: int, eps: float) -> tuple[dict[Key, int], dict[Key, int]]:
-    """For the cells (side ``eps``) of 2-D points (``old``'s doubles) leaving the window at
-    turns ``room``, ``room + 1``, ...: how many of each cell's leave, and the turn the last
-    leaves at.
-
-    >>> _leaving(array("d", [1.0, 1.0, 5.0, 1.0, 1.5, 0.0]), 3, 2.0)
-    ({(0, 0): 2, (2, 0): 1}, {(0, 0): 5, (2, 0): 4})
-    """
-    floor = math.floor
-    taken: dict[Key, int] = {}
-    last: dict[Key, int] = {}
-    it = iter(old)
-    for t, (x, y) in enumerate(zip(it, it, strict=True), start=room):
-        key = (floor(x / eps), floor(y / eps))
-        taken[key] = taken.get(key, 0) + 1
-        last[key] = t
-    return taken, last
-
-
-def _by_cell(
-    keys: Sequence[Key], flat: list[float]
-) -> tuple[dict[Key, list[float]], dict[Key, int]]:
-    """The doubles of 2-D points (``flat``) by cell (``keys``), cells in order of first
-    arrival, and the turn each cell's first point arrives at.
-
-    >>> _by_cell([(1, 2), (0, 0), (1, 2)], [1.0, 2.0, 0.0, 0.0, 1.5, 2.5])
-    ({(1, 2): [1.0, 2.0, 1.5, 2.5], (0, 0): [0.0, 0.0]}, {(1, 2): 0, (0, 0): 1})
-    """
-    groups: dict[Key, list[float]] = {}
-    first: dict[Key, int] = {}
-    it = iter(flat)
-    for i, (key, x, y) in enumerate(zip(keys, it, it, strict=True)):
-        values = groups.get(key)
-        if values is None:
-            values = groups[key] = []
-            first[key] = i
-        values += (x, y)
-    return groups, first

@@ -419,7 +419,7 @@ def cmd_record(args: argparse.Namespace, settings: Settings, environ: Mapping[st
     import signal
     import threading
 
-    from ragwatch.commands.replay import record
+    from ragwatch.commands.record import record
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

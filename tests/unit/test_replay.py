@@ -17,14 +17,15 @@ from ragwatch.agents.scenario import build
 from ragwatch.cli import main
 from ragwatch.codec import encode, to_dict
 from ragwatch.commands import replay as replay_mod
-from ragwatch.commands.replay import (
+from ragwatch.commands import replay_input
+from ragwatch.commands.replay import replay
+from ragwatch.commands.replay_input import (
     Point,
     Tally,
     input_files,
     merged,
     parse_time,
     read_csv,
-    replay,
 )
 from ragwatch.errors import ConfigError
 from ragwatch.event_order import sort_items
@@ -208,7 +209,7 @@ def test_sorting_spills_to_disk_with_the_same_result(tmp_path: Path) -> None:
     envs = [gpu("a", float(t)) for t in range(300, 0, -1)]  # newest first
     f = write_jsonl(tmp_path / "rec.jsonl", envs)
     tally = Tally()
-    lines = replay_mod._lines(f, 0, tally)
+    lines = replay_input._lines(f, 0, tally)
     spilled = list(sort_items(lines, budget_bytes=2_000))  # many runs
     assert [i.ts for i in spilled] == [float(t) for t in range(1, 301)]
     assert [e.ts for e in merged([f], Tally())] == [float(t) for t in range(1, 301)]
@@ -404,8 +405,8 @@ def test_gpu_lines_not_as_encode_writes_them_replay_the_same(tmp_path: Path) -> 
     envelopes = list(build("leak", hosts=1, gpus=1, services=0, interval_s=60).envelopes(hours=2.0))
     lines = [encode(e) for e in envelopes]
     shuffled = [orjson.dumps(dict(reversed(orjson.loads(line).items()))) for line in lines]
-    assert all(line.startswith(replay_mod.GPU_LINE) for line in lines)  # the fast path's
-    assert not any(line.startswith(replay_mod.GPU_LINE) for line in shuffled)
+    assert all(line.startswith(replay_input.GPU_LINE) for line in lines)  # the fast path's
+    assert not any(line.startswith(replay_input.GPU_LINE) for line in shuffled)
     plain, _, _ = run_replay([write_jsonl(tmp_path / "a.jsonl", lines)], pending=True)
     other, summary, _ = run_replay([write_jsonl(tmp_path / "b.jsonl", shuffled)], pending=True)
     assert other == plain and any(t["status"] == "firing" for t in plain)

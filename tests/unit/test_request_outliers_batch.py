@@ -20,13 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
-from ragwatch.detectors.request_outliers import (
-    REQUEST_FEATURES,
-    SUB_OUT,
-    SUB_SHRINK,
-    Key,
-    RequestOutliers,
-)
+from ragwatch.detectors.outlier_grid import SUB_OUT, Key
+from ragwatch.detectors.request_outliers import REQUEST_FEATURES, SUB_SHRINK, RequestOutliers
 
 Pt = tuple[float, float]
 Scored = tuple[float, str | None]  # a point's score and, for an outlier, its label
