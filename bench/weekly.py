@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ragwatch.detectors.counts import count_z
 from ragwatch.detectors.seasonal import SeasonalBaseline
-from ragwatch.streams.pipelines.evidence import count_z
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00 UTC, a Thursday
 DAY, MIN = 86400.0, 60.0

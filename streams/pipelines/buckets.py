@@ -6,7 +6,7 @@ and means (requests, errors, output tokens and their squares, context tokens, th
 of an active outlier cluster apart) and, per latency (end to end, each stage, time to first
 token, queueing), a :class:`Reservoir` of at most ``reservoir`` values, a uniform sample of
 all that came. At its close the counts go to the series' count ring and the values to its
-tail window (:mod:`~ragwatch.streams.pipelines.evidence`). Two values per request are
+tail window (:mod:`~ragwatch.detectors.tails`). Two values per request are
 derived from its record: ``tpot``, the decode time per output token
 (:func:`decode_ms_per_token`), ``ttft_net``, its time to first token less its queue
 wait (:func:`ttft_net_ms`): what the serving engine spent itself, and ``out``, the output
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ragwatch.streams.pipelines.evidence import BucketCounts
+from ragwatch.detectors.counts import BucketCounts
 
 STAGES = ("retriever", "reranker", "llm")
 # values derived from a record (decode time per token, TTFT less queue wait): sampled, once

@@ -62,6 +62,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ragwatch.detectors.counts import count_z
 from ragwatch.detectors.seasonal import SeasonalBaseline
 from ragwatch.detectors.seasonal_bank import DAY, DAY_LIMIT, SeasonalBank
 from ragwatch.schema import MetricsEnvelope, Transition
@@ -69,7 +70,6 @@ from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
-from ragwatch.streams.pipelines.evidence import count_z
 
 log = logging.getLogger(__name__)
 

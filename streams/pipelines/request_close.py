@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.detectors.counts import CountWindows
+from ragwatch.detectors.tails import tail_signals
 from ragwatch.streams.pipelines.buckets import Bucket
-from ragwatch.streams.pipelines.count_bank import CountWindows
-from ragwatch.streams.pipelines.evidence import tail_signals
 from ragwatch.streams.pipelines.service_clusters import ServiceClusters
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, ServiceRows
 from ragwatch.streams.pipelines.serving import serving_signals
@@ -83,7 +83,7 @@ def _max0(a: F64) -> F64:
 
 
 def count_z(observed: F64, expected: F64, size: F64 | float, rel_var: F64) -> F64:
-    """:func:`~ragwatch.streams.pipelines.evidence.count_z` of arrays."""
+    """:func:`~ragwatch.detectors.tails.count_z` of arrays."""
     var = expected * size + expected * expected * rel_var
     with np.errstate(divide="ignore", invalid="ignore"):
         z = (observed - expected) / np.sqrt(np.where(var > 0, var, 1.0))
@@ -464,12 +464,12 @@ def _latency(st: ServiceRows, c: _Round, sig: Signals) -> None:
 def _latency_z(ratio: F64, log_var: F64) -> F64:
     """``retriever_p99_z`` and ``e2e_p95_z``: the log of the window's quantile over its
     baseline (``ratio``), in standard deviations of the baseline's own uncertainty
-    (:meth:`~.latency_bank.LatencyBank.log_var`: the level's, grown with the steps a hold
-    has lasted, and the entries' scatter around it, which holds the window quantile's own
-    sampling noise). A baseline that has seen a day knows a night's P95 within ~10-20 %
-    and a doubling is 3.5 to 12 of them; on its first night it has seen no night, and
-    after holding for hours it has watched the level drift: a doubling there was 1.2
-    to 1.7 (bench/space_real.py seed 4, whose first trusted night paged
+    (:meth:`~ragwatch.detectors.latency.LatencyBank.log_var`: the level's, grown with the
+    steps a hold has lasted, and the entries' scatter around it, which holds the window
+    quantile's own sampling noise). A baseline that has seen a day knows a night's P95
+    within ~10-20 % and a doubling is 3.5 to 12 of them; on its first night it has seen no
+    night, and after holding for hours it has watched the level drift: a doubling there was
+    1.2 to 1.7 (bench/space_real.py seed 4, whose first trusted night paged
     E2eLatencyDeviation)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.log(ratio) / np.sqrt(log_var)

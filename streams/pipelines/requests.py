@@ -32,7 +32,7 @@ bucket's end.
 
 **Evidence.** Signals are not computed per bucket (a minute of a quiet service is one or
 two requests) but over windows that hold enough of them
-(:mod:`ragwatch.streams.pipelines.evidence`):
+(:mod:`ragwatch.detectors.tails`):
 
 - traffic over the newest buckets in which ``rate_target`` requests were *expected*
   (at least one bucket, more for bursty traffic: enough that the baselines' measured
@@ -130,6 +130,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.request_outliers import RequestOutliers
+from ragwatch.detectors.tails import quantile
 from ragwatch.schema import Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.masks import holds
@@ -138,7 +139,6 @@ from ragwatch.streams.pipelines import service_snapshot as snapshots
 from ragwatch.streams.pipelines.base import BatchFailed, ChartSeries, Domain
 from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir, drop_before
 from ragwatch.streams.pipelines.budget import SeriesBudget
-from ragwatch.streams.pipelines.evidence import quantile
 from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
 from ragwatch.streams.pipelines.service_clusters import ScoredRun, ServiceClusters
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS, SeriesKey, ServiceRows

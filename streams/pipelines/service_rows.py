@@ -9,11 +9,11 @@ closes of many series are one set of array operations
   totals, the usual share of errors, the tokens' spread, the observations pending for
   the two traffic baselines, when a baseline last accepted a new level) in 1-D arrays;
 - the newest signals in a ``(rows, len(SIGNALS))`` matrix, NaN where a signal has no value;
-- the count rings in a :class:`~ragwatch.streams.pipelines.count_bank.CountBank`, the
+- the count rings in a :class:`~ragwatch.detectors.counts.CountBank`, the
   traffic baselines (requests per second, tokens per request) in a
   :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the latency baselines
   (retriever P99, end-to-end P95) in a
-  :class:`~ragwatch.streams.pipelines.latency_bank.LatencyBank`, two rows a series each
+  :class:`~ragwatch.detectors.latency.LatencyBank`, two rows a series each
   (:meth:`ServiceRows.both`: a close calls each bank once for both); the baselines of
   what the service controls (decode time per token, TTFT less queue wait, queue wait:
   :data:`SERVING`) in a second latency bank, three rows a series (:meth:`ServiceRows.three`).
@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.detectors.counts import CountBank
+from ragwatch.detectors.latency import LatencyBank
 from ragwatch.detectors.seasonal import SeasonalBaseline
 from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.detectors.tails import TailWindow
 from ragwatch.streams.pipelines.buckets import Bucket
-from ragwatch.streams.pipelines.count_bank import CountBank
-from ragwatch.streams.pipelines.evidence import TailWindow
-from ragwatch.streams.pipelines.latency_bank import LatencyBank
 from ragwatch.streams.pipelines.rows import RowIndex
 
 F64 = npt.NDArray[np.float64]

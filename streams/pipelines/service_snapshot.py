@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.detectors.counts import CountBank
+from ragwatch.detectors.latency import LatencyBank
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.detectors.tails import TailWindow
 from ragwatch.streams.pipelines.buckets import DERIVED, Bucket, Reservoir
-from ragwatch.streams.pipelines.count_bank import CountBank
-from ragwatch.streams.pipelines.evidence import TailWindow
-from ragwatch.streams.pipelines.latency_bank import LatencyBank
 from ragwatch.streams.pipelines.service_clusters import ServiceClusters
 from ragwatch.streams.pipelines.service_rows import (
     RECENT_BUCKETS,

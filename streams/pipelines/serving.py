@@ -9,7 +9,7 @@ more):
   after the first token: :func:`~.buckets.decode_ms_per_token`) over the last
   :data:`DECODE_REQUESTS` requests or 2 minutes, whichever holds more, robust to the few very
   short or very long answers of any mix; ``decode_baseline_tps`` (a seasonal baseline of
-  the median's log, :class:`~.latency_bank.LatencyBank`), ``decode_deviation`` (-0.36:
+  the median's log, :class:`~ragwatch.detectors.latency.LatencyBank`), ``decode_deviation`` (-0.36:
   36 % slower) and ``decode_z``: the deviation of the log median in standard deviations
   of its sampling noise (the spread of the requests' log speeds, as a MAD, times
   sqrt(pi / 2) over sqrt(n): a median's standard error) plus the baseline's own
@@ -45,8 +45,8 @@ more):
   tell a 3 % stall fault from a healthy instance's unlucky hour, the requests since can.
 
 The baselines judge (and the tests are known) once the window has taken
-:data:`~.evidence.TRUST_VALUES` values of theirs: a baseline of the first hours of a
-series (a level, or a trend fitted to a quiet start) cannot tell a fault from its own
+:data:`~ragwatch.detectors.latency.TRUST_VALUES` values of theirs: a baseline of the first
+hours of a series (a level, or a trend fitted to a quiet start) cannot tell a fault from its own
 error. Each baseline also has ``<family>_held_s``, ``_relearned_at`` and ``_relearned_from``
 (families ``decode``, ``ttft_net_p95``, ``queue_p95``; ``decode_relearned_from`` in
 tokens per second, as its baseline), and ``<family>_recurring``: 1 while it holds a
@@ -77,7 +77,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.streams.pipelines.evidence import MIN_VALUES, TRUST_VALUES, TailWindow
+from ragwatch.detectors.latency import TRUST_VALUES
+from ragwatch.detectors.tails import MIN_VALUES, TailWindow
 from ragwatch.streams.pipelines.recurrence import recurring
 from ragwatch.streams.pipelines.service_rows import SERVING, ServiceRows
 
@@ -149,10 +150,10 @@ def serving_signals(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None
 
 
 def _trusted(st: ServiceRows, rows: Rows, names: tuple[str, ...]) -> npt.NDArray[np.bool_]:
-    """Whether each baseline's window has taken :data:`~.evidence.TRUST_VALUES` values
-    (a block of ``rows`` per name): a baseline learnt from fewer (the first hours of a
-    series, a trend fitted to a quiet start) judges nothing yet, and its tests are
-    unknown."""
+    """Whether each baseline's window has taken
+    :data:`~ragwatch.detectors.latency.TRUST_VALUES` values (a block of ``rows`` per
+    name): a baseline learnt from fewer (the first hours of a series, a trend fitted to a
+    quiet start) judges nothing yet, and its tests are unknown."""
     seen = [[st.tails[r].seen.get(n, 0) for r in rows.tolist()] for n in names]
     return np.array(seen, dtype=np.int64).ravel() >= TRUST_VALUES
 

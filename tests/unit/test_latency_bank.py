@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragwatch.streams.pipelines.evidence import LatencyBaseline
-from ragwatch.streams.pipelines.latency_bank import LatencyBank
+from ragwatch.detectors.latency import LatencyBank
+from tests.reference.evidence import LatencyBaseline, adopt_baseline, baseline_of
 
 T0 = 1_767_225_600.0
 
@@ -65,7 +65,7 @@ def test_rows_judge_hold_and_learn_as_objects_do(
             assert _same(bank.baseline(rows[i : i + 1], np.array([t]))[0], obj.baseline(t))
             assert bank.held_s(rows[i : i + 1], np.array([t]))[0] == obj.held_s(t)
     for i, obj in enumerate(objects):
-        assert _state(bank.export(int(rows[i]))) == _state(obj)
+        assert _state(baseline_of(bank, int(rows[i]))) == _state(obj)
 
 
 def test_adopt_export_and_dump_load_round_trip() -> None:
@@ -73,13 +73,13 @@ def test_adopt_export_and_dump_load_round_trip() -> None:
     for k in range(40):
         obj.update(T0 + 60 * k, 100.0 + (k % 3) if k < 30 else 400.0, 100 * k)
     bank = LatencyBank(1, min_entries=2)
-    bank.adopt(0, obj)
-    assert _state(bank.export(0)) == _state(obj)
+    adopt_baseline(bank, 0, obj)
+    assert _state(baseline_of(bank, 0)) == _state(obj)
     other = LatencyBank(4, min_entries=2)
     other.load(np.array([3]), bank.dump(np.array([0])))
-    assert _state(other.export(3)) == _state(obj)
+    assert _state(baseline_of(other, 3)) == _state(obj)
     other.reset(np.array([3]))
-    assert _state(other.export(3)) == _state(LatencyBaseline(min_entries=2))
+    assert _state(baseline_of(other, 3)) == _state(LatencyBaseline(min_entries=2))
 
 
 def test_a_dump_of_another_shape_is_refused_before_anything_changes() -> None:
@@ -118,4 +118,4 @@ def test_a_baseline_past_the_float_range_is_inf_in_both_not_an_error() -> None:
         assert _same(got[0], obj.update(t, v, seen))
         infinite += math.isinf(got[0])
     assert infinite > 0
-    assert _state(bank.export(0)) == _state(obj)
+    assert _state(baseline_of(bank, 0)) == _state(obj)

@@ -32,6 +32,7 @@ from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines import requests as columnar
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS
 from tests.reference import requests_objects as reference
+from tests.reference.evidence import baseline_of, ring_of
 
 ADDED = frozenset(SIGNALS[SIGNAL_AT["retriever_tail_ratio"]:SIGNAL_AT["e2e_p95_baseline_ms"]]
                   + SIGNALS[SIGNAL_AT["decode_tps"]:])  # fmt: skip
@@ -97,11 +98,11 @@ def assert_same_banks(pipe: columnar.RequestPipeline, ref: reference.RequestPipe
         for i, name in enumerate(("rps", "tpr")):  # rows 2r and 2r + 1 of the traffic bank
             assert _state(rows.traffic.export(2 * row + i)) == _state(getattr(s, name))
         for i, name in enumerate(("retriever_p99", "e2e_p95")):
-            got, want = rows.latency.export(2 * row + i), getattr(s, name)
+            got, want = baseline_of(rows.latency, 2 * row + i), getattr(s, name)
             assert _state(got.model) == _state(want.model)
             assert (got.seen_at_entry, got.relearned_at, got.relearned_before) == (
                 want.seen_at_entry, want.relearned_at, want.relearned_before)  # fmt: skip
-        ring = rows.counts.export(row)
+        ring = ring_of(rows.counts, row)
         assert ring.window(target=1e9, max_s=1e9) == s.counts.window(target=1e9, max_s=1e9)
         assert rows.next_bucket[row] == s.next_bucket and rows.label[row] == s.outlier_label
 

@@ -20,6 +20,7 @@ from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import Condition, Rule
 from ragwatch.streams.pipelines.requests import MAX_SCORED_PER_ENVELOPE, Bucket, RequestPipeline
+from tests.reference.evidence import baseline_of, ring_of
 
 T0 = 1_699_999_980.0  # a multiple of 60: bucket boundaries at T0 + k * 60
 MIN = 60.0
@@ -459,13 +460,13 @@ def test_memory_is_bounded() -> None:
     rows = pipe.rows
     for s in pipe.series.values():
         assert len(s.buckets) <= 30 / 60 + 2
-        ring = rows.counts.export(s.row)
+        ring = ring_of(rows.counts, s.row)
         assert len(ring) == ring.capacity == 90  # rate_max_s of buckets
         # the tail window: 2 minutes of 50 sampled values a bucket (>= 100 requests)
         tail = rows.tails[s.row]
         assert len(tail.values("e2e", s.bucket_end or 0.0)) == 100
         assert all(len(v) <= 2 * 100 + 256 for v in tail._vals.values())
-        latency = rows.latency.export(2 * s.row).model
+        latency = baseline_of(rows.latency, 2 * s.row).model
         assert latency is not None and latency.late == 0
         assert all(len(r.values) <= 50 for b in s.buckets.values() for r in b.latencies.values())
         assert rows.traffic.export(2 * s.row).late == rows.traffic.export(2 * s.row + 1).late == 0

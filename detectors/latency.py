@@ -1,14 +1,14 @@
-"""Many latency baselines in arrays: :class:`LatencyBank` runs
-:class:`~ragwatch.streams.pipelines.evidence.LatencyBaseline` for N series at once.
+"""Latency baselines in arrays: :class:`LatencyBank` holds N of them, a row each.
 
 A latency baseline is a seasonal baseline of the log of a window quantile (a request
 series' retriever P99 or end-to-end P95), fed an entry every ``entry_values`` new requests
 and held while the quantile is more than ``hold`` times the baseline (once the window
-has taken :data:`~.evidence.TRUST_VALUES` values). Here the baselines
-are rows of one :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the rest of
-their state three columns: the window's count at the last entry and when and from what
-the baseline last accepted a new level. The object stays the reference
-(``tests/unit/test_latency_bank.py``): the same baselines, holds and entries, bit for bit.
+has taken :data:`TRUST_VALUES` values). Latency follows load (queues grow at the daily
+peak), so the baseline follows the daily profile too. The baselines are rows of one
+:class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the rest of their state three
+columns: the window's count at the last entry and when and from what the baseline last
+accepted a new level. The reference (``tests/reference/evidence.py``, one series) is held
+to it in ``tests/unit/test_latency_bank.py``.
 
 >>> bank = LatencyBank(capacity=2)
 >>> rows = np.array([0, 1])
@@ -27,23 +27,46 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.detectors.seasonal import SeasonalBaseline
 from ragwatch.detectors.seasonal_bank import SeasonalBank
-from ragwatch.streams.pipelines.evidence import TRUST_VALUES, LatencyBaseline, exp_or_inf
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 NO_ENTRY = -1  # seen_at_entry of a baseline that has had no entry yet (None)
 
+# A latency baseline holds (learns nothing while its quantile is above ``hold`` x it) only
+# once its window has taken this many values (15 entries): one learnt from the first few
+# windows of a series (often a quiet start) can sit 1.4x below the quantile's usual level,
+# and a hold that starts then lasts a day (a healthy retriever's P99 "slow" all morning).
+TRUST_VALUES = 1500
+
+
+def exp_or_inf(x: float) -> float:
+    """``math.exp(x)``, or inf past the float range: a latency baseline is learnt in logs,
+    and one of latencies near the float maximum (finite, so accepted) can forecast past
+    it; the baseline is then inf, which no quantile exceeds, instead of an error on every
+    close of the series.
+
+    >>> exp_or_inf(0.0), exp_or_inf(710.0)
+    (1.0, inf)
+    """
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
 
 def _exp(a: F64) -> F64:
-    """:func:`~.evidence.exp_or_inf` of each value (numpy's exp differs from ``math.exp`` in
+    """:func:`exp_or_inf` of each value (numpy's exp differs from ``math.exp`` in
     the last bit at times), NaN staying NaN."""
     return np.array([exp_or_inf(v) if v == v else math.nan for v in a.tolist()], dtype=np.float64)
 
 
 class LatencyBank:
-    """Latency baselines for up to ``capacity`` rows (it grows); parameters as
-    :class:`~ragwatch.streams.pipelines.evidence.LatencyBaseline`'s."""
+    """Latency baselines for up to ``capacity`` rows (it grows): each a seasonal baseline
+    of the log of a window quantile, fed an entry every ``entry_values`` new values, at
+    least ``min_entries`` before it forecasts, held while the quantile is more than
+    ``hold`` times it (and, past ``hold_max_s``, re-learnt from it)."""
 
     def __init__(
         self,
@@ -56,10 +79,10 @@ class LatencyBank:
     ) -> None:
         self.entry_values, self.hold = entry_values, hold
         self.min_entries, self.hold_max_s = min_entries, hold_max_s
-        proto = LatencyBaseline(
-            entry_values=entry_values, min_entries=min_entries, hold=hold, hold_max_s=hold_max_s
-        ).model
-        assert proto is not None
+        # a slowdown far past any rhythm of latency: held a day
+        proto = SeasonalBaseline(
+            warmup=min_entries, hold_max_s=hold_max_s, unprofiled_hold_s=hold_max_s
+        )
         self.model = SeasonalBank(proto, capacity)
         self.seen_at_entry: I64 = np.full(capacity, NO_ENTRY, dtype=np.int64)
         self.relearned_at: F64 = np.full(capacity, np.nan)
@@ -101,13 +124,13 @@ class LatencyBank:
         return var + noise
 
     def update(self, rows: npt.ArrayLike, now: F64, value: F64, seen: I64) -> F64:
-        """:meth:`LatencyBaseline.update` of each row (distinct): judge ``value`` (the
+        """For each row (distinct): judge ``value`` (the
         window's quantile, NaN if unknown; ``seen``: the values the window ever took)
         against the baseline, then maybe learn it. Returns the baselines judged against."""
         r = np.asarray(rows, dtype=np.intp)
         base = self.baseline(r, now)
         with np.errstate(invalid="ignore"):
-            ok = value > 0  # False for NaN, as `not value > 0` is True in the object
+            ok = value > 0  # False for NaN
         if not ok.any():
             return base
         r, t, v, b = r[ok], now[ok], value[ok], base[ok]
@@ -127,29 +150,7 @@ class LatencyBank:
             self.seen_at_entry[d] = s[due]
         return base
 
-    # -- the reference and snapshots -------------------------------------------------
-
-    def adopt(self, row: int, base: LatencyBaseline) -> None:
-        """Take the state of an object baseline into ``row`` (exactly)."""
-        assert base.model is not None
-        self.model.adopt(row, base.model)
-        self.seen_at_entry[row] = NO_ENTRY if base.seen_at_entry is None else base.seen_at_entry
-        self.relearned_at[row] = _nan(base.relearned_at)
-        self.relearned_before[row] = _nan(base.relearned_before)
-
-    def export(self, row: int) -> LatencyBaseline:
-        """The object with ``row``'s state."""
-        seen = int(self.seen_at_entry[row])
-        return LatencyBaseline(
-            entry_values=self.entry_values,
-            min_entries=self.min_entries,
-            hold=self.hold,
-            hold_max_s=self.hold_max_s,
-            model=self.model.export(row),
-            seen_at_entry=None if seen == NO_ENTRY else seen,
-            relearned_at=_none(self.relearned_at[row]),
-            relearned_before=_none(self.relearned_before[row]),
-        )
+    # -- snapshots ------------------------------------------------------------------
 
     def dump(self, rows: npt.ArrayLike) -> dict[str, Any]:
         """``rows``' state as plain data (raw little-endian arrays)."""
@@ -185,11 +186,3 @@ def _array(raw: Any, dtype: str, n: int) -> npt.NDArray[Any]:
     if len(a) != n:
         raise ValueError(f"{len(a)} values for {n} rows")
     return a
-
-
-def _nan(v: float | None) -> float:
-    return math.nan if v is None else v
-
-
-def _none(v: np.float64) -> float | None:
-    return None if v != v else float(v)

@@ -1,22 +1,32 @@
-"""Many count rings in arrays: :class:`CountBank` holds :class:`~.evidence.CountRing`'s
-state for N request series, a series per row, and takes their windows in one go.
+"""Windows sized by evidence, for N request series in arrays: the counts behind a series'
+rates and means, and the test the throughput rules make of them.
 
-The object ring stays the reference (``tests/unit/test_count_bank.py`` holds the bank to
-it bit for bit: the same windows, field by field, on the same pushes). What changes is
-the cost: a window of many rows is a handful of array operations over ``rows x capacity``
-matrices, not a Python loop per bucket.
+A minute of a quiet service holds one or two requests; a 25 % drop of them is noise. So
+the request pipeline does not compute its rates per bucket but over windows that hold
+enough requests. :class:`CountBank` keeps, per row (a series) and closed bucket, the counts
+and sums that rates and means need (:class:`BucketCounts`: requests, errors, output tokens
+and their squares, context tokens, whether the bucket was observed at all) and how many
+requests were expected in it when it closed. :meth:`CountBank.window` walks back from the
+newest bucket until the *expected* number of requests reaches a target or the span
+reaches a cap. Expected, not observed: choosing the window by what was seen would make a
+drop pick a longer window than normal traffic (a biased test). :func:`count_z` is the
+standardised difference between an observed and an expected count of a compound Poisson
+process (requests, or tokens carried by requests), with the expectation's own
+uncertainty added.
 
-State per row, as the object keeps it: per bucket ``end`` and the eight fields of
-:class:`~.evidence.BucketCounts` and the expectation, all float64 as the object's
-``array("d")`` columns hold them (so a count above 2**53 is rounded as there), except
-``observed`` (bool); and the ring's ``head`` and ``len``.
+The reference (``tests/reference/evidence.py``: a ring of one series, a loop per bucket)
+is held to the bank in ``tests/unit/test_count_bank.py``. The bank's cost: a window of
+many rows is a handful of array operations over ``rows x capacity`` matrices.
 
+State per row: per bucket ``end`` and the fields of :class:`BucketCounts` and the
+expectation, all float64 (so a count above 2**53 is rounded), except ``observed`` (bool);
+and the ring's ``head`` and ``len``.
 How a window is taken without a loop over buckets: the rings of the rows asked for are
 read newest bucket first (``rows x capacity`` matrices gathered by an index matrix from
 head and len), unobserved buckets are masked to +0.0, and the expected requests are
-summed with ``np.cumsum`` along the bucket axis, started at +0.0 as the object's ``+=``
-is (numpy's cumsum is sequential, so its partial sums are the loop's, bit for bit;
-``np.sum`` is pairwise and is not). A walk ends at the first bucket that either ends
+summed with ``np.cumsum`` along the bucket axis, started at +0.0 (numpy's cumsum is
+sequential, so its partial sums are a loop's, bit for bit; ``np.sum`` is pairwise and is
+not). A walk ends at the first bucket that either ends
 ``max_s`` or more before the newest end (before adding it) or brings the expected sum to
 ``target`` and the span to ``min_s`` (after adding it): an ``argmax`` over that condition
 (the span of k buckets is a table, so "span >= min_s" is "k >= the fewest buckets that
@@ -35,8 +45,6 @@ counts (whole numbers, exact in any order) by sum.
 >>> w.one(0)
 CountWindow(buckets=2, span_s=120.0, n=6, errors=0, tokens=1500.0, tokens_sq=0.0, \
 context=0.0, expected=12.0, start=180.0, unexpected=0, clustered=0)
->>> bank.export(0).window(target=10.0, max_s=600.0) == w.one(0)
-True
 """
 
 from __future__ import annotations
@@ -48,8 +56,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.streams.pipelines.evidence import BucketCounts, CountRing, CountWindow
-
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
@@ -58,17 +64,66 @@ Rows = npt.NDArray[np.intp]
 Ints = npt.NDArray[Any]
 
 FIRST_WIDTH = 8  # ring columns allocated at first (they grow with the longest ring)
-COUNTS = ("n", "errors", "clustered")  # whole numbers, summed as the object's int()s
-# the float64 columns per bucket: CountRing's fields (less ``observed``) and the end time
+COUNTS = ("n", "errors", "clustered")  # whole numbers, summed as the reference's int()s
+# the float64 columns per bucket: the fields of BucketCounts (less ``observed``) and the end time
 FLOATS = ("n", "errors", "tokens", "tokens_sq", "context", "expected", "clustered", "end")
 INT64_SAFE = 2.0**62  # counts are summed in int64 while capacity * max |count| is below
 FIRST_SHARE = 4  # a window walks the newest quarter of the rings first (the rest if need be)
 FORMAT = 1  # of :meth:`CountBank.dump`
 
 
+def count_z(observed: float, expected: float, size: float, rel_var: float) -> float:
+    """How many standard deviations ``observed`` is from ``expected``.
+
+    ``expected`` is the mean of a compound Poisson sum (requests: ``size`` 1; tokens:
+    ``size`` = E[tokens^2] / E[tokens] per request), so its sampling variance is
+    ``expected * size``; ``rel_var`` is the relative variance of the expectation itself
+    (the baseline's uncertainty), which adds ``(expected * sqrt(rel_var))^2``.
+
+    >>> round(count_z(60, 100, 1.0, 0.0), 1)     # 60 requests where 100 were expected
+    -4.0
+    >>> round(count_z(60, 100, 1.0, 0.01), 1)    # ... by a baseline good to 10 %
+    -2.8
+    """
+    var = expected * size + expected * expected * rel_var
+    if not var > 0:
+        return 0.0 if observed == expected else math.copysign(math.inf, observed - expected)
+    return (observed - expected) / math.sqrt(var)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketCounts:
+    """What one closed bucket of one series counted."""
+
+    n: int = 0
+    errors: int = 0
+    tokens: float = 0.0  # output tokens
+    tokens_sq: float = 0.0  # sum of squares of output tokens per request
+    context: float = 0.0  # context tokens
+    observed: bool = True  # False: the sender was silent (a gap), not zero traffic
+    clustered: int = 0  # requests of an active outlier cluster, not counted in the above
+
+
+@dataclass(frozen=True, slots=True)
+class CountWindow:
+    """Sums over the newest ``buckets`` observed buckets, and what was expected there."""
+
+    buckets: int
+    span_s: float
+    n: int
+    errors: int
+    tokens: float
+    tokens_sq: float
+    context: float
+    expected: float  # expected requests (the expectations the buckets were closed with)
+    start: float  # start of the oldest bucket in it (event time)
+    unexpected: int = 0  # buckets closed without an expectation (counted as observed)
+    clustered: int = 0  # requests of an active outlier cluster, not counted in ``n``
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class CountWindows:
-    """:class:`~.evidence.CountWindow` of many rows, a field per array (row ``i`` of the
+    """:class:`CountWindow` of many rows, a field per array (row ``i`` of the
     call at index ``i``); ``n``, ``errors`` and ``clustered`` are int64 arrays, or object
     arrays of Python ints from a bank that has held a count so large that a sum of them
     could pass int64."""
@@ -89,7 +144,7 @@ class CountWindows:
         return len(self.buckets)
 
     def one(self, i: int) -> CountWindow:
-        """Row ``i``'s window as the object gives it (plain ints and floats)."""
+        """Row ``i``'s window as the reference gives it (plain ints and floats)."""
         return CountWindow(
             int(self.buckets[i]),
             float(self.span_s[i]),
@@ -115,8 +170,8 @@ def _floats(values: npt.ArrayLike, m: int, name: str) -> F64:
 
 
 def _counts(values: npt.ArrayLike, m: int, name: str) -> F64:
-    """Whole numbers as the object's double columns hold them (rounded to nearest as
-    ``array("d")`` rounds an int); a fraction, NaN or infinity is refused: the object's
+    """Whole numbers as the reference's double columns hold them (rounded to nearest as
+    ``array("d")`` rounds an int); a fraction, NaN or infinity is refused: the reference's
     ``int()`` of it would be lost or would raise when a window is taken."""
     a = np.asarray(values)
     out = _floats(a, m, name)
@@ -132,7 +187,7 @@ def _whole(a: F64) -> bool:
 
 def _running(values: F64, keep: Bools) -> F64:
     """Along each row (its buckets, newest first), the running sums of the kept values
-    from +0.0, in place: bit for bit the object's ``x = 0.0; x += v`` (np.cumsum is
+    from +0.0, in place: bit for bit the reference's ``x = 0.0; x += v`` (np.cumsum is
     sequential). A skipped value adds +0.0, which changes no running sum (one started at
     +0.0 is never -0.0); +0.0 added to the first value is the start at +0.0."""
     np.copyto(values, 0.0, where=~keep)
@@ -141,13 +196,13 @@ def _running(values: F64, keep: Bools) -> F64:
 
 
 def _total(values: F64, keep: Bools) -> F64:
-    """Per row, the object's sum of the kept values (0.0 where none)."""
+    """Per row, the reference's sum of the kept values (0.0 where none)."""
     return _running(values, keep)[:, -1] if values.shape[1] else np.zeros(len(values))
 
 
 def _int_total(values: F64, keep: Bools, big: bool) -> Ints:
     """Per row, the sum of ``int()`` of the kept whole doubles: in int64, or in Python ints
-    where a sum might pass int64 (``big``); exact either way, as the object's (the order
+    where a sum might pass int64 (``big``); exact either way, as the reference's (the order
     of whole numbers does not matter)."""
     if big:
         ints: Ints = np.vectorize(int, otypes=[object])(np.where(keep, values, 0.0))
@@ -159,7 +214,7 @@ def _int_total(values: F64, keep: Bools, big: bool) -> Ints:
 
 def _spans(capacity: int, bucket_s: float) -> F64:
     """The span of ``k`` buckets, k = 0..capacity: ``bucket_s`` added k times from 0.0
-    (as the object adds it; ``k * bucket_s`` may differ in the last bit)."""
+    (as the reference adds it; ``k * bucket_s`` may differ in the last bit)."""
     out = np.full(capacity + 1, bucket_s)
     out[0] = 0.0
     return np.cumsum(out)
@@ -171,7 +226,7 @@ def _le(a: npt.NDArray[Any]) -> bytes:
 
 
 class CountBank:
-    """:class:`~.evidence.CountRing` for ``rows`` series (it grows: :meth:`reserve`), each
+    """Count rings for ``rows`` series (it grows: :meth:`reserve`), each
     of ``capacity`` buckets of ``bucket_s`` seconds. Rows are plain indices: the caller
     keeps the key -> row map and calls :meth:`reset` on a row it reuses. Every method takes
     rows below :attr:`rows` only (ValueError otherwise); ``push`` and ``load`` distinct
@@ -274,7 +329,7 @@ class CountBank:
         clustered: npt.ArrayLike,
     ) -> None:
         """One closed bucket for each of the distinct ``rows``, as
-        :meth:`CountRing.push` takes it (``expected`` NaN: None there); a scalar is every
+        the reference ring's ``push`` takes it (``expected`` NaN: None there); a scalar is every
         row's. Counts are whole numbers (ValueError, nothing changed, otherwise)."""
         r = self._rows(rows, distinct=True)
         m = len(r)
@@ -336,11 +391,11 @@ class CountBank:
     def window(
         self, rows: npt.ArrayLike, *, target: float, max_s: float, min_s: npt.ArrayLike = 0.0
     ) -> CountWindows:
-        """:meth:`CountRing.window` of each row (``min_s`` per row, or one for all)."""
+        """The window of each row (see the module) (``min_s`` per row, or one for all)."""
         r = self._rows(rows)
         mins = np.broadcast_to(np.asarray(min_s, dtype=np.float64), r.shape)
         args = (float(target), float(max_s))
-        with np.errstate(all="ignore"):  # infinities and NaN, as the object's floats
+        with np.errstate(all="ignore"):  # infinities and NaN, as the reference's floats
             # most walks end in the newest buckets: walk those first, the rest again
             took, last, done = self._walk(r, *args, mins, max(1, self.capacity // FIRST_SHARE))
             if done.all():
@@ -384,7 +439,7 @@ class CountBank:
         taken &= self._observed.take(at)
         buckets = np.count_nonzero(taken, axis=1)
         newest = self._start(r)
-        # the object's ``ends[i] - bucket_s`` of the last bucket *visited* (not taken)
+        # the reference's ``ends[i] - bucket_s`` of the last bucket *visited* (not taken)
         last_end = self._f["end"][r, self._position(self._head[r] - 1 - last)]
         ints = {f: _int_total(self._f[f].take(at), taken, self._big) for f in COUNTS}
         return CountWindows(
@@ -430,58 +485,6 @@ class CountBank:
         held = [state[name] for name in FLOATS]
         if state["observed"][beyond].any() or any(a[beyond].any() for a in held):
             raise ValueError("count bank state: values beyond len")
-
-    def adopt(self, row: int, ring: CountRing) -> None:
-        """Row ``row`` from an object ring of the same capacity and bucket size, exactly
-        (ValueError, nothing changed, if it does not fit)."""
-        r = self._rows([row])
-        if (ring.capacity, ring.bucket_s) != (self.capacity, self.bucket_s):
-            raise ValueError("count bank: a ring of another capacity or bucket size")
-        length = len(ring._end)
-        if length != len(ring) or length > self.capacity:
-            raise ValueError("count bank: a ring whose columns are not its length")
-
-        def column(values: Any) -> npt.NDArray[Any]:
-            out = np.zeros((1, self.capacity))
-            out[0, :length] = np.asarray(values, dtype=np.float64)
-            return out
-
-        cols = ring._cols
-        state = {name: column(cols[name]) for name in FLOATS if name != "end"}
-        state["end"] = column(ring._end)
-        state["observed"] = column(cols["observed"]) != 0.0  # the object's truth of a double
-        state["head"] = np.array([ring._head], dtype=np.int64)
-        state["len"] = np.array([len(ring)], dtype=np.int64)
-        self._check(state)
-        self._write(r, state)
-
-    def export(self, row: int) -> CountRing:
-        """Row ``row`` as an object ring, exactly (its columns, head and len), built by
-        pushes: a full ring's buckets from position 0, then those before its head again."""
-        at = int(self._rows([row])[0])
-        ring = CountRing(self.capacity, self.bucket_s)
-        length, head = int(self._len[at]), int(self._head[at])
-        again = range(head) if length == self.capacity else range(0)
-        for j in [*range(length), *again]:
-            ring.push(float(self._f["end"][at, j]), self._bucket(at, j), self._expected(at, j))
-        return ring
-
-    def _bucket(self, at: int, j: int) -> BucketCounts:
-        """Position ``j`` of row ``at`` as the object's counts."""
-        f = self._f
-        return BucketCounts(
-            n=int(f["n"][at, j]),
-            errors=int(f["errors"][at, j]),
-            tokens=float(f["tokens"][at, j]),
-            tokens_sq=float(f["tokens_sq"][at, j]),
-            context=float(f["context"][at, j]),
-            observed=bool(self._observed[at, j]),
-            clustered=int(f["clustered"][at, j]),
-        )
-
-    def _expected(self, at: int, j: int) -> float:
-        """The expectation as pushed (a NaN kept as it is: the object stores it as is)."""
-        return float(self._f["expected"][at, j])
 
     def dump(self, rows: npt.ArrayLike) -> dict[str, Any]:
         """The state of ``rows`` as plain data (raw little-endian arrays by name, and the
