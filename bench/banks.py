@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ragwatch.detectors.leak import LeakDetector
-from ragwatch.detectors.leak_bank import LeakBank
+from ragwatch.detectors.leak import LeakBank, LeakDetector
 
 T0 = 1_767_225_600.0
 OUT = Path(__file__).parent / "results" / "banks.json"

@@ -12,7 +12,7 @@ Series:
 
 The state is columnar (issue 17): a series is a row of arrays, its key's row kept by a
 :class:`~ragwatch.streams.pipelines.rows.RowIndex`, its leak detector a row of a
-:class:`~ragwatch.detectors.leak_bank.LeakBank`, its raw values (memory, utilisation,
+:class:`~ragwatch.detectors.leak.LeakBank`, its raw values (memory, utilisation,
 temperature ...) columns. A batch is split into *waves*, runs of envelopes of distinct
 hosts: a wave's samples are learned with one set of array operations, its rules are
 evaluated as masks over its rows, and only the rows where a rule holds or an alert is
@@ -54,8 +54,7 @@ import numpy.typing as npt
 from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.chart_ids import series_prefix
 from ragwatch.codec import gpu_wire
-from ragwatch.detectors.leak import GB, LeakEstimate
-from ragwatch.detectors.leak_bank import LeakBank
+from ragwatch.detectors.leak import GB, LeakBank, LeakEstimate
 from ragwatch.gpu_wire import GpuMessage, GpuSampleWire, ProcessWire
 from ragwatch.schema import GpuEnvelope, Transition
 from ragwatch.streams.alerting import masks

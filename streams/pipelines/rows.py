@@ -1,7 +1,7 @@
 """Series keys to bank rows (issue 17): a key -> row map with a free list, and the
 event time each row was last seen, in an array, for sweeping stale series at once.
 
-The detector banks (``detectors/leak_bank.py``) hold a series per row; this index says
+The detector banks (``detectors/leak/bank.py``) hold a series per row; this index says
 which. A removed key's row goes on the free list and is handed to the next new key (the
 caller resets the banks' row), so the arrays grow only with the number of series alive
 at once, not with every series ever seen; per-host sets give a host's rows for its

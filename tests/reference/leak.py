@@ -1,5 +1,5 @@
 """The leak detector's specification: the algorithm of
-:class:`~ragwatch.detectors.leak_bank.LeakBank` written the simplest way, one object per
+:class:`~ragwatch.detectors.leak.LeakBank` written the simplest way, one object per
 series, plain Python floats, lists and loops, every fit recomputed from scratch.
 ``tests/unit/test_leak_bank.py`` holds the bank to it within a tolerance.
 
@@ -19,7 +19,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ragwatch.detectors.leak_bank import ROUNDING, LeakParams
+from ragwatch.detectors.leak import ROUNDING, LeakParams
 
 
 def theil_sen(ts: list[float], vs: list[float]) -> float:

@@ -15,8 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ragwatch.detectors.leak import LeakDetector
-from ragwatch.detectors.leak_bank import LeakBank, LeakParams
+from ragwatch.detectors.leak import LeakBank, LeakDetector, LeakParams
 from tests.reference.leak import LeakReference
 
 T0 = 1_767_225_600.0

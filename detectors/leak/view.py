@@ -1,7 +1,7 @@
-"""Memory-leak detector for one series: a one-row view of :class:`~.leak_bank.LeakBank`,
+"""Memory-leak detector for one series: a one-row view of :class:`~.bank.LeakBank`,
 with river's protocol (``learn_one`` / ``score_one`` / ``clone``), for ``ragwatch replay
 --detector leak`` and the detector contract. The algorithm, its parameters and their
-reasons are the bank's (``leak_bank.py``): memory that grows and does not come back, judged
+reasons are the bank's (``bank.py``): memory that grows and does not come back, judged
 on a fast horizon (30 min, above the range the series held and left) and on its floor (the
 low-water mark over 2 h). ``score_one`` is ``g / (g + scale_bytes)`` for the growth ``g``
 over the window at the leak rate: 0 while warming up and without a leak.
@@ -24,15 +24,12 @@ from typing import Any
 import numpy as np
 
 from ragwatch.detectors.base import register
-from ragwatch.detectors.leak_bank import (
-    GB,
+from ragwatch.detectors.leak.bank import (
     LeakBank,
     LeakEstimate,
     LeakParams,
-    theil_sen,
 )
 
-__all__ = ["GB", "LeakDetector", "LeakEstimate", "LeakParams", "theil_sen"]
 _ROW = np.zeros(1, dtype=np.intp)
 
 

@@ -1,5 +1,5 @@
 """Memory leaks of many series in arrays: :class:`LeakBank` holds a series per row and is the
-only implementation of the leak detector (:class:`~.leak.LeakDetector` is a one-row view of
+only implementation of the leak detector (:class:`~.view.LeakDetector` is a one-row view of
 it; ``tests/reference/leak.py`` is the specification, in plain loops).
 
 What it detects: memory that grows and does not come back, judged on three horizons.
@@ -57,13 +57,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from ragwatch.detectors.leak import LeakDetector
 
 GB = 1e9
 # A bucket step under this share of the memory is rounding, not a rise; and a level above
@@ -439,13 +436,6 @@ class LeakBank:
         if v.size != n * (a.shape[1] if a.ndim == 2 else 1):
             raise ValueError(f"leak bank state: {name} holds {v.size} values")
         return v.reshape((n, *a.shape[1:]))
-
-    def adopt(self, row: int, det: LeakDetector) -> None:
-        """Row ``row`` from a one-row detector with the same parameters (a snapshot of the
-        pipeline's previous format held one :class:`~.leak.LeakDetector` a series)."""
-        if det.bank.params != self.params:
-            raise ValueError("leak detector of other parameters")
-        self.load([row], det.bank.dump([0]))
 
     # ------------------------------------------------------------------ learning
 
