@@ -5,7 +5,7 @@ series' retriever P99 or end-to-end P95), fed an entry every ``entry_values`` ne
 and held while the quantile is more than ``hold`` times the baseline (once the window
 has taken :data:`TRUST_VALUES` values). Latency follows load (queues grow at the daily
 peak), so the baseline follows the daily profile too. The baselines are rows of one
-:class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the rest of their state three
+:class:`~ragwatch.detectors.seasonal.SeasonalBank` and the rest of their state three
 columns: the window's count at the last entry and when and from what the baseline last
 accepted a new level. The reference (``tests/reference/evidence.py``, one series) is held
 to it in ``tests/unit/test_latency_bank.py``.
@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.detectors.seasonal import SeasonalBaseline
-from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.detectors.seasonal import SeasonalBank, SeasonalBaseline
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -169,7 +168,7 @@ class LatencyBank:
         seen = _array(data["seen_at_entry"], "<i8", len(r))
         at = _array(data["relearned_at"], "<f8", len(r))
         before = _array(data["relearned_before"], "<f8", len(r))
-        probe = SeasonalBank(self.model.proto, max(1, len(r)))
+        probe = SeasonalBank(self.model.params, max(1, len(r)))
         probe.load(np.arange(len(r)), data["model"])  # raises before anything changes here
         self.model.load(r, data["model"])
         self.seen_at_entry[r], self.relearned_at[r], self.relearned_before[r] = seen, at, before

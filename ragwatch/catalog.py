@@ -51,7 +51,7 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
     ),
 }
 # Baselines that hold through a fault and may, after holding long enough, accept a new level
-# (detectors/seasonal.py, detectors/tails.py): per series kind, family -> the signal
+# (detectors/seasonal/view.py, detectors/tails.py): per series kind, family -> the signal
 # holding the family's forecast. Each family also has the signals ``<family>_held_s`` (how long the
 # baseline has been held), ``<family>_relearned_at`` (event time it last accepted a new level) and
 # ``<family>_relearned_from`` (its forecast before that), so an alert whose ``expected`` is the

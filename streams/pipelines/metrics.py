@@ -63,8 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ragwatch.detectors.counts import count_z
-from ragwatch.detectors.seasonal import SeasonalBaseline
-from ragwatch.detectors.seasonal_bank import DAY, DAY_LIMIT, SeasonalBank
+from ragwatch.detectors.seasonal import DAY, DAY_LIMIT, SeasonalBank, SeasonalBaseline
 from ragwatch.schema import MetricsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule

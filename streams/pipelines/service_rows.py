@@ -11,7 +11,7 @@ closes of many series are one set of array operations
 - the newest signals in a ``(rows, len(SIGNALS))`` matrix, NaN where a signal has no value;
 - the count rings in a :class:`~ragwatch.detectors.counts.CountBank`, the
   traffic baselines (requests per second, tokens per request) in a
-  :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` and the latency baselines
+  :class:`~ragwatch.detectors.seasonal.SeasonalBank` and the latency baselines
   (retriever P99, end-to-end P95) in a
   :class:`~ragwatch.detectors.latency.LatencyBank`, two rows a series each
   (:meth:`ServiceRows.both`: a close calls each bank once for both); the baselines of
@@ -35,8 +35,7 @@ import numpy.typing as npt
 
 from ragwatch.detectors.counts import CountBank
 from ragwatch.detectors.latency import LatencyBank
-from ragwatch.detectors.seasonal import SeasonalBaseline
-from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.detectors.seasonal import SeasonalBank, SeasonalBaseline
 from ragwatch.detectors.tails import TailWindow
 from ragwatch.streams.pipelines.buckets import Bucket
 from ragwatch.streams.pipelines.rows import RowIndex

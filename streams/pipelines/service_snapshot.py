@@ -25,7 +25,7 @@ import numpy.typing as npt
 from ragwatch.detectors.counts import CountBank
 from ragwatch.detectors.latency import LatencyBank
 from ragwatch.detectors.request_outliers import RequestOutliers
-from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.detectors.seasonal import SeasonalBank
 from ragwatch.detectors.tails import TailWindow
 from ragwatch.streams.pipelines.buckets import DERIVED, Bucket, Reservoir
 from ragwatch.streams.pipelines.service_clusters import ServiceClusters
@@ -57,7 +57,7 @@ def _probe(bank: Any, n: int) -> Any:
     """An empty bank of ``bank``'s kind and parameters, for ``n`` rows: a snapshot's part
     is loaded into it first, so one that does not fit raises before a row changes."""
     if isinstance(bank, SeasonalBank):
-        return SeasonalBank(bank.proto, max(1, n))
+        return SeasonalBank(bank.params, max(1, n))
     if isinstance(bank, LatencyBank):
         return LatencyBank(
             max(1, n), entry_values=bank.entry_values, min_entries=bank.min_entries,

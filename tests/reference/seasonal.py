@@ -1,7 +1,7 @@
 """The seasonal baseline's specification: the algorithm of
 :mod:`ragwatch.detectors.seasonal` (without its weekly profile) written the simplest way,
 one object per series, plain Python floats and loops. It was the product's object form
-until issue 30 made :class:`~ragwatch.detectors.seasonal_bank.SeasonalBank` the only
+until issue 30 made :class:`~ragwatch.detectors.seasonal.SeasonalBank` the only
 implementation; ``tests/unit/test_seasonal_bank.py`` holds the bank (``weekly_sd=0``) to
 it within a tolerance.
 

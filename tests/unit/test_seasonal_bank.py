@@ -20,8 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragwatch.detectors.seasonal import SeasonalBaseline
-from ragwatch.detectors.seasonal_bank import SeasonalBank
+from ragwatch.detectors.seasonal import SeasonalBank, SeasonalBaseline
 from tests.reference.seasonal import ReferenceBaseline
 
 T0 = 1_767_225_600.0  # midnight UTC, a Thursday

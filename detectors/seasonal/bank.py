@@ -1,6 +1,6 @@
 """Seasonal baselines in arrays, a row per series: the only implementation of the
-algorithm :mod:`~.seasonal` describes (a daily profile, a weekly profile trusted as far as
-the weeks seen support it, a local level and trend, a hold). :class:`~.seasonal.
+algorithm :mod:`~.view` describes (a daily profile, a weekly profile trusted as far as
+the weeks seen support it, a local level and trend, a hold). :class:`~.view.
 SeasonalBaseline` is a one-row view of a bank for river's protocol and single series.
 
 The hot path (the Kalman update of :meth:`~SeasonalBank.learn`, :meth:`~SeasonalBank.
@@ -11,22 +11,10 @@ in ``tests/reference/seasonal.py``; ``tests/unit/test_seasonal_bank.py`` compare
 within a tolerance (the weekly part off, as the reference has none) and tests the weekly
 profile by its behaviour. ``t`` must keep ``|t / season_s|`` below 2**62.
 
-The weekly profile. A row keeps, per weekday and ``BLOCKS`` blocks of a day (4 h with the
-defaults), what past weeks said about that block's offset from a typical day: when a day
-starts, each held day's block means (its cells minus the daily profile) are compared with
-the median of all held days (the typical day), and the day leaving the cells is folded
-into the table for good (an exponentially weighted mean over ``WEEK_MEMORY`` weeks). The
-forecast adds the posterior mean of the block's offset: the weeks' mean shrunk towards 0
-by how little they say (a prior of sd ``weekly_sd`` against week-to-week differences of
-``WEEK_SD``, replaced by the row's own spread as weeks come), linear between the blocks'
-centres of a day as the daily profile is between its slots'. Its posterior variance is
-what the level may have to move when the forecast enters a block: added to the level's
-uncertainty there (so the Kalman gain lets the level follow a weekday it has never seen,
-and forecasts of it are as uncertain as they are): entering an unseen weekday costs
-``weekly_sd``; within a day (its level is shared) an uncertain block lets the level drift
-by up to ``SHAPE_SD`` over the block, so it follows a weekend's other rhythm (once a
-daily profile exists: on the first day, level and trend follow the rhythm, the trend at
-the pace of time, ``TREND_STEP_S``, whatever the step).
+The weekly profile's table (per weekday and ``BLOCKS`` blocks of a day: what past weeks
+said of that block's offset from a typical day) is folded and read by the functions of
+:mod:`~.curves`; its posterior variance is added to the level's uncertainty where the
+forecast enters a block (see :mod:`~.view` for what that does).
 
 >>> from ragwatch.detectors.seasonal import SeasonalBaseline
 >>> bank = SeasonalBank(SeasonalBaseline(step_s=60.0), capacity=2)
@@ -42,138 +30,49 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.detectors.seasonal.curves import daily_profile, fold_into, posterior
+from ragwatch.detectors.seasonal.params import (
+    BLOCK_COVERAGE,
+    BLOCKS,
+    BOOL,
+    DAY_LIMIT,
+    DRIFT_ALPHA,
+    F64,
+    FIELDS,
+    HOLD_DRIFT,
+    I64,
+    IDX,
+    NAN,
+    NO_DAY,
+    OUTLIER_RUN,
+    PROFILED_TREND,
+    SHAPE_SD,
+    TREND_STEP_S,
+    UNPROFILED_HOLD_S,
+    VERSION,
+    WEEK,
+    WEEK_MEMORY,
+    WEEK_SD,
+    WEEK_SD_WEIGHT,
+    WEEKLY,
+    HasParams,
+    SeasonalParams,
+)
+from ragwatch.detectors.seasonal.state import le, parse
+
 if TYPE_CHECKING:
-    from ragwatch.detectors.seasonal import SeasonalBaseline
-
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-IDX = npt.NDArray[np.intp]
-BOOL = npt.NDArray[np.bool_]
-DAY = 86400.0
-NO_DAY = int(np.iinfo(np.int64).min)  # a row that has seen no day
-DAY_LIMIT = 2.0**62  # |t / season_s| must stay below: a day number fits an int64
-VERSION = 2  # 2: the weekly table; a version 1 dump loads with the weekly table fresh
-NAN = math.nan
-# Without a daily profile (the first day), a held level cannot follow the rhythm: one with
-# a steep trend is accepted as the new normal after this long (see _longest_hold).
-UNPROFILED_HOLD_S = 3 * 3600.0
-HOLD_DRIFT = 0.1  # without a profile: how far the trend may carry the level while held
-OUTLIER_RUN = 5  # outliers in a row on one side are a step, not spikes
-DRIFT_ALPHA = 0.01  # per observation: the average |trend| spans hours, not a fault's onset
-PROFILED_TREND = 0.1  # trend_noise is scaled by this once there is a profile
-# trend_noise is per step of this length before a profile (with the weekly profile on): a
-# day's rhythm moves at a pace of its own, whatever the step, and the first day's level and
-# trend alone must follow it (a trend per step wandering like a per-minute one's: (step /
-# 60 s) ** 1.5 as fast); weekly_sd=0 keeps the previous algorithm (per step, as specified)
-TREND_STEP_S = 60.0
-# -- the weekly profile (see the module docstring) --
-WEEK = 7  # seasons in a week
-BLOCKS = 6  # weekly cells per season: 4-hour blocks of a day (a weekend's late morning and
-# a Friday's early evening are their own), few enough that a week fills them at a few
-# requests a minute
-WEEKLY_SD = 0.5  # prior sd of a weekday's offset: user-facing demand runs at 10-50 % of a
-# weekday at weekends, so an unseen weekday at a quarter (log -1.39) is < 3 sd away
-WEEK_SD = 0.1  # prior sd of one block from one week to the next (the same weekday of two
-# ordinary weeks differs by ~10 %): one week seen gives a ~0.1 sd forecast
-WEEK_SD_WEIGHT = 8.0  # the prior counts as this many week-to-week differences of the row
-WEEK_MEMORY = 6  # weeks a block's offset averages over: an old pattern fades in ~6 weeks
-SHAPE_SD = 0.15  # within a day under way, how far a block's level may drift from the
-# daily profile's (a weekend's later, flatter rhythm), as far as the block is uncertain
-ODD_WEEK_Z = 3.0  # a week further than this from the earlier ones is clipped to it (a
-# holiday that was not held moves a block's mean by at most 3 sd / the weeks seen)
-BLOCK_COVERAGE = 0.5  # a block's mean needs half of its slots seen
-
-
-@dataclass(frozen=True, slots=True)
-class SeasonalParams:
-    """A baseline's parameters (see :mod:`~.seasonal` for what each means)."""
-
-    step_s: float = 60.0
-    season_s: float = DAY
-    slot_s: float = 1800.0
-    days: int = 7
-    level_noise: float = 0.001
-    trend_noise: float = 2e-4
-    damping: float = 0.995
-    min_coverage: float = 0.75
-    warmup: int = 5
-    hold_max_s: float = DAY
-    outlier_z: float = 3.5
-    unprofiled_hold_s: float | None = None
-    weekly_sd: float = WEEKLY_SD
-
-    def __post_init__(self) -> None:
-        for name in ("step_s", "season_s", "slot_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {v!r}")
-        slots = self.season_s / self.slot_s
-        if not (slots >= 2 and abs(slots - round(slots)) < 1e-9):
-            raise ValueError(f"season_s must be a multiple (>= 2) of slot_s, got {self.season_s!r}")
-        for name in ("days", "warmup"):
-            v = getattr(self, name)
-            if int(v) != v or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        for name in ("level_noise", "trend_noise", "weekly_sd"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
-        if not 0 < self.damping <= 1:
-            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
-        if not 0 < self.min_coverage <= 1:
-            raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage!r}")
-        if not (math.isfinite(self.hold_max_s) and self.hold_max_s >= 0):
-            raise ValueError(f"hold_max_s must be finite and >= 0, got {self.hold_max_s!r}")
-        if not self.outlier_z > 0:
-            raise ValueError(f"outlier_z must be > 0, got {self.outlier_z!r}")
-        u = self.unprofiled_hold_s
-        if u is not None and not u >= 0:
-            raise ValueError(f"unprofiled_hold_s must be >= 0, got {u!r}")
-
-    @property
-    def slots(self) -> int:
-        return round(self.season_s / self.slot_s)
-
-    def as_list(self) -> list[float]:
-        """The parameters as floats (None: NaN), as a dump carries them."""
-        return [NAN if v is None else float(v) for v in astuple(self)]
-
-
-PARAMS = tuple(f.name for f in fields(SeasonalParams))
-
-
-class _HasParams(Protocol):
-    @property
-    def params(self) -> SeasonalParams: ...
-
-
-# per-row arrays: name -> (dtype, a fresh baseline's value)
-FIELDS: dict[str, tuple[type[np.generic], float]] = {
-    "level": (np.float64, 0.0), "trend": (np.float64, 0.0), "p00": (np.float64, 1e6),
-    "p01": (np.float64, 0.0), "p11": (np.float64, 0.0), "at": (np.float64, NAN),
-    "n": (np.int64, 0), "model_var": (np.float64, 0.0), "run": (np.int8, 0),
-    "drift": (np.float64, 0.0), "day": (np.int64, NO_DAY), "cur": (np.int32, 0),
-    "refreshed": (np.float64, NAN), "held_since": (np.float64, NAN),
-    "held_q": (np.float64, NAN), "rel_at": (np.float64, NAN),
-    "rel_held_s": (np.float64, NAN), "rel_before": (np.float64, NAN),
-    "rel_after": (np.float64, NAN), "late": (np.int64, 0), "outliers": (np.int64, 0),
-    "profiled": (np.bool_, False),
-}  # fmt: skip
-# the weekly table, (rows, WEEK * blocks) each: weeks seen, their mean offset, spread and
-# sampling variance; the posterior mean and variance the forecast reads
-WEEKLY = ("wk_n", "wk_mean", "wk_m2", "wk_s2", "wk_w", "wk_v")
+    from ragwatch.detectors.seasonal.view import SeasonalBaseline
 
 
 class SeasonalBank:
     """Seasonal baselines for rows ``0 .. capacity - 1`` (it grows), all with ``proto``'s
     parameters (a :class:`SeasonalParams`, or anything with ``.params``: a
-    :class:`~.seasonal.SeasonalBaseline`). Rows are plain indices: the caller keeps the
+    :class:`~.view.SeasonalBaseline`). Rows are plain indices: the caller keeps the
     key -> row map and calls :meth:`reset` on a row it reuses. Within one write call rows
     must be distinct."""
 
@@ -213,7 +112,7 @@ class SeasonalBank:
 
     __hash__ = None  # type: ignore[assignment]  # equal by state
 
-    def __init__(self, proto: SeasonalParams | _HasParams, capacity: int = 16) -> None:
+    def __init__(self, proto: SeasonalParams | HasParams, capacity: int = 16) -> None:
         p = proto if isinstance(proto, SeasonalParams) else proto.params
         self.params = p
         self.step_s, self.season_s, self.slot_s = p.step_s, p.season_s, p.slot_s
@@ -237,14 +136,6 @@ class SeasonalBank:
         self._nfree = 0
         self._grow(max(1, capacity))
         self._grow_pool(max(1, capacity))
-
-    @property
-    def proto(self) -> SeasonalBaseline:
-        """A fresh baseline with the bank's parameters (a new bank of the same kind is
-        ``SeasonalBank(bank.proto)``)."""
-        from ragwatch.detectors.seasonal import SeasonalBaseline
-
-        return SeasonalBaseline.of(self.params)
 
     def __eq__(self, other: object) -> bool:
         """Same parameters and the same state in every row (snapshots compare so)."""
@@ -700,7 +591,7 @@ class SeasonalBank:
     def _refresh(self, row: int, t: float) -> None:
         """The daily profile from the held days, the level keeping the forecast at ``t``."""
         days, pools = self._held_days(row)
-        profile = _daily_profile(self.params, t, int(self.day[row]), days, pools, self)
+        profile = daily_profile(self.params, t, int(self.day[row]), days, pools, self)
         if profile is None:
             return
         r, tt = np.array([row]), np.array([t])
@@ -728,8 +619,8 @@ class SeasonalBank:
         stats = [getattr(self, name)[row].copy() for name in WEEKLY[:4]]
         for k in sorted(range(len(days)), key=days.__getitem__):
             if k != leaving:
-                _fold_into(stats, self._cells_of(days[k]), e[k], s2[k], self._delta2(stats))
-        w, v = _posterior(stats, self._delta2(stats), self._tau2, self.blocks)
+                fold_into(stats, self._cells_of(days[k]), e[k], s2[k], self._delta2(stats))
+        w, v = posterior(stats, self._delta2(stats), self._tau2, self.blocks)
         at = np.array([self.at[row]])
         r = np.array([row])
         if np.isfinite(at).all():
@@ -765,7 +656,7 @@ class SeasonalBank:
 
     def _fold(self, row: int, day: int, e: F64, s2: F64) -> None:
         stats = [getattr(self, name)[row] for name in WEEKLY[:4]]
-        _fold_into(stats, self._cells_of(day), e, s2, self._delta2(stats))
+        fold_into(stats, self._cells_of(day), e, s2, self._delta2(stats))
 
     @staticmethod
     def _delta2(stats: Sequence[F64]) -> float:
@@ -856,8 +747,10 @@ class SeasonalBank:
         self.load([row], base.bank.dump([0]))
 
     def export(self, row: int) -> SeasonalBaseline:
-        """A :class:`~.seasonal.SeasonalBaseline` holding a copy of row ``row``."""
-        base = self.proto
+        """A :class:`~.view.SeasonalBaseline` holding a copy of row ``row``."""
+        from ragwatch.detectors.seasonal.view import SeasonalBaseline  # the view is above
+
+        base = SeasonalBaseline.of(self.params)
         base.bank.load([0], self.dump(self._read([row])))
         return base
 
@@ -869,13 +762,13 @@ class SeasonalBank:
         r = self._read(rows)
         out: dict[str, Any] = {"version": VERSION, "params": self.params.as_list(), "rows": len(r)}
         for name in (*FIELDS, *WEEKLY):
-            out[name] = _le(getattr(self, name)[r])
-        out["row_day"] = _le(self.row_day[r])
+            out[name] = le(getattr(self, name)[r])
+        out["row_day"] = le(self.row_day[r])
         pools = self.row_pool[r]
-        out["nrows"] = _le((pools >= 0).sum(axis=1).astype(np.int64))
+        out["nrows"] = le((pools >= 0).sum(axis=1).astype(np.int64))
         p = pools[pools >= 0]  # row by row, each in its days' order
-        out["cell_w"], out["cell_zw"] = _le(self.cell_w[p]), _le(self.cell_zw[p])
-        out["profile"] = _le(self.profile[r[self.profiled[r]]])
+        out["cell_w"], out["cell_zw"] = le(self.cell_w[p]), le(self.cell_zw[p])
+        out["profile"] = le(self.profile[r[self.profiled[r]]])
         return out
 
     def load(self, rows: npt.ArrayLike, data: dict[str, Any]) -> None:
@@ -883,7 +776,7 @@ class SeasonalBank:
         parameters (a version 1 dump: the weekly table fresh); ValueError, with nothing
         changed, if anything does not fit."""
         r = self._write(rows)
-        parts = self._parse(len(r), data)
+        parts = parse(self, len(r), data)
         self.reserve(int(r.max()) + 1 if len(r) else 0)
         self.reset(r)
         for name in (*FIELDS, *WEEKLY):
@@ -896,186 +789,3 @@ class SeasonalBank:
         self.row_pool[np.repeat(r, counts), local] = p
         self.cell_w[p], self.cell_zw[p] = parts["cell_w"], parts["cell_zw"]
         self.profile[r[parts["profiled"]]] = parts["profile"]
-
-    def _parse(self, k: int, data: dict[str, Any]) -> dict[str, Any]:
-        """``data``'s arrays, checked against the bank and each other."""
-        version, theirs = data.get("version"), data.get("params")
-        mine = self.params.as_list()
-        if version == 1 and self.params.weekly_sd == WEEKLY_SD:
-            mine = mine[: PARAMS.index("weekly_sd")]  # before the weekly table
-        elif version != VERSION:
-            mine = []
-        if data.get("rows") != k or not _same(mine, theirs):
-            raise ValueError("seasonal bank state of another version, size or parameters")
-        parts = {name: _array(data, name, dt, k) for name, (dt, _) in FIELDS.items()}
-        cells = WEEK * self.blocks
-        for name in WEEKLY if version == VERSION else ():
-            parts[name] = _array(data, name, np.float64, k * cells).reshape(k, cells)
-        parts["row_day"] = _array(data, "row_day", np.int64, k * self.days)
-        parts["row_day"] = parts["row_day"].reshape(k, self.days)
-        counts = parts["nrows"] = _array(data, "nrows", np.int64, k)
-        if np.frombuffer(data["profiled"], dtype=np.uint8).max(initial=0) > 1:
-            raise ValueError("seasonal bank state: profiled is not boolean")
-        n_cells, profiled = int(counts.sum()), int(parts["profiled"].sum())
-        for name in ("cell_w", "cell_zw"):
-            parts[name] = _array(data, name, np.float64, n_cells * self.slots)
-            parts[name] = parts[name].reshape(n_cells, self.slots)
-        parts["profile"] = _array(data, "profile", np.float64, profiled * self.slots)
-        parts["profile"] = parts["profile"].reshape(profiled, self.slots)
-        self._check_rows(parts)
-        return parts
-
-    def _check_rows(self, parts: dict[str, Any]) -> None:
-        counts, cur, day = parts["nrows"], parts["cur"], parts["day"]
-        if ((counts < 0) | (counts > self.days)).any():
-            raise ValueError("seasonal bank state: a row holds too many days")
-        if ((cur < 0) | (cur >= np.maximum(counts, 1))).any() or (
-            (day == NO_DAY) != (counts == 0)
-        ).any():
-            raise ValueError("seasonal bank state: a row's day does not fit its cells")
-        if (np.abs(parts["run"].astype(np.int64)) >= OUTLIER_RUN).any():
-            raise ValueError("seasonal bank state: an outlier run does not fit")
-        if "wk_n" in parts and not (
-            np.isfinite(parts["wk_v"]).all() and (parts["wk_n"] >= 0).all()
-        ):
-            raise ValueError("seasonal bank state: the weekly table does not fit")
-
-
-# -- the daily profile ----------------------------------------------------------------------
-
-
-def _daily_profile(
-    p: SeasonalParams, t: float, newest: int, days: list[int], pools: IDX, bank: SeasonalBank
-) -> F64 | None:
-    """The daily profile at ``t`` (None: no day has enough slots): each of the last
-    ``days`` 24-hour spans' offsets (each slot's latest cell before the span's end, minus
-    their mean), their median (from 3 spans; fewer: their mean), smoothed over
-    neighbouring slots and shrunk towards 0 by how much of the slots' spread is noise (a
-    flat series learnt from a few requests a minute gets no profile, a 20x rhythm all)."""
-    curves = [
-        c for k in range(p.days) if (c := _curve(p, t - k * p.season_s, newest, days, pools, bank))
-    ]
-    if not curves:
-        return None
-    raw = np.array([c[0] for c in curves])
-    var = np.array([c[1] for c in curves])
-    m = len(curves)
-    if m >= 3:  # the median of m values is about pi/2 times as noisy as their mean
-        new, nvar = np.median(raw, axis=0), math.pi / 2 * var.sum(axis=0) / m**2
-    else:
-        new, nvar = raw.mean(axis=0), var.sum(axis=0) / m**2
-    smooth = 0.25 * np.roll(new, 1) + 0.5 * new + 0.25 * np.roll(new, -1)
-    svar = 0.0625 * np.roll(nvar, 1) + 0.25 * nvar + 0.0625 * np.roll(nvar, -1)
-    rhythm = max(0.0, float(smooth.var() - svar.mean()))
-    with np.errstate(all="ignore"):
-        keep = np.where(rhythm + svar > 0, rhythm / (rhythm + svar), 0.0)
-    out: F64 = (smooth - smooth.mean()) * keep
-    return out if np.isfinite(out).all() else None
-
-
-def _curve(
-    p: SeasonalParams, end: float, newest: int, days: list[int], pools: IDX, bank: SeasonalBank
-) -> tuple[F64, F64] | None:
-    """The offsets of the season ending at ``end`` (each slot's latest complete cell
-    before it, minus their mean) and their sampling variances, or None if fewer than
-    ``min_coverage`` of its slots were seen (the unseen ones: circular interpolation)."""
-    slots = p.slots
-    s = np.arange(slots)
-    day = np.floor((end - (s + 1) * p.slot_s) / p.season_s).astype(np.int64)
-    where = {d: i for i, d in enumerate(days) if d > newest - p.days}
-    idx = np.array([where.get(int(d), -1) for d in day])
-    ok = idx >= 0
-    w = np.zeros(slots)
-    zw = np.zeros(slots)
-    w[ok] = bank.cell_w[pools[idx[ok]], s[ok]]
-    zw[ok] = bank.cell_zw[pools[idx[ok]], s[ok]]
-    known = np.flatnonzero(w > 0)
-    if len(known) < p.min_coverage * slots:
-        return None
-    raw, var = zw[known] / w[known], 1.0 / w[known]
-    ext = np.append(known, known[0] + slots)  # circular linear interpolation over gaps
-    raw_ext, var_ext = np.append(raw, raw[0]), np.append(var, var[0])
-    u = s + slots * (s < known[0])
-    full = np.interp(u, ext, raw_ext)
-    a = np.searchsorted(ext, u, side="right") - 1
-    gap_var = 2 * np.maximum(var_ext[a], var_ext[np.minimum(a + 1, len(known))])
-    fvar = np.where(w > 0, var_ext[a], gap_var)
-    if not np.isfinite(full).all():
-        return None
-    return full - full.mean(), fvar
-
-
-# -- the weekly table -------------------------------------------------------------------------
-
-
-def _fold_into(stats: Sequence[F64], cells: IDX, e: F64, s2: F64, delta2: float) -> None:
-    """One week's offsets ``e`` (NaN: not seen) into ``cells`` of the table ``stats``
-    (weeks, mean, spread, sampling variance; in place): an exponentially weighted mean over
-    ``WEEK_MEMORY`` weeks, a week further than ``ODD_WEEK_Z`` sd from the earlier ones
-    clipped to that distance (a one-off quiet day moves a block's mean little)."""
-    n, mean, m2, ss = stats
-    ok = np.isfinite(e) & np.isfinite(s2)
-    c, e, s2 = cells[ok], e[ok], s2[ok]
-    prior_n = n[c]
-    k = np.minimum(prior_n + 1, WEEK_MEMORY)
-    lim = ODD_WEEK_Z * np.sqrt(delta2 + ss[c] + s2)
-    dev = e - mean[c]
-    dev = np.where(prior_n > 0, np.clip(dev, -lim, lim), dev)
-    mean[c] += dev / k
-    seen = prior_n > 0
-    m2[c] = np.where(seen, m2[c] + (dev * dev * (k - 1) / k - m2[c]) / np.maximum(k - 1, 1), 0.0)
-    ss[c] += (s2 - ss[c]) / k
-    n[c] = prior_n + 1
-
-
-def _posterior(stats: Sequence[F64], delta2: float, tau2: float, blocks: int) -> tuple[F64, F64]:
-    """Each block's offset (the weeks' mean shrunk towards 0, a prior of variance
-    ``tau2`` against weeks of variance ``delta2`` plus their sampling noise) and its
-    variance; a block no week has seen, on a weekday others blocks of which were, takes
-    their mean and a shape's variance more (a held morning is not a typical one)."""
-    n, mean, _, ss = stats
-    if tau2 == 0:
-        return np.zeros_like(mean), np.zeros_like(mean)
-    ne = np.minimum(n, WEEK_MEMORY)
-    obs = delta2 + ss
-    v = 1.0 / (1.0 / tau2 + ne / obs)
-    w = v * ne * mean / obs
-    seen = (ne > 0).reshape(WEEK, blocks)
-    w2, v2 = w.reshape(WEEK, blocks), v.reshape(WEEK, blocks)
-    k = seen.sum(axis=1, keepdims=True)
-    fill = ~seen & (k > 0)
-    with np.errstate(all="ignore"):
-        day_w = np.where(seen, w2, 0.0).sum(axis=1, keepdims=True) / k
-        day_v = np.where(seen, v2, 0.0).sum(axis=1, keepdims=True) / k + SHAPE_SD**2
-    w2 = np.where(fill, day_w, w2)
-    v2 = np.where(fill, np.minimum(day_v, tau2), v2)
-    return w2.reshape(-1), v2.reshape(-1)
-
-
-# -- plain data -------------------------------------------------------------------------------
-
-
-def _le(a: npt.NDArray[Any]) -> bytes:
-    """An array's values as little-endian raw bytes."""
-    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()
-
-
-def _array(data: dict[str, Any], name: str, dt: type[np.generic], size: int) -> Any:
-    """``data[name]`` as ``size`` values of ``dt`` (ValueError if it is not that)."""
-    raw = data.get(name)
-    if not isinstance(raw, bytes):
-        raise ValueError(f"seasonal bank state: {name} is not bytes")
-    dtype = np.dtype(dt).newbyteorder("<")
-    if len(raw) != size * dtype.itemsize:
-        raise ValueError(f"seasonal bank state: {name} holds {len(raw)} bytes, not {size}")
-    return np.frombuffer(raw, dtype=dtype).astype(np.dtype(dt))
-
-
-def _same(mine: list[float], theirs: Any) -> bool:
-    """Whether ``theirs`` is the parameter list ``mine`` (NaN: None, equal to NaN)."""
-    if not mine or not isinstance(theirs, list) or len(theirs) != len(mine):
-        return False
-    return all(
-        isinstance(b, float) and (a == b or (math.isnan(a) and math.isnan(b)))
-        for a, b in zip(mine, theirs, strict=True)
-    )

@@ -2,7 +2,7 @@
 previous days, a weekly profile trusted as far as the weeks seen support it, a local level
 and trend, and a hold that keeps a fault out of it.
 
-The algorithm lives in one place, the arrays of :class:`~.seasonal_bank.SeasonalBank` (a
+The algorithm lives in one place, the arrays of :class:`~.bank.SeasonalBank` (a
 worker holds thousands of these); :class:`SeasonalBaseline` is a one-row view of a bank,
 for a single series and river's protocol. The reference it is tested against (plain
 Python, the weekly part aside) is ``tests/reference/seasonal.py``.
@@ -92,9 +92,8 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from ragwatch.detectors.base import register
-from ragwatch.detectors.seasonal_bank import DAY, SeasonalBank, SeasonalParams
-
-__all__ = ["DAY", "Forecast", "Relearned", "SeasonalBaseline", "SeasonalParams"]
+from ragwatch.detectors.seasonal.bank import SeasonalBank
+from ragwatch.detectors.seasonal.params import SeasonalParams
 
 
 class Forecast(NamedTuple):
@@ -124,9 +123,9 @@ class Relearned:
 
 @register("seasonal")
 class SeasonalBaseline:
-    """One seasonal baseline: row 0 of its own :class:`~.seasonal_bank.SeasonalBank` (see
+    """One seasonal baseline: row 0 of its own :class:`~.bank.SeasonalBank` (see
     the module docstring), and river's protocol over it. Parameters are keyword
-    arguments of :class:`~.seasonal_bank.SeasonalParams`, readable as attributes."""
+    arguments of :class:`~.params.SeasonalParams`, readable as attributes."""
 
     __slots__ = ("_bank", "_count", "_mean", "_open", "_scale")
 
