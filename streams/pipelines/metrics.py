@@ -23,13 +23,14 @@ The rates and gauges of all label sets of a name are summed (ratios: the maximum
 - mean latencies from histogram and summary ``_sum`` / ``_count`` rates: ``e2e_mean_s``,
   ``ttft_mean_s``, ``queue_mean_s``, ``tpot_mean_s``;
 - gauges: ``requests_waiting``, ``requests_running``, ``kv_cache_usage_ratio``;
-- a seasonal baseline (:class:`~ragwatch.detectors.seasonal.SeasonalBaseline` of the
-  log of generation tokens/s, fed each 5-minute bucket's mean: a daily profile learnt
-  from previous days, a level and trend, held while the rate deviates significantly, a
-  new level accepted after a day) with ``tps_forecast``, ``tps_deviation``, ``tps_z``
-  (the deviation in standard deviations: the requests' sampling noise when the engine
-  counts requests, plus the baseline's uncertainty), ``tps_score``, ``tps_held_s``,
-  ``tps_relearned_at`` and ``tps_relearned_from``.
+- a seasonal baseline (a row of the pipeline's
+  :class:`~ragwatch.detectors.seasonal.SeasonalBank`, of the log of generation tokens/s, fed
+  each 5-minute bucket's mean: a daily profile learnt from previous days, a level and trend,
+  held while the rate deviates significantly, a new level accepted after a day) with
+  ``tps_forecast``, ``tps_deviation``, ``tps_z`` (the deviation in standard deviations: the
+  requests' sampling noise when the engine counts requests, plus the baseline's
+  uncertainty), ``tps_score``, ``tps_held_s``, ``tps_relearned_at`` and
+  ``tps_relearned_from``.
 
 Signals are None until a counter has two points in the window. Metrics that are not in
 :data:`COUNTERS` or :data:`GAUGES` are ignored here (they stay on the topic for other
@@ -63,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ragwatch.detectors.counts import count_z
-from ragwatch.detectors.seasonal import DAY, DAY_LIMIT, SeasonalBank, SeasonalBaseline
+from ragwatch.detectors.seasonal import DAY, DAY_LIMIT, SeasonalBank, SeasonalParams
 from ragwatch.schema import MetricsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
@@ -79,6 +80,8 @@ MAX_BUCKET = int(sys.float_info.max / BASELINE_BUCKET_S / 2)  # far beyond any e
 MAX_COUNTER_RATE = 1e12
 MAX_TARGETS = 64  # scraped targets per host: beyond, a new target's scrapes are dropped
 HOLD_BAND, HOLD_Z = 0.1, 3.0  # the baseline holds through a deviation this large and sure
+# an engine's tokens/s baseline (and the parameters its snapshot must have)
+TPS_PARAMS = SeasonalParams(step_s=BASELINE_BUCKET_S)
 
 SERIES = "engine"
 SNAPSHOT_FORMAT = "engine-series/1"  # a host's engines in a snapshot: plain data, no objects
@@ -149,7 +152,7 @@ class EngineSeries:
     """One scraped target: its counters, gauges, baseline and latest signals."""
 
     labels: dict[str, str]
-    tps: SeasonalBaseline  # log generation tokens/s
+    row: int  # its tokens/s baseline's row in the pipeline's bank (log generation tokens/s)
     counters: dict[LabelKey, _Counter] = field(default_factory=dict)
     gauges: dict[LabelKey, float] = field(default_factory=dict)
     last_ts: float = 0.0
@@ -199,6 +202,8 @@ class MetricsPipeline:
         self._by_host: dict[str, set[SeriesKey]] = {}  # host -> its tracked targets
         self.swept: set[str] = set()  # hosts whose last target went silent
         self.series: dict[SeriesKey, EngineSeries] = {}
+        self.tps = SeasonalBank(TPS_PARAMS, 16)  # every engine's baseline, a row each
+        self._free: list[int] = []  # rows of dropped engines, to reuse (reset)
         self._watermark = 0.0
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
         self._last_sweep = 0.0
@@ -241,8 +246,7 @@ class MetricsPipeline:
         engines = self.host_series(key)
         if not engines:  # most hosts scrape none
             return {"format": SNAPSHOT_FORMAT, "series": []}
-        bank = SeasonalBank(_baseline(), 1)  # each engine's baseline goes through its row 0
-        series = [_dump_series(bank, k[1], s) for k, s in engines.items()]
+        series = [_dump_series(self.tps.dump([s.row]), k[1], s) for k, s in engines.items()]
         return {"format": SNAPSHOT_FORMAT, "series": series}
 
     def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
@@ -269,7 +273,7 @@ class MetricsPipeline:
     def forget(self, host: str) -> None:
         """Drop a host's engines without resolving anything (another worker owns it now)."""
         for k in self._by_host.pop(host, ()):
-            del self.series[k]
+            self._free.append(self.series.pop(k).row)
 
     def adopt(self, host: str, state: Any) -> int:
         """Take over a host's engines from a snapshot (:meth:`dump`), unless this pipeline
@@ -277,13 +281,18 @@ class MetricsPipeline:
         if host in self._by_host:
             return 0
         if isinstance(state, Mapping) and state.get("format") == SNAPSHOT_FORMAT:
-            series = _load_series(host, state)
+            series = _load_series(host, state)  # every field checked, baselines included
         else:
             raise ValueError(f"engine state of host {host} in an unknown format")
         if any(k[0] != host for k in series):
             return 0
         keys = sorted(series)[: max(0, min(self.max_targets, self._room()))]
-        self.series.update((k, series[k]) for k in keys)
+        for k in keys:
+            s, tps = series[k]
+            s.row = self._row()
+            if tps is not None:
+                self.tps.load([s.row], tps)
+            self.series[k] = s
         if keys:
             self._by_host[host] = set(keys)
         return len(keys)
@@ -296,10 +305,20 @@ class MetricsPipeline:
             if self._room() <= 0 or len(self._by_host.get(host, ())) >= self.max_targets:
                 self.stats.dropped_series += 1
                 return None
-            base = _baseline()
-            s = self.series[(host, target)] = EngineSeries({"host": host, "target": target}, base)
+            labels = {"host": host, "target": target}
+            s = self.series[(host, target)] = EngineSeries(labels, self._row())
             self._by_host.setdefault(host, set()).add((host, target))
         return s
+
+    def _row(self) -> int:
+        """A fresh baseline row for a new engine: a dropped engine's, else a new one."""
+        if self._free:
+            row = self._free.pop()
+            self.tps.reset([row])
+            return row
+        row = len(self.series) + len(self._free)  # rows in use or free are 0 .. n - 1
+        self.tps.reserve(row + 1)
+        return row
 
     def _room(self) -> int:
         """How many more engines fit: under ``max_series`` and the worker's budget."""
@@ -307,6 +326,7 @@ class MetricsPipeline:
 
     def _drop(self, key: SeriesKey) -> EngineSeries:
         s = self.series.pop(key)
+        self._free.append(s.row)
         targets = self._by_host.get(key[0], set())
         targets.discard(key)
         if not targets:
@@ -392,14 +412,14 @@ class MetricsPipeline:
         """Generation tokens/s against the seasonal baseline, then hold or learn it."""
         for k in ("forecast", "deviation", "z", "score"):
             sig[f"tps_{k}"] = None
-        base = s.tps
+        bank, row = self.tps, [s.row]
         # a scrape stamped beyond the baseline's calendar (|day| >= 2**62) is not learnt
         judged = tokens is not None and abs(ts / DAY) < DAY_LIMIT
-        f = base.forecast(ts) if judged else None
-        if f is not None and tokens is not None:
-            forecast = math.exp(f.mean)
+        mean, var, noise = (float(a[0]) for a in bank.forecast(row, [ts])) if judged else NONE
+        if not math.isnan(mean) and tokens is not None:
+            forecast = math.exp(mean)
             d = tokens / forecast - 1
-            rel_var = f.var + f.noise
+            rel_var = var + noise
             if requests:  # the requests' own noise: a compound Poisson count of tokens
                 w = self.window_s
                 z = count_z(tokens * w, forecast * w, 1.05 * tokens / requests, rel_var)
@@ -407,12 +427,12 @@ class MetricsPipeline:
                 z = math.log((tokens + 1e-9) / forecast) / math.sqrt(rel_var or 1e-12)
             sig["tps_forecast"], sig["tps_deviation"], sig["tps_z"] = forecast, d, z
             sig["tps_score"] = min(1.0, -d / 0.5) if d < 0 and z < -HOLD_Z else 0.0
-            deviating = abs(d) > HOLD_BAND and (base.holding or abs(z) > HOLD_Z)
-            if base.hold(ts, deviating, math.log(tokens + 1e-9)):
+            deviating = abs(d) > HOLD_BAND and (bool(bank.holding(row)[0]) or abs(z) > HOLD_Z)
+            if bank.hold(row, [ts], [deviating], [math.log(tokens + 1e-9)])[0]:
                 s.relearned = (ts, forecast)
         if tokens is not None:
             self._learn(s, ts, tokens, requests)
-        sig["tps_held_s"] = base.held_s(ts)
+        sig["tps_held_s"] = float(bank.held_s(row, [ts])[0])
         sig["tps_relearned_at"] = s.relearned[0] if s.relearned else None
         sig["tps_relearned_from"] = s.relearned[1] if s.relearned else None
 
@@ -425,7 +445,7 @@ class MetricsPipeline:
             if n and abs(at / DAY) < DAY_LIMIT:  # beyond the calendar: not learnt
                 mean, req_mean = total / n, reqs / n
                 var = 1.05 / (req_mean * BASELINE_BUCKET_S) if req_mean > 0 else 0.0
-                s.tps.learn(at, math.log(mean + 1e-9), var)
+                self.tps.learn([s.row], [at], [math.log(mean + 1e-9)], [var])
             s.sums = (0.0, 0.0, 0)
         s.bucket = b
         total, reqs, n = s.sums
@@ -444,9 +464,7 @@ class MetricsPipeline:
 # -- snapshots: a host's engines as plain data --------------------------------------------
 
 
-def _baseline() -> SeasonalBaseline:
-    """A new engine's tokens/s baseline (and the parameters its snapshot must have)."""
-    return SeasonalBaseline(step_s=BASELINE_BUCKET_S)
+NONE = (math.nan, math.nan, math.nan)  # no forecast
 
 
 def _int(v: int) -> int | str:
@@ -454,16 +472,9 @@ def _int(v: int) -> int | str:
     return v if -INT64 <= v < INT64 else str(v)
 
 
-def _dump_series(bank: SeasonalBank, target: str, s: EngineSeries) -> dict[str, Any]:
-    """One engine: str keys; numbers, strings, lists; its baseline as the seasonal bank's
-    typed arrays (exact both ways: :meth:`SeasonalBank.adopt` / :meth:`~SeasonalBank.dump`).
-    A baseline the bank cannot hold (a day number beyond 2**62: scrapes stamped beyond
-    ~4e23 s) is left out: that engine's baseline learns again after a restore."""
-    try:
-        bank.adopt(0, s.tps)
-        tps: dict[str, Any] | None = bank.dump([0])
-    except ValueError:
-        tps = None
+def _dump_series(tps: dict[str, Any], target: str, s: EngineSeries) -> dict[str, Any]:
+    """One engine: str keys; numbers, strings, lists; its baseline (``tps``) as the
+    seasonal bank's typed arrays (:meth:`SeasonalBank.dump` of its row)."""
     return {
         "target": target,
         "labels": dict(s.labels),
@@ -482,30 +493,31 @@ def _dump_series(bank: SeasonalBank, target: str, s: EngineSeries) -> dict[str, 
     }
 
 
-def _load_series(host: str, state: Mapping[str, Any]) -> dict[SeriesKey, EngineSeries]:
-    """:func:`_dump_series`' engines back, every field checked (ValueError)."""
+Loaded = tuple["EngineSeries", dict[str, Any] | None]  # an engine, its baseline's state
+
+
+def _load_series(host: str, state: Mapping[str, Any]) -> dict[SeriesKey, Loaded]:
+    """:func:`_dump_series`' engines back, every field checked (ValueError), each with its
+    baseline's state (None: it learns again), checked to fit a row; the engines' rows are
+    the adopting pipeline's to give."""
     series = state["series"]
     if not isinstance(series, list):
         raise ValueError("engine state: series is not a list")
-    out: dict[SeriesKey, EngineSeries] = {}
+    out: dict[SeriesKey, Loaded] = {}
     for d in series:
         target = _str(d["target"])
         out[(host, target)] = _engine(d, {"host": host, "target": target})
     return out
 
 
-def _engine(d: Mapping[str, Any], labels: dict[str, str]) -> EngineSeries:
+def _engine(d: Mapping[str, Any], labels: dict[str, str]) -> Loaded:
     """One engine's state; its labels must be the ones the pipeline gives its key (its
     alerts carry them, and a stale engine resolves the alerts they match)."""
     if d["labels"] != labels:
         raise ValueError("engine state: labels of another engine")
     tps = d["tps"]
-    if tps is None:
-        base = _baseline()
-    else:
-        bank = SeasonalBank(_baseline(), 1)
-        bank.load([0], tps)  # ValueError if it is not a baseline of these parameters
-        base = bank.export(0)
+    if tps is not None:  # ValueError if it is not a baseline of these parameters
+        SeasonalBank(TPS_PARAMS, 1).load([0], tps)
     counters = {}
     for name, lab, last, total, points in d["counters"]:
         pts = deque((_num(t), _num(v)) for t, v in points)
@@ -516,9 +528,9 @@ def _engine(d: Mapping[str, Any], labels: dict[str, str]) -> EngineSeries:
         raise ValueError("engine state: signals are not a map")
     total, reqs, n = d["sums"]
     relearned = d["relearned"]
-    return EngineSeries(
+    engine = EngineSeries(
         labels=labels,
-        tps=base,
+        row=-1,  # given by the adopting pipeline
         counters=counters,
         gauges=gauges,
         last_ts=_num(d["last_ts"]),
@@ -528,6 +540,7 @@ def _engine(d: Mapping[str, Any], labels: dict[str, str]) -> EngineSeries:
         sums=(_num(total), _num(reqs), _count(n)),
         relearned=None if relearned is None else (_num(relearned[0]), _num(relearned[1])),
     )
+    return engine, tps
 
 
 def _str(v: Any) -> str:
