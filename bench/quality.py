@@ -71,7 +71,6 @@ RESULTS = REPO / "bench" / "results"
 PROFILES = ("standard", "reward_low_FP_rate", "reward_low_FN_rate")
 DETECTORS = {
     "default": "ragwatch.detectors.default:DefaultDetector",
-    "mad": "ragwatch.detectors.mad:MADDetector",
 }
 # NAB scoreboard, full corpus (standard, low FP, low FN), from shared/nab/README.md
 PUBLISHED = {

@@ -1,7 +1,7 @@
 """The general-purpose univariate detector: robust z-scores, judged against their own past.
 
 Used for any series without a specific detector. For every value three robust
-(median/MAD, see :mod:`ragwatch.detectors.mad`) z-scores are computed:
+(median/MAD, see :mod:`ragwatch.detectors.robust`) z-scores are computed:
 
 - **level**: the value against the median and spread of the last ``long_window`` values
   (spikes, dips, values outside the usual range);
@@ -48,7 +48,7 @@ from collections import deque
 from typing import Any
 
 from ragwatch.detectors.base import register
-from ragwatch.detectors.mad import RobustWindow, read_sample, robust_z
+from ragwatch.detectors.robust import RobustWindow, read_sample, robust_z
 
 RAW_CAP = 1e6  # the raw anomaly of a value off a constant window (z = inf)
 

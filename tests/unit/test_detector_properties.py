@@ -53,24 +53,18 @@ FEATURES: dict[str, tuple[str, ...]] = {"request_outliers": ("context_tokens", "
 # Short warm-ups, so that short generated streams reach the scoring code.
 EAGER: dict[str, dict[str, Any]] = {
     "default": {"long_window": 10, "short": 3, "history": 5, "min_samples": 2},
-    "holt_winters": {"bucket_s": 60.0, "season_s": 600.0, "warmup_buckets": 2, "max_gap_s": 600.0},
     "leak": {"window_s": 600.0, "bucket_s": 60.0, "min_span_s": 120.0, "min_points": 3},
-    "mad": {"window": 8, "min_samples": 3},
     "request_outliers": {"eps": 16.0, "min_samples": 2, "window": 20, "warmup": 3},
     "seasonal": {"step_s": 60.0, "season_s": 600.0, "slot_s": 60.0, "warmup": 2},
-    "threshold": {"learn_count": 3},
 }
 
 # How each detector documents its use of time stamps: "blind" (t must be finite but is not
 # used), "drops_late" (samples older than the open event-time bucket are counted and dropped).
 TIME: dict[str, Literal["blind", "drops_late"]] = {
     "default": "blind",
-    "holt_winters": "drops_late",
     "leak": "drops_late",
-    "mad": "blind",
     "request_outliers": "blind",
     "seasonal": "drops_late",
-    "threshold": "blind",
 }
 
 # What (learn_one, score_one) do with a non-finite value or time: "raises" ValueError, or
@@ -78,12 +72,9 @@ TIME: dict[str, Literal["blind", "drops_late"]] = {
 Handling = Literal["raises", "ignores"]
 NON_FINITE: dict[str, tuple[Handling, Handling]] = {
     "default": ("raises", "ignores"),  # score_one: 0.0 for a non-finite value
-    "holt_winters": ("raises", "raises"),
     "leak": ("raises", "ignores"),  # score_one does not read x: the score of the trend so far
-    "mad": ("raises", "ignores"),  # score_one: 0.0 for a non-finite value
     "request_outliers": ("raises", "raises"),
     "seasonal": ("raises", "raises"),
-    "threshold": ("raises", "ignores"),  # score_one: 0.0 for NaN, a breach for +-inf
 }
 
 

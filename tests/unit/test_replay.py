@@ -168,8 +168,8 @@ def test_detector_and_threshold_choose_what_fires(tmp_path: Path) -> None:
     assert default[0]["status"] == "firing" and default[0]["at"] == SHIFT_TS
     assert [t["status"] for t in default] == ["firing", "resolved"] * (len(default) // 2)
     assert run_replay([csv_file], threshold=0.999)[0] == []
-    mad, _, _ = run_replay([csv_file], detector="mad")
-    assert mad and {t["labels"]["detector"] for t in mad} == {"mad"}
+    seasonal, _, _ = run_replay([csv_file], detector="seasonal")
+    assert seasonal and {t["labels"]["detector"] for t in seasonal} == {"seasonal"}
     with pytest.raises(ConfigError, match="unknown detector 'nope'"):
         run_replay([csv_file], detector="nope")
 

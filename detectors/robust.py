@@ -1,32 +1,23 @@
-"""Rolling robust z-score: how far a value sits from the median of the last ``window`` values.
+"""A rolling robust window: the median of the last ``window`` values and their spread, and
+a value's robust z-score against them (what :mod:`~.default`'s components are made of).
 
 The centre is the median of the window and the spread its MAD (median absolute deviation
 from the median) scaled by 1.4826, so that it estimates the standard deviation of normal
-noise while ignoring up to half of the window being outliers. A robust z-score
-``z = (value - median) / (1.4826 * MAD)`` is mapped to a score with
-``|z| / (|z| + z_scale)``: 0 at the median, 0.5 at ``|z| = z_scale``, approaching 1 (it is
-strictly increasing, so scores of different points never tie).
+noise while ignoring up to half of the window being outliers: ``z = (value - median) /
+(1.4826 * MAD)``. Quantised series (CPU percentages, counters) often have MAD = 0 although
+they are not constant; the spread then falls back to the 75th and the 90th percentile of
+the absolute deviations (scaled to a normal standard deviation). A window in which every
+value is the same has no spread: a value equal to it has z 0 (a flat signal is never
+flagged) and any other value an infinite one. Memory: two lists of at most ``window``
+floats; ``add`` costs O(log window) comparisons plus one list insertion.
 
-Quantised series (CPU percentages, counters) often have MAD = 0 although they are not
-constant; the spread then falls back to the 75th and the 90th percentile of the absolute
-deviations (scaled to a normal standard deviation). A window in which every value is the
-same has no spread: a value equal to it scores 0 (a flat signal is never flagged) and any
-other value scores 1.
-
-Parameters: ``window`` (500 values; memory is two lists of at most ``window`` floats),
-``z_scale`` (5.0), ``min_samples`` (30: the warm-up, scores are 0 until that many values
-were learned). ``learn_one`` costs O(log window) comparisons plus one list insertion.
-
-Input: ``x["value"]`` and ``x["t"]`` must be present and finite (``t`` is not used for
-scoring, but a sample without a time is refused like everywhere else in ragwatch).
-
->>> det = MADDetector(window=100, min_samples=10)
+>>> win = RobustWindow(100)
 >>> for i in range(200):
-...     det.learn_one({"value": 10.0 + (i % 5) * 0.1, "t": float(i)})
->>> det.score_one({"value": 10.2, "t": 200.0})
+...     win.add(10.0 + (i % 5) * 0.1)
+>>> robust_z(10.2, win)
 0.0
->>> round(det.score_one({"value": 14.0, "t": 200.0}), 3)  # z = 25.6
-0.837
+>>> round(robust_z(14.0, win), 1)
+25.6
 """
 
 from __future__ import annotations
@@ -35,8 +26,6 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
-
-from ragwatch.detectors.base import register
 
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD of normal noise -> its standard deviation
 Q75_TO_SIGMA = 1 / 1.1503  # 75th percentile of |N(0, 1)|
@@ -156,37 +145,3 @@ def robust_z(value: float, window: RobustWindow) -> float:
         if math.isfinite(z):
             return z
     return math.copysign(math.inf, d)
-
-
-@register("mad")
-class MADDetector:
-    """Rolling median/MAD robust z-score (see module docstring)."""
-
-    def __init__(self, window: int = 500, z_scale: float = 5.0, min_samples: int = 30) -> None:
-        if not (isinstance(window, int) and window >= 3):
-            raise ValueError(f"window must be an int >= 3, got {window!r}")
-        if not (math.isfinite(z_scale) and z_scale > 0):
-            raise ValueError(f"z_scale must be finite and > 0, got {z_scale!r}")
-        if not (isinstance(min_samples, int) and 1 <= min_samples <= window):
-            raise ValueError(f"min_samples must be an int in [1, window], got {min_samples!r}")
-        self.window = window
-        self.z_scale = float(z_scale)
-        self.min_samples = min_samples
-        self._win = RobustWindow(window)
-
-    def clone(self) -> MADDetector:
-        return MADDetector(self.window, self.z_scale, self.min_samples)
-
-    def learn_one(self, x: dict[str, Any]) -> None:
-        self._win.add(read_sample(x))
-
-    def score_one(self, x: dict[str, Any]) -> float:
-        if len(self._win) < self.min_samples:
-            return 0.0
-        v = float(x["value"])
-        if not math.isfinite(v):
-            return 0.0
-        z = abs(robust_z(v, self._win))
-        if math.isinf(z):
-            return 1.0
-        return z / (z + self.z_scale)
