@@ -101,7 +101,7 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     "queue_p95_excess_ms", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
     "clustered_requests", *_baseline_signals("service"),
     # 1 while a serving baseline holds a deviation back at the same hour as a day or two
-    # before, no higher (streams/pipelines/recurrence.py)
+    # before, no higher (detectors/recurrence.py)
     "decode_recurring", "ttft_net_p95_recurring", "queue_p95_recurring",
 )  # fmt: skip
 # a cumulative count of the evidence behind a series' signals, for keep_firing_requests

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from ragwatch.detectors.counts import CountBank
 from ragwatch.detectors.latency import LatencyBank
+from ragwatch.detectors.recurrence import HOLD_COLUMNS
 from ragwatch.detectors.seasonal import SeasonalBank, SeasonalBaseline
 from ragwatch.detectors.tails import TailWindow
 from ragwatch.streams.pipelines.buckets import Bucket
@@ -131,12 +132,8 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
         )
     },
     # each serving baseline's hold under way (its start, highest value over the baseline,
-    # last close) and the last two that lasted an hour or more (recurrence.py)
-    **{
-        f"{family}_hold{x}": (np.float64, math.nan)
-        for family in SERVING
-        for x in ("_at", "_peak", "_last", "0_at", "0_peak", "1_at", "1_peak")
-    },
+    # last close) and the last two that lasted an hour or more (detectors/recurrence.py)
+    **{f"{family}_hold{x}": (np.float64, math.nan) for family in SERVING for x in HOLD_COLUMNS},
 }
 
 

@@ -51,7 +51,8 @@ error. Each baseline also has ``<family>_held_s``, ``_relearned_at`` and ``_rele
 (families ``decode``, ``ttft_net_p95``, ``queue_p95``; ``decode_relearned_from`` in
 tokens per second, as its baseline), and ``<family>_recurring``: 1 while it holds a
 deviation that came back at the same hour as one of the day or two before, no higher
-(:mod:`~.recurrence`: the service's daily rhythm, which a hold keeps from learning).
+(:mod:`~ragwatch.detectors.recurrence`: the service's daily rhythm, which a hold keeps
+from learning).
 
 >>> from ragwatch.streams.pipelines.service_rows import ServiceRows
 >>> st = ServiceRows(bucket_s=60.0, rate_max_s=600.0, tail=(200, 120.0, 3600.0),
@@ -78,8 +79,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.latency import TRUST_VALUES
+from ragwatch.detectors.recurrence import HoldMemory, recurring
 from ragwatch.detectors.tails import MIN_VALUES, TailWindow
-from ragwatch.streams.pipelines.recurrence import recurring
 from ragwatch.streams.pipelines.service_rows import SERVING, ServiceRows
 
 F64 = npt.NDArray[np.float64]
@@ -175,7 +176,8 @@ def _judge(st: ServiceRows, rows: Rows, end: F64, values: F64, sig: Signals) -> 
         part = slice(i * k, (i + 1) * k)
         sig[f"{name}_held_s"], sig[f"{name}_relearned_at"] = held[part], at[part]
         sig[f"{name}_relearned_from"] = before[part]
-        sig[f"{name}_recurring"] = recurring(st, rows, end, held[part], ratio[part], name)
+        memory = HoldMemory.of(st.col, name)
+        sig[f"{name}_recurring"] = recurring(memory, rows, end, held[part], ratio[part])
     sig["decode_relearned_from"] = _per_s(before[:k])  # in tokens/s, as its baseline
     return base, st.serving.log_var(three, ends)
 
