@@ -1,8 +1,7 @@
 """The object forms of the request evidence, one series at a time: the references the banks
-are tested against (``tests/unit/test_count_bank.py``, ``test_latency_bank.py``) and the
-reference request pipeline's state (``requests_objects.py``). Product code never uses
-them: the banks in :mod:`ragwatch.detectors.counts` and :mod:`ragwatch.detectors.latency`
-are the one implementation.
+are tested against (``tests/unit/test_count_bank.py``, ``test_latency_bank.py``). Product
+code never uses them: the banks in :mod:`ragwatch.detectors.counts` and
+:mod:`ragwatch.detectors.latency` are the one implementation.
 
 - :class:`CountRing` keeps, per closed bucket, the counts and sums that rates and means
   need, and :meth:`CountRing.window` walks back from the newest bucket until the

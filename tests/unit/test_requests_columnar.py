@@ -1,17 +1,13 @@
-"""The columnar request pipeline against the object version it replaced, bit for bit.
+"""The columnar request pipeline gives the same in batches of any size as one envelope at a
+time: every bucket close the same signals (==, every float identical), the same
+transitions in the same order, the same statistics and the same bank rows. A wave closes
+many rows' buckets together and a batch is split into waves, so this holds the wave
+machinery to the plain order of events.
 
-``tests/reference/requests_objects.py`` is the request pipeline before issue 17: one
-``ServiceSeries`` object per series, one envelope at a time. The columnar one keeps the
-series in rows and closes the buckets of a wave together. Fed the same envelopes, every
-bucket close must give the same signals (==, every float identical; None where the object
-has None), the same transitions in the same order, the same statistics; and its banks'
-rows exported as objects must equal the object's baselines and rings. Fed in batches of
-any size, it must give what it gives one envelope at a time.
-
-Signals added since (issue 30: decode speed, TTFT less queue wait and queue wait against
-baselines, the retriever's tail by exceedances, the window's failed requests) are not the
-object's: they are held to a brute-force reference with a tolerance in
-``tests/unit/test_requests_serving.py``, and the rules that read them are left out here.
+What the signals are is tested against brute-force references with a tolerance elsewhere
+(``tests/unit/test_requests_serving.py``, ``test_count_bank.py``, ``test_latency_bank.py``,
+``test_seasonal_bank.py``) and by behaviour (``test_requests_pipeline.py``). The object
+pipeline the columnar one replaced (issue 17) is no longer kept as a twin (issue 31).
 """
 
 from __future__ import annotations
@@ -30,13 +26,8 @@ from ragwatch.agents.sim_requests import Fault, RequestSimConfig, RequestSimulat
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines import requests as columnar
-from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS
-from tests.reference import requests_objects as reference
-from tests.reference.evidence import baseline_of, ring_of
 
-ADDED = frozenset(SIGNALS[SIGNAL_AT["retriever_tail_ratio"]:SIGNAL_AT["e2e_p95_baseline_ms"]]
-                  + SIGNALS[SIGNAL_AT["decode_tps"]:])  # fmt: skip
-RULES = [r for r in load_rules() if not any(name in repr(r) for name in ADDED)]
+RULES = load_rules()
 T0 = 1_767_225_600.0
 
 
@@ -54,17 +45,6 @@ class Recorded(columnar.RequestPipeline):
             self.closes.append((key, (c.b + 1) * self.bucket_s, self.rows.signal_dict(c.row)))
 
 
-class RecordedReference(reference.RequestPipeline):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.closes: list[tuple[tuple[str, str], float, dict[str, float | None]]] = []
-
-    def _close(self, s: Any, svc: Any, b: int, bucket: Any) -> None:
-        super()._close(s, svc, b, bucket)
-        key = (s.labels["service"], s.labels["instance"])
-        self.closes.append((key, (b + 1) * self.bucket_s, dict(s.signals)))
-
-
 def _same(a: float | None, b: float | None) -> bool:
     if a is None or b is None:
         return a is None and b is None
@@ -72,12 +52,11 @@ def _same(a: float | None, b: float | None) -> bool:
 
 
 def assert_same_closes(got: list[Any], want: list[Any]) -> None:
-    """The same closes, each with the same signals (the object's set, exactly)."""
+    """The same closes, each with the same signals, exactly."""
     assert len(got) == len(want)
     key = lambda c: (c[1], c[0])  # noqa: E731  # a wave closes rows in another order
     for (gk, ge, gs), (wk, we, ws) in zip(sorted(got, key=key), sorted(want, key=key), strict=True):
-        assert (gk, ge) == (wk, we)
-        assert set(gs) == set(ws) | ADDED and set(ws) <= set(SIGNALS)
+        assert (gk, ge) == (wk, we) and set(gs) == set(ws)
         bad = {n: (gs[n], ws[n]) for n in ws if not _same(gs[n], ws[n])}
         assert not bad, f"{gk} at {ge}: {bad}"
 
@@ -88,46 +67,26 @@ def _tr(t: Transition) -> tuple[Any, ...]:
             a.ends_at, a.value, a.resolution, tuple(sorted(a.annotations.items())))  # fmt: skip
 
 
-def assert_same_banks(pipe: columnar.RequestPipeline, ref: reference.RequestPipeline) -> None:
-    """Every series' baselines, latency baselines and count ring, exported from its row,
-    equal the object's."""
-    assert set(pipe.series) == set(ref.series)
-    for key, s in ref.series.items():
-        row = pipe.series[key].row
-        rows = pipe.rows
-        for i, name in enumerate(("rps", "tpr")):  # rows 2r and 2r + 1 of the traffic bank
-            assert _state(rows.traffic.export(2 * row + i)) == _state(getattr(s, name))
-        for i, name in enumerate(("retriever_p99", "e2e_p95")):
-            got, want = baseline_of(rows.latency, 2 * row + i), getattr(s, name)
-            assert _state(got.model) == _state(want.model)
-            assert (got.seen_at_entry, got.relearned_at, got.relearned_before) == (
-                want.seen_at_entry, want.relearned_at, want.relearned_before)  # fmt: skip
-        ring = ring_of(rows.counts, row)
-        assert ring.window(target=1e9, max_s=1e9) == s.counts.window(target=1e9, max_s=1e9)
-        assert rows.next_bucket[row] == s.next_bucket and rows.label[row] == s.outlier_label
-
-
-def _state(o: Any) -> dict[str, Any]:
-    slots = [a for c in type(o).__mro__ for a in getattr(c, "__slots__", ())]
-    out = {}
-    for a in slots:
-        v = getattr(o, a, None)
-        out[a] = list(v) if hasattr(v, "tolist") or type(v).__name__ == "array" else v
-    return out
+def assert_same_rows(a: columnar.RequestPipeline, b: columnar.RequestPipeline) -> None:
+    """Every series in the same state: its service's snapshot part, bit for bit."""
+    assert set(a.series) == set(b.series)
+    for service in {k[0] for k in a.series}:
+        assert a.dump(service) == b.dump(service), service
 
 
 def run_both(envs: list[RequestsEnvelope], batch: int = 1, **kw: Any) -> tuple[Any, Any]:
-    pipe, ref = Recorded(RULES, **kw), RecordedReference(RULES, **kw)
+    """The pipeline fed one envelope at a time and in batches of ``batch``: the same."""
+    pipe, one = Recorded(RULES, **kw), Recorded(RULES, **kw)
     got: list[Transition] = []
     want: list[Transition] = []
     for e in envs:
-        want += ref.process(e)
+        want += one.process(e)
     for i in range(0, len(envs), batch):
         got += pipe.process_batch(envs[i : i + batch])
-    assert_same_closes(pipe.closes, ref.closes)
+    assert_same_closes(pipe.closes, one.closes)
     assert [_tr(t) for t in got] == [_tr(t) for t in want]
-    assert vars(pipe.stats) == vars(ref.stats)
-    assert_same_banks(pipe, ref)
+    assert vars(pipe.stats) == vars(one.stats)
+    assert_same_rows(pipe, one)
     return pipe, got
 
 
@@ -145,7 +104,7 @@ def test_the_simulators_scenarios_close_alike(scenario: str) -> None:
     pipe, got = run_both(envs, batch=64)
     assert pipe.stats.buckets_closed > 400
     if scenario != "healthy":
-        assert got  # the faults page (and the same transitions as the objects)
+        assert got  # the faults page
 
 
 def test_a_day_of_daily_rhythm_with_quiet_nights_and_a_fault_that_lasts() -> None:
