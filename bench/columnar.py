@@ -42,7 +42,7 @@ from ragwatch.gpu_wire import from_mapping
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
-from ragwatch.streams.pipelines.gpu import COLUMNS
+from ragwatch.streams.pipelines.gpu_signals import COLUMNS
 
 RESULTS = Path(__file__).parent / "results"
 T0 = 1_767_225_600.0

@@ -16,7 +16,7 @@ not beside the rules, because the console (the exporter) reads it and may not im
 
 from __future__ import annotations
 
-# Signals of every memory series (leak detector output; see streams/pipelines/gpu.py).
+# Signals of every memory series (leak detector output; see streams/pipelines/gpu_signals.py).
 _MEMORY_SIGNALS = (
     "fb_used_bytes",
     "fb_total_bytes",

@@ -132,8 +132,8 @@ import numpy.typing as npt
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.detectors.tails import quantile
 from ragwatch.schema import Transition
+from ragwatch.streams.alerting import gating
 from ragwatch.streams.alerting.engine import AlertEngine
-from ragwatch.streams.alerting.masks import holds
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines import service_snapshot as snapshots
 from ragwatch.streams.pipelines.base import BatchFailed, ChartSeries, Domain
@@ -554,31 +554,23 @@ class RequestPipeline:
     def _evaluate(
         self, k: int, closes: list[_Close], rows: Rows, ends: npt.NDArray[np.float64]
     ) -> None:
-        """The rules on the round's rows: only where one holds or an alert is active."""
-        st, engine = self.rows, self.engine
+        """The rules on the round's rows: only where one holds or an alert is active
+        (:mod:`~ragwatch.streams.alerting.gating`), each row's signals read as it comes."""
+        st = self.rows
         signals = {name: st.signals[rows, SIGNAL_AT[name]] for name in SIGNALS}
-        hold = [holds(rule, signals, len(rows)) for rule in self.rules]
-        hit = np.logical_or.reduce([*hold, st.watch[rows]])
-        for i in np.flatnonzero(hit).tolist():
-            row, t = closes[i].row, float(ends[i])
-            sig = st.signal_dict(row)
-            keys = self._alert_keys(row)
-            active = False
-            for n, rule in enumerate(self.rules):
-                labels, fp = keys[rule.name]
-                if hold[n][i] or engine.is_active(fp):
-                    tr = engine.evaluate_key(rule, labels, fp, sig, t)
-                    if tr is not None:
-                        self._out.append((closes[i].at, k, tr))
-                active = active or engine.is_active(fp)
-            st.watch[row] = active
+        picked = gating.pick(self.rules, rows, signals, st.watch)
+        dicts = (st.signal_dict(p.row) for p in picked)
+        fired = gating.evaluate(self.engine, picked, dicts, self._alert_keys, ends, st.watch)
+        self._out += [(closes[i].at, k, tr) for i, tr in fired]
 
-    def _alert_keys(self, row: int) -> dict[str, tuple[dict[str, str], str]]:
+    def _alert_keys(self, row: int, rules: Sequence[Rule]) -> dict[str, tuple[dict[str, str], str]]:
+        """The alert labels and fingerprint of each of ``rules`` (the pipeline's) on
+        ``row`` (cached)."""
         keys = self.rows.keys[row]
-        if len(keys) < len(self.rules):
+        if len(keys) < len(rules):
             service, instance = self.rows.index.key(row)
             labels = {"service": service, "instance": instance}
-            for rule in self.rules:
+            for rule in rules:
                 if rule.name not in keys:
                     keys[rule.name] = self.engine.alert_key(rule, labels)
         return keys

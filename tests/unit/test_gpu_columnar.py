@@ -23,7 +23,8 @@ from ragwatch.gpu_wire import GpuMessage, from_mapping
 from ragwatch.schema import Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import load_rules, parse_rule
-from ragwatch.streams.pipelines.gpu import SCALAR_ROWS, GpuPipeline
+from ragwatch.streams.pipelines.gpu import GpuPipeline
+from ragwatch.streams.pipelines.gpu_signals import SCALAR_ROWS
 
 T0 = 1_767_225_600.0
 GB = 1e9
