@@ -9,10 +9,11 @@ telemetry is a fifth class with this shape, added to :class:`~.fleet.Pipelines`'
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 from ragwatch.schema import Transition
+from ragwatch.streams.alerting.rules import Rule
 
 Domain = Literal["host", "service"]
 DOMAINS: tuple[Domain, ...] = ("host", "service")
@@ -53,6 +54,62 @@ class ChartSeries(NamedTuple):
     ts: float
     holder: Any
     where: str | None = None  # its ids' prefix (chart_ids.series_prefix), if kept at hand
+
+
+class SeriesState(Protocol):
+    """A series as readers outside its pipeline see it (hints, charts, status): its labels
+    and newest signals."""
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def signals(self) -> Mapping[str, float | None]: ...
+
+
+class GpuSeriesState(SeriesState, Protocol):
+    """A GPU or process series: and the event time of its newest sample."""
+
+    @property
+    def last_ts(self) -> float: ...
+
+
+class InstanceState(SeriesState, Protocol):
+    """A service instance's request series: and its host, the end of its newest closed
+    bucket and the label of its active outlier cluster."""
+
+    @property
+    def host(self) -> str | None: ...
+
+    @property
+    def bucket_end(self) -> float | None: ...
+
+    @property
+    def outlier_label(self) -> str | None: ...
+
+
+class GpuState(Protocol):
+    """What the GPU pipeline lets others read of a host (the hints: causes)."""
+
+    def host_series(self, host: str) -> Mapping[tuple[str, int, str, int], GpuSeriesState]: ...
+
+
+class RequestState(Protocol):
+    """What the request pipeline lets others read (the hints: effects), by (service,
+    instance)."""
+
+    @property
+    def series(self) -> Mapping[tuple[str, str], InstanceState]: ...
+
+
+class ChartSource(Protocol):
+    """What a chart recorder reads: the rules (which chart holds which alert) and the
+    series of some keys, each with its signals (:meth:`~.fleet.Pipelines.charts`)."""
+
+    @property
+    def rules(self) -> Sequence[Rule]: ...
+
+    def charts(self, domain: Domain, keys: Collection[str]) -> Iterable[ChartSeries]: ...
 
 
 class SignalPipeline(Protocol):

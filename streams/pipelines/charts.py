@@ -95,8 +95,7 @@ from typing import Any, Protocol
 
 from ragwatch.chart_ids import series_prefix
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import ChartSeries, Domain
-from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.base import ChartSeries, ChartSource, Domain
 
 Point = list[float | None]
 # kind -> the charts recorded for each series of that kind, with their index entry
@@ -232,7 +231,9 @@ class SeriesRecorder:
             self._rules, self._plan = rules, chart_plan(rules)
         return self._plan
 
-    def observe(self, pipes: Pipelines, domain: Domain, moved: Iterable[tuple[str, float]]) -> None:
+    def observe(
+        self, pipes: ChartSource, domain: Domain, moved: Iterable[tuple[str, float]]
+    ) -> None:
         """The state of these keys of ``domain`` moved on to (key, event time): keep a
         point of each series of theirs that is due, for :meth:`take`. Called after each
         wave of envelopes, every point is taken at the first state at least ``step_s``

@@ -37,9 +37,10 @@ Every hint reads as advice to a person: what else is wrong, and what to suspect 
 never the worker's internal state.
 
 >>> from ragwatch.schema import Alert
+>>> from ragwatch.streams.alerting.engine import AlertEngine
 >>> from ragwatch.streams.pipelines.gpu import GpuPipeline
 >>> from ragwatch.streams.pipelines.requests import RequestPipeline
->>> c = Correlator(GpuPipeline([]), RequestPipeline([]), [])
+>>> c = Correlator(GpuPipeline([]), RequestPipeline([]), [], AlertEngine())
 >>> a = Alert(rule="X", severity="info", status="firing", labels={"host": "h9"},
 ...           annotations={}, value=1.0, expected=None, starts_at=0.0, ends_at=None,
 ...           fingerprint="f")
@@ -58,8 +59,7 @@ from ragwatch.detectors.leak import GB
 from ragwatch.schema import Alert, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.gpu import GpuPipeline
-from ragwatch.streams.pipelines.requests import RequestPipeline, ServiceView
+from ragwatch.streams.pipelines.base import GpuState, InstanceState, RequestState
 
 LEAK_MIN_BYTES = 0.25 * GB  # grown over the leak window, steadily
 LEAK_MIN_STEADINESS = 0.7
@@ -116,15 +116,15 @@ class Correlator:
 
     def __init__(
         self,
-        gpus: GpuPipeline,
-        requests: RequestPipeline,
+        gpus: GpuState,
+        requests: RequestState,
         rules: Iterable[Rule],
-        engine: AlertEngine | None = None,
+        engine: AlertEngine,
         *,
         window_s: float = 1800.0,
     ) -> None:
         self.gpus, self.requests = gpus, requests
-        self.engine = engine or gpus.engine
+        self.engine = engine
         self.window_s = window_s
         self._rules: dict[str, Rule] = {r.name: r for r in rules}
 
@@ -323,7 +323,7 @@ class Correlator:
         return out
 
     @staticmethod
-    def _symptoms(s: ServiceView, own: set[str]) -> list[str]:
+    def _symptoms(s: InstanceState, own: set[str]) -> list[str]:
         out = []
         for signal, limit, phrase in _SYMPTOMS:
             v = s.signals.get(signal)
@@ -342,7 +342,7 @@ class Correlator:
         return out
 
 
-def _demand(s: ServiceView, own: set[str]) -> str:
+def _demand(s: InstanceState, own: set[str]) -> str:
     """The instance's demand as context for a person (how many requests, how long the
     answers, against their forecasts): fewer users or shorter questions explain a drop
     of tokens/s and are not a fault themselves (docs/rules.md, "Demand is context"). The

@@ -61,7 +61,8 @@ def test_a_process_leak_carries_its_pod_to_the_alert_the_hint_and_the_snapshot()
     assert page.alert.rule == "GpuMemoryLeak"
     assert {k: page.alert.labels[k] for k in POD} == POD
     rules = load_rules()
-    hint = Correlator(pipe, RequestPipeline(rules, engine=pipe.engine), rules).hint(page.alert)
+    requests = RequestPipeline(rules, engine=pipe.engine)
+    hint = Correlator(pipe, requests, rules, pipe.engine).hint(page.alert)
     assert "pod rag-prod/retriever-7d9f, container worker" in hint, hint
     (proc,) = pipe.host_snapshot("gpu-node-01")["gpus"][0]["procs"]
     assert (proc["namespace"], proc["pod"], proc["container"]) == (
