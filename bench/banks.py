@@ -1,9 +1,9 @@
-"""Detector banks against the object detectors they vectorise, side by side in one run.
+"""The leak bank against one detector per series (a one-row view each), side by side in one run.
 
 For N series with full leak windows (``--series``, default 10,000; two hours of warm-up at
 the sampling interval first), each "envelope batch" gives every series one sample; both
 forms learn the same samples. Prints series updates per second of each and the ratio,
-then the bank's memory per series (its arrays' bytes / N) next to the object detector's
+then the bank's memory per series (its arrays' bytes / N) next to a one-row detector's
 (tracemalloc over N detectors with full windows), and writes ``bench/results/banks.json``.
 
 Run: ``python bench/banks.py`` (``--series 2000 --seconds 3`` for a quick look).

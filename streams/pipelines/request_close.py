@@ -35,9 +35,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.counts import CountWindows
+from ragwatch.detectors.service_clusters import ServiceClusters
 from ragwatch.detectors.tails import tail_signals
 from ragwatch.streams.pipelines.buckets import Bucket
-from ragwatch.streams.pipelines.service_clusters import ServiceClusters
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, ServiceRows
 from ragwatch.streams.pipelines.serving import serving_signals
 

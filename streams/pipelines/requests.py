@@ -130,6 +130,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.request_outliers import RequestOutliers
+from ragwatch.detectors.service_clusters import ScoredRun, ServiceClusters
 from ragwatch.detectors.tails import quantile
 from ragwatch.schema import Transition
 from ragwatch.streams.alerting import gating
@@ -140,7 +141,6 @@ from ragwatch.streams.pipelines.base import BatchFailed, ChartSeries, Domain
 from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir, drop_before
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
-from ragwatch.streams.pipelines.service_clusters import ScoredRun, ServiceClusters
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS, SeriesKey, ServiceRows
 
 log = logging.getLogger(__name__)

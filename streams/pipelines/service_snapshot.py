@@ -26,9 +26,9 @@ from ragwatch.detectors.counts import CountBank
 from ragwatch.detectors.latency import LatencyBank
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.detectors.seasonal import SeasonalBank
+from ragwatch.detectors.service_clusters import ServiceClusters
 from ragwatch.detectors.tails import TailWindow
 from ragwatch.streams.pipelines.buckets import DERIVED, Bucket, Reservoir
-from ragwatch.streams.pipelines.service_clusters import ServiceClusters
 from ragwatch.streams.pipelines.service_rows import (
     RECENT_BUCKETS,
     SCALARS,

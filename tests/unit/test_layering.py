@@ -160,3 +160,38 @@ def test_no_function_in_product_code_is_over_100_lines() -> None:
                     if lines > 100:
                         long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {lines}")
     assert long == []
+
+
+def _product_modules() -> list[Path]:
+    return [
+        p
+        for top in ("ragwatch", "agents", "streams", "detectors")
+        for p in (ROOT / top).rglob("*.py")
+    ]
+
+
+def test_no_product_module_is_over_800_lines() -> None:
+    long = [
+        f"{p.relative_to(ROOT)} {n}"
+        for p in _product_modules()
+        if (n := len(p.read_text().splitlines())) > 800
+    ]
+    assert long == []
+
+
+def test_one_implementation_per_detector_and_its_state_in_detectors() -> None:
+    """No ``X.py`` beside an ``X_bank.py`` (a twin), and no bank under ``streams/``: every
+    detector is one bank in ``detectors/`` (issue 31)."""
+    paths = _product_modules()
+    twins = [
+        p for p in paths if p.stem.endswith("_bank") and p.with_name(p.stem[:-5] + ".py").exists()
+    ]
+    assert twins == []
+    banks = [
+        f"{p.relative_to(ROOT)}:{node.name}"
+        for p in paths
+        if p.is_relative_to(ROOT / "streams")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Bank")
+    ]
+    assert banks == []

@@ -37,9 +37,9 @@ from ragwatch.detectors.request_shapes import (
     SLOT_S,
     ShapeMemory,
 )
+from ragwatch.detectors.service_clusters import ScoredRun, ServiceClusters
 from ragwatch.schema import RequestRecord, RequestsEnvelope
 from ragwatch.streams.pipelines.requests import RequestPipeline
-from ragwatch.streams.pipelines.service_clusters import ScoredRun, ServiceClusters
 from tests.reference.request_shapes import BruteShapeMemory, cell
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "azure-llm-code-2023.csv.gz"
