@@ -13,13 +13,14 @@ changed by the next envelope's records); every other part of
 a close reads and writes its own row only, so the closes of a batch wait for their rounds
 whatever the services of its envelopes.
 
-Exactly the arithmetic of the object version (``tests/reference/requests_objects.py``, one
-:class:`ServiceSeries` at a time) for the signals it had, in the same order (the signals
-added since, :mod:`~.serving`'s, ``window_errors`` and the latency baselines' ``*_z``,
-are held to brute-force references with a tolerance,
-``tests/unit/test_requests_serving.py``): numpy's ``+ - * /``, square root and comparisons
-round as Python's floats do, but its ``exp``, ``log`` and ``**`` do not always (SIMD
-implementations), so those go element by element through :mod:`math` (``_each``).
+Exactly the arithmetic of the object version it replaced (one series at a time, issue 17;
+kept as a test twin until issue 31), in the same order: the count and latency banks are
+still held bit for bit to their one-series references, and the signals added since
+(:mod:`~.serving`'s, ``window_errors`` and the latency baselines' ``*_z``) to brute-force
+references with a tolerance (``tests/unit/test_requests_serving.py``). Numpy's ``+ - *
+/``, square root and comparisons round as Python's floats do, but its ``exp``, ``log``
+and ``**`` do not always (SIMD implementations), so those go element by element through
+:mod:`math` (``_each``).
 ``tests/unit/test_requests_columnar.py`` holds every signal of every close to the object
 version's, bit for bit.
 """

@@ -15,9 +15,8 @@ one set of array operations (:mod:`~.request_close`: nothing else a close reads 
 between rows), and the rules are masks over the round's signals: only rows where a rule
 holds or an alert is active reach the alert engine. A silence sweep (once a minute of
 event time) waits for the closes before it. The transitions are those of one envelope at
-a time, in the same order
-(``tests/unit/test_requests_columnar.py`` holds every signal of every close to the object
-version this replaced, ``tests/reference/requests_objects.py``).
+a time, in the same order (``tests/unit/test_requests_columnar.py`` holds every signal of
+every close, in batches of any size, to one envelope at a time).
 
 Series ``service``: one per (service, instance), labels ``service`` and ``instance``,
 kept in event time. Each record goes to the fixed ``bucket_s`` bucket of its own ``ts``.
