@@ -12,10 +12,10 @@ neighbour's load falls on both alike), ``--rounds`` times:
   pipeline's memory per instance series.
 
 ``--before DIR`` is a checkout of the code before (``git worktree add /tmp/before
-1a542c0``); its packages are imported from there (as ``bench/transitions.py --code``
-does), the venv is this one. Prints each figure's median per side and the ratio after /
-before (speed: higher is better; memory: lower is better), and writes
-``bench/results/house.json``.
+1a542c0``); its packages are imported from there (``bench/transitions.py``'s
+``code_command``, as its ``--code`` does), the venv is this one. Prints each figure's
+median per side and the ratio after / before (speed: higher is better; memory: lower is
+better), and writes ``bench/results/house.json``.
 
 Run: ``python bench/house.py --before /tmp/before`` (about 15 minutes on 2 cores;
 ``--rounds 1 --quick`` for a look).
@@ -28,9 +28,10 @@ import json
 import platform
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from transitions import code_command  # a sibling script: bench/ is on the path when run
 
 HERE = Path(__file__).resolve().parents[1]
 OUT = HERE / "bench" / "results" / "house.json"
@@ -58,39 +59,6 @@ BENCHES: tuple[tuple[str, list[str], list[str], list[tuple[str, tuple[str, ...],
     ),
 )
 
-# Imports ragwatch from the checkout in argv[1] (its pyproject's package-dir), ahead of the
-# editable install's finder, then runs argv[2] with the arguments after it.
-_WITH_CODE = """
-import runpy, sys, tomllib
-from importlib.machinery import PathFinder
-from importlib.util import spec_from_file_location
-from pathlib import Path
-
-root = Path(sys.argv[1]).resolve()
-with open(root / "pyproject.toml", "rb") as f:
-    dirs = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
-mapping = {name: root / d for name, d in dirs.items()}
-
-
-class Finder:
-    @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        if fullname in mapping:
-            d = mapping[fullname]
-            init = d / "__init__.py"
-            return spec_from_file_location(fullname, init, submodule_search_locations=[str(d)])
-        parent = fullname.rpartition(".")[0]
-        if parent in mapping:
-            return PathFinder.find_spec(fullname, [str(mapping[parent])])
-        return None
-
-
-sys.meta_path.insert(0, Finder)
-sys.argv = sys.argv[2:]
-sys.path.insert(0, str(Path(sys.argv[0]).parent))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
 
 def run_bench(root: Path, name: str, args: list[str]) -> dict[str, Any]:
     """``root``'s ``bench/<name>.py`` on ``root``'s code; its results json (the file the
@@ -98,9 +66,10 @@ def run_bench(root: Path, name: str, args: list[str]) -> dict[str, Any]:
     script = root / "bench" / f"{name}.py"
     results = root / "bench" / "results" / f"{name}.json"
     kept = results.read_bytes() if results.exists() else None
-    cmd = [sys.executable, "-c", _WITH_CODE, str(root), str(script), *args]
     try:
-        subprocess.run(cmd, check=True, cwd=root, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            code_command(root, script, args), check=True, cwd=root, stdout=subprocess.DEVNULL
+        )
         out: dict[str, Any] = json.loads(results.read_text())
     finally:
         if kept is not None:

@@ -386,8 +386,14 @@ def with_code(root: Path, argv: Sequence[str]) -> int:
             rest.append(a)
     if not (root / "pyproject.toml").is_file():
         raise SystemExit(f"--code {root}: no pyproject.toml there")
-    cmd = [sys.executable, "-c", _WITH_CODE, str(root), str(Path(__file__).resolve()), *rest]
+    cmd = code_command(root, Path(__file__).resolve(), rest)
     return subprocess.run(cmd, check=False).returncode
+
+
+def code_command(root: Path, script: Path, args: Sequence[str]) -> list[str]:
+    """The command that runs ``script`` with ``args`` in this venv, its ``ragwatch``
+    packages imported from the checkout ``root`` (``bench/house.py`` uses it too)."""
+    return [sys.executable, "-c", _WITH_CODE, str(root), str(script), *args]
 
 
 def code_version() -> dict[str, Any]:
