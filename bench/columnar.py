@@ -170,10 +170,10 @@ def charts_cost(
     t1 = t0 + args.ticks
     charted = [from_mapping(e) for t in range(t1, t1 + args.ticks) for e in tick(t)]
     out = {"pipelines (again)": cpu(lambda: _feed(pipes, plain, args.batch))}
-    rec = SeriesRecorder()
-    pipes.observer = lambda domain, moved: rec.observe(pipes, domain, moved)
+    rec = SeriesRecorder(pipes.rules)
+    pipes.tap(rec.observe)
     out["pipelines+charts"] = cpu(lambda: _feed(pipes, charted, args.batch))
-    pipes.observer = None
+    pipes.tap(None)
     return out
 
 

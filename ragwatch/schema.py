@@ -559,6 +559,54 @@ class Transition:
             self.alert.status == "resolved" and self.previous == "firing"
         )
 
+    @property
+    def fires(self) -> bool:
+        """Whether its alert starts firing here (and gets a hint)."""
+        return self.alert.status == "firing" and self.previous != "firing"
+
+
+# ---------------------------------------------------------------- facts (what hints join)
+
+
+@dataclass(frozen=True, slots=True)
+class LeakFact:
+    """A process whose GPU memory grows steadily: a cause a hint names."""
+
+    gpu: str
+    pid: str
+    process: str
+    container: str
+    gb_per_hour: float
+    tte_h: float | None  # hours until its GPU is full at that rate (None: unknown)
+    pod: str = ""  # namespace/pod, where the agent knows it
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What a host's GPU telemetry says about it at one moment, for the hints of alerts
+    on it and on the services it runs: its leaking processes (steepest first), its GPUs
+    near full (``(gpu, used ratio)`` in GPU order), and the event time of its newest
+    sample (None: no GPU series of it is held)."""
+
+    host: str
+    ts: float | None = None
+    leaks: tuple[LeakFact, ...] = ()
+    full: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceFacts:
+    """What a service instance's requests say about it at one moment, for the hints of
+    alerts on it and on its host: its host (None: unknown), the end of its newest closed
+    bucket, its signals then and the label of its active outlier cluster."""
+
+    service: str
+    instance: str
+    host: str | None
+    bucket_end: float | None
+    signals: Mapping[str, float | None]
+    outlier_label: str | None = None
+
 
 AttrValue = str | int | float | bool
 

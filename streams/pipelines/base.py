@@ -9,11 +9,11 @@ telemetry is a fifth class with this shape, added to :class:`~.fleet.Pipelines`'
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
-from ragwatch.schema import Transition
-from ragwatch.streams.alerting.rules import Rule
+from ragwatch.schema import HostFacts, InstanceFacts, Transition
 
 Domain = Literal["host", "service"]
 DOMAINS: tuple[Domain, ...] = ("host", "service")
@@ -33,16 +33,63 @@ def owns(domain: Domain, key: str, labels: Mapping[str, str]) -> bool:
     return labels.get("host") == key and "service" not in labels
 
 
-class BatchFailed(Exception):
-    """Processing a batch raised (a bug): ``transitions`` are those of the part of the batch
-    done before it, to be sent all the same (their alerts are in the engine: without them
-    their pages would never go); the batch's state is cleared for the next one. What the
-    failed part had gathered is not learnt twice: its envelopes, tried again one at a time,
-    read as seen."""
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one wave of a batch produced: the keys it moved on, each with the event time
+    of its newest envelope, its transitions in order, and the facts of its own side taken
+    at that wave for the alerts that start firing in it (by host; by (service, instance)),
+    which their hints read (:mod:`.facts`)."""
 
-    def __init__(self, transitions: list[Transition]) -> None:
-        super().__init__(f"a batch failed after {len(transitions)} transition(s)")
-        self.transitions = transitions
+    moved: Sequence[tuple[str, float]]
+    transitions: list[Transition]
+    hosts: Mapping[str, HostFacts] = field(default_factory=dict)
+    instances: Mapping[tuple[str, str], InstanceFacts] = field(default_factory=dict)
+
+
+def transitions_of(steps: Iterable[Step]) -> list[Transition]:
+    """The transitions of ``steps``, in order."""
+    return [t for step in steps for t in step.transitions]
+
+
+def drive(steps: Iterator[Step], join: Callable[[Step], Step] | None = None) -> list[Step]:
+    """Every step of a batch (a pipeline's ``process_steps``), each joined as it comes,
+    before the pipeline goes on (the fleet ages event alerts and adds hints there). If the
+    pipeline fails, the steps it had not handed on are joined too and come with the
+    :class:`BatchFailed`, after those done; if ``join`` fails, the batch stops there and
+    the step it failed on comes as it was.
+
+    >>> drive(iter([Step([("h", 1.0)], [])]))
+    [Step(moved=[('h', 1.0)], transitions=[], hosts={}, instances={})]
+    """
+    done: list[Step] = []
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration:
+            return done
+        except BatchFailed as exc:  # the pipeline failed
+            rest = exc.steps if join is None else [join(s) for s in exc.steps]
+            raise BatchFailed(done + rest) from exc.__cause__
+        try:
+            done.append(step if join is None else join(step))
+        except Exception as exc:  # the join failed: the rest of the batch is not done
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+            raise BatchFailed([*done, step]) from exc
+
+
+class BatchFailed(Exception):
+    """Processing a batch raised (a bug): ``steps`` are the waves of the batch done before
+    it, whose transitions are to be sent all the same (their alerts are in the engine:
+    without them their pages would never go); the batch's state is cleared for the next
+    one. What the failed part had gathered is not learnt twice: its envelopes, tried again
+    one at a time, read as seen."""
+
+    def __init__(self, steps: list[Step]) -> None:
+        self.steps = steps
+        self.transitions = transitions_of(steps)
+        super().__init__(f"a batch failed after {len(self.transitions)} transition(s)")
 
 
 class ChartSeries(NamedTuple):
@@ -57,7 +104,7 @@ class ChartSeries(NamedTuple):
 
 
 class SeriesState(Protocol):
-    """A series as readers outside its pipeline see it (hints, charts, status): its labels
+    """A series as readers outside its pipeline see it (its facts, charts, status): its labels
     and newest signals."""
 
     @property
@@ -88,28 +135,19 @@ class InstanceState(SeriesState, Protocol):
     def outlier_label(self) -> str | None: ...
 
 
-class GpuState(Protocol):
-    """What the GPU pipeline lets others read of a host (the hints: causes)."""
+class ChartReader(Protocol):
+    """What a chart recorder reads of the pipeline whose series moved on: its name and
+    domain, and the series of some of its keys, each with its signals."""
 
-    def host_series(self, host: str) -> Mapping[tuple[str, int, str, int], GpuSeriesState]: ...
+    name: ClassVar[str]
+    domain: ClassVar[Domain]
 
-
-class RequestState(Protocol):
-    """What the request pipeline lets others read (the hints: effects), by (service,
-    instance)."""
-
-    @property
-    def series(self) -> Mapping[tuple[str, str], InstanceState]: ...
+    def charts(self, keys: Collection[str]) -> Iterable[ChartSeries]: ...
 
 
-class ChartSource(Protocol):
-    """What a chart recorder reads: the rules (which chart holds which alert) and the
-    series of some keys, each with its signals (:meth:`~.fleet.Pipelines.charts`)."""
-
-    @property
-    def rules(self) -> Sequence[Rule]: ...
-
-    def charts(self, domain: Domain, keys: Collection[str]) -> Iterable[ChartSeries]: ...
+# told by a pipeline after each wave which of its keys moved on, each with the event time
+# of its newest envelope (the worker's chart recorder: charts.SeriesRecorder.observe)
+Tap = Callable[[ChartReader, Sequence[tuple[str, float]]], None]
 
 
 class SignalPipeline(Protocol):
@@ -119,6 +157,7 @@ class SignalPipeline(Protocol):
     domain: ClassVar[Domain]
     swept: set[str]  # keys whose last series went silent and was swept (see Pipelines.gone)
     sweep_mark: float  # silent keys are swept against min(watermark, sweep_mark)
+    tap: Tap | None  # told which keys moved on after each wave (the charts), if set
 
     @property
     def watermark(self) -> float: ...

@@ -7,7 +7,8 @@ wave of envelopes, and every second the worker appends what it took
 (:meth:`SeriesRecorder.take`) to Redis (:meth:`RedisState.write_series`, a list of the
 newest 1,440 points per series). So a replay at 720x, or as fast as the CPU allows, draws
 the same charts as the same telemetry played in real time (sampling the state once a
-second of wall time gave a point per 12 minutes of event time at 720x). Points are
+second of wall time gave a point per 12 minutes of event time at 720x). The recorder
+reads the signals of the pipeline whose series moved, never the fleet. Points are
 ``[ts, value, forecast, score]`` (forecast and score None where the series has none). The
 charts (:data:`CHARTS`):
 
@@ -49,9 +50,9 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 >>> pipes = Pipelines(load_rules())
 >>> for env in build("leak", hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=1):
 ...     _ = pipes.process(env)
->>> rec = SeriesRecorder()
->>> rec.observe(pipes, "host", [("gpu-node-01", env.ts)])
->>> rec.observe(pipes, "service", [("rag-api", env.ts)])
+>>> rec = SeriesRecorder(pipes.rules)
+>>> rec.observe(pipes.gpus, [("gpu-node-01", env.ts)])
+>>> rec.observe(pipes.requests, [("rag-api", env.ts)])
 >>> points = rec.take()
 >>> len(points)  # the GPU, its 2 processes, and 9 charts of each of the 2 instances
 21
@@ -68,16 +69,17 @@ service:rag-api:rag-api-0:retriever_p99 RetrievalSlowdown
 service:rag-api:rag-api-0:tokens_per_req TokensPerRequestDrop
 service:rag-api:rag-api-0:tokens_per_s ThroughputDrop
 service:rag-api:rag-api-0:ttft_net_p95 TtftDeviation
->>> rec.observe(pipes, "host", [("gpu-node-01", env.ts)]); rec.take()  # nothing new since
+>>> rec.observe(pipes.gpus, [("gpu-node-01", env.ts)]); rec.take()  # nothing new since
 {}
 
-As the worker uses it: observed after each wave of envelopes, taken once a second, a
-point a minute of event time whatever the batches:
+As the worker uses it: told by each pipeline after each of its waves (:meth:`.fleet.
+Pipelines.tap`), taken once a second, a point a minute of event time whatever the batches:
 
->>> pipes, rec = Pipelines(load_rules()), SeriesRecorder()
+>>> pipes = Pipelines(load_rules())
+>>> rec = SeriesRecorder(pipes.rules)
+>>> pipes.tap(rec.observe)
 >>> for env in build("leak", hosts=1, gpus=1, services=1, interval_s=10.0).envelopes(hours=1):
 ...     _ = pipes.process(env)
-...     rec.observe(pipes, "host", [(env.host, env.ts)])
 >>> meta, points = rec.take()["process:gpu-node-01:0:4001:gpu_mem"]
 >>> len(points), points[1][0] - points[0][0]
 (60, 60.0)
@@ -95,7 +97,7 @@ from typing import Any, Protocol
 
 from ragwatch.chart_ids import series_prefix
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import ChartSeries, ChartSource, Domain
+from ragwatch.streams.pipelines.base import ChartReader, ChartSeries
 
 Point = list[float | None]
 # kind -> the charts recorded for each series of that kind, with their index entry
@@ -209,7 +211,15 @@ class SeriesRecorder:
     observed since the last take (many points per series between two writes, at most
     ``keep`` of each kept)."""
 
-    def __init__(self, step_s: float = 60.0, max_tracked: int = 200_000, keep: int = 1440) -> None:
+    def __init__(
+        self,
+        rules: Sequence[Rule] = (),
+        step_s: float = 60.0,
+        max_tracked: int = 200_000,
+        keep: int = 1440,
+    ) -> None:
+        """``rules``: all of them (which chart holds which alert: :func:`chart_plan`)."""
+        self.plan: Plan = chart_plan(rules)
         self.step_s = step_s
         self.max_tracked = max_tracked
         self.keep = keep
@@ -217,43 +227,33 @@ class SeriesRecorder:
         # a series' id prefix -> the event time before which none of its charts is due
         # (the least of their last points + step_s): one look instead of one per chart
         self._quiet: dict[str, float] = {}
-        # (domain, key) -> the event time before which none of its series is due, when
+        # (pipeline, key) -> the event time before which none of its series is due, when
         # every chart of every series of it has a point (a series new to it gets its first
         # point up to step_s late): one look per envelope instead of one per series
-        self._key_quiet: dict[tuple[Domain, str], float] = {}
+        self._key_quiet: dict[tuple[str, str], float] = {}
         self._taken: dict[str, tuple[dict[str, Any], deque[Point]]] = {}  # observed, to take
-        self._rules: Sequence[Rule] | None = None  # the rules self._plan was made from
-        self._plan: Plan = {}
 
-    def plan(self, rules: Sequence[Rule]) -> Plan:
-        """:func:`chart_plan` of ``rules``, made again only when they change."""
-        if rules is not self._rules:
-            self._rules, self._plan = rules, chart_plan(rules)
-        return self._plan
-
-    def observe(
-        self, pipes: ChartSource, domain: Domain, moved: Iterable[tuple[str, float]]
-    ) -> None:
-        """The state of these keys of ``domain`` moved on to (key, event time): keep a
-        point of each series of theirs that is due, for :meth:`take`. Called after each
-        wave of envelopes, every point is taken at the first state at least ``step_s``
-        after the last one: the same points whatever the batches and the speed."""
-        quiet = self._key_quiet
-        due = {k for k, ts in moved if ts >= quiet.get((domain, k), -math.inf)}
+    def observe(self, source: ChartReader, moved: Iterable[tuple[str, float]]) -> None:
+        """The state of these keys of the pipeline ``source`` moved on to (key, event
+        time): keep a point of each of their series that is due, for :meth:`take`. Told
+        after each wave of envelopes, every point is taken at the first state at least
+        ``step_s`` after the last one: the same points whatever the batches and the speed."""
+        quiet, name = self._key_quiet, source.name
+        due = {k for k, ts in moved if ts >= quiet.get((name, k), -math.inf)}
         if not due:
             return
-        plan = self.plan(pipes.rules)
+        plan = self.plan
         out: dict[str, tuple[dict[str, Any], Point]] = {}
         ends: dict[str, list[float | None]] = {k: [] for k in due}
-        owner = "service" if domain == "service" else "host"
-        for c in pipes.charts(domain, due):  # (read together: their signals cost less so)
+        owner = "service" if source.domain == "service" else "host"
+        for c in source.charts(due):  # (read together: their signals cost less so)
             self._add(out, plan.get(c.kind, ()), c)
             where = c.where or series_prefix(c.kind, c.labels)
             ends.setdefault(c.labels.get(owner, ""), []).append(self._quiet.get(where))
         for k in due:
-            quiet.pop((domain, k), None)
+            quiet.pop((name, k), None)
             if ends[k] and None not in ends[k]:
-                quiet[(domain, k)] = min(e for e in ends[k] if e is not None)
+                quiet[(name, k)] = min(e for e in ends[k] if e is not None)
                 if len(quiet) > self.max_tracked:
                     del quiet[next(iter(quiet))]
         for sid, (meta, point) in out.items():

@@ -31,7 +31,7 @@ from ragwatch.catalog import SERIES_LABELS, SERIES_SIGNALS
 from ragwatch.schema import EventEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import ChartSeries, Domain
+from ragwatch.streams.pipelines.base import ChartSeries, Domain, Tap
 
 SERIES = "event"
 SIGNALS = SERIES_SIGNALS[SERIES]
@@ -89,6 +89,7 @@ class EventPipeline:
         self._active: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Rule]] = {}
         self._recent: dict[str, deque[EventId]] = {}  # host -> identities of recent events
         self.swept: set[str] = set()  # never filled: no series to sweep
+        self.tap: Tap | None = None  # never told: events are not charted
         self._watermark = 0.0  # the newest event time seen
 
     def process(self, event: EventEnvelope) -> list[Transition]:

@@ -22,33 +22,44 @@ before the CUDA OOM killer does (GPU 0 full in ~14.2 h)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ragwatch.codec import gpu_wire
 from ragwatch.gpu_wire import GpuMessage
 from ragwatch.request_wire import RequestsWire
 from ragwatch.schema import (
+    Alert,
     Envelope,
     EventEnvelope,
     GpuEnvelope,
+    HostFacts,
+    InstanceFacts,
     MetricsEnvelope,
     RequestsEnvelope,
     Transition,
 )
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import DOMAINS, ChartSeries, Domain, SignalPipeline, owns
+from ragwatch.streams.pipelines.base import (
+    DOMAINS,
+    ChartSeries,
+    Domain,
+    SignalPipeline,
+    Step,
+    Tap,
+    drive,
+    owns,
+    transitions_of,
+)
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.events import EventPipeline
+from ragwatch.streams.pipelines.facts import Captured
 from ragwatch.streams.pipelines.gpu import GpuPipeline
 from ragwatch.streams.pipelines.hints import Correlator
 from ragwatch.streams.pipelines.metrics import MetricsPipeline
 from ragwatch.streams.pipelines.requests import RequestPipeline, RequestsMessage
-
-# told after each wave of envelopes which keys of a domain moved on, each with the event
-# time of its newest envelope (the worker's chart recorder: charts.SeriesRecorder.observe)
-Observer = Callable[[Domain, list[tuple[str, float]]], None]
 
 
 class Pipelines:
@@ -65,14 +76,14 @@ class Pipelines:
         self.requests = RequestPipeline(rules, self.engine, max_series=max_series, budget=budget)
         self.events = EventPipeline(rules, self.engine)
         self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series, budget=budget)
-        self.correlator = Correlator(self.gpus, self.requests, rules, self.engine)
+        self.correlator = Correlator(rules, self.engine)
+        self.live = Live(self.gpus, self.requests)
         self.pipelines: tuple[SignalPipeline, ...] = (
             self.gpus,
             self.events,
             self.metrics,
             self.requests,
         )
-        self.observer: Observer | None = None
 
     def of(self, domain: Domain) -> tuple[SignalPipeline, ...]:
         """The pipelines whose state belongs to keys of ``domain``."""
@@ -118,6 +129,16 @@ class Pipelines:
         for p in self.of(domain):
             yield from p.charts(keys)
 
+    def tap(self, tap: Tap | None) -> None:
+        """Tell ``tap`` after each wave of every pipeline which of its keys moved on (the
+        worker's chart recorder, :meth:`.charts.SeriesRecorder.observe`); None: no one."""
+        for p in self.pipelines:
+            p.tap = tap
+
+    def hint(self, alert: Alert) -> str:
+        """The hint ``alert`` would get now, from the facts the pipelines publish."""
+        return self.correlator.hint(alert, self.live)
+
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
         return self.gpu_wire(gpu_wire(env))
 
@@ -128,47 +149,43 @@ class Pipelines:
 
     def gpu_batch(self, envs: list[GpuMessage]) -> list[Transition]:
         """:meth:`gpu_wire` for a batch of validated messages, in order: the GPU pipeline
-        updates their series together (:meth:`GpuPipeline.process_batch`), with the same
-        transitions as one envelope at a time."""
-        return self.gpus.process_batch(envs, self._gpu_wave_done)
+        updates their series together, a wave at a time (:meth:`GpuPipeline.process_steps`),
+        and each wave is joined before the next: the same transitions as one envelope at a
+        time."""
+        return transitions_of(drive(self.gpus.process_steps(envs), self._gpu_step))
 
-    def _gpu_wave_done(
-        self, envs: list[tuple[str, float]], transitions: list[Transition]
-    ) -> list[Transition]:
+    def _gpu_step(self, step: Step) -> Step:
         """A wave of GPU envelopes is done: their hosts' event time moves on (event alerts
-        age with it), and the transitions get their hints while the GPU state is theirs."""
-        for host, ts in envs:
+        age with it), and the transitions get their hints from the facts of that wave."""
+        transitions = list(step.transitions)
+        for host, ts in step.moved:
             transitions += self.events.advance(host, ts)
-        if self.observer is not None:
-            self.observer("host", envs)
-        return self.correlator.annotate(transitions)
+        return replace(step, transitions=self._annotate(transitions, step))
+
+    def _annotate(
+        self, transitions: list[Transition], step: Step | None = None
+    ) -> list[Transition]:
+        facts = self.live if step is None else Captured(self.live, step.hosts, step.instances)
+        return self.correlator.annotate(transitions, facts)
+
+    def _request_step(self, step: Step) -> Step:
+        return replace(step, transitions=self._annotate(step.transitions, step))
 
     def request(self, env: RequestsMessage) -> list[Transition]:
         return self.request_batch([env])
 
     def request_batch(self, envs: Sequence[RequestsMessage]) -> list[Transition]:
         """:meth:`request` of each envelope in turn: the request pipeline closes the buckets
-        of envelopes of distinct services together (:meth:`RequestPipeline.process_batch`),
-        with the transitions of one envelope at a time, each wave's with its hints."""
-        observer = self.observer
-        if observer is None:
-            return self.requests.process_batch(envs, self.correlator.annotate)
-        moved = [(env.service, env.ts) for env in envs]
-
-        def then(transitions: list[Transition]) -> list[Transition]:
-            observer("service", moved)  # (each part closes buckets: their states moved on)
-            return self.correlator.annotate(transitions)
-
-        return self.requests.process_batch(envs, then)
+        of envelopes of distinct services together, a part at a time
+        (:meth:`RequestPipeline.process_steps`), with the transitions of one envelope at a
+        time, each part's with its hints."""
+        return transitions_of(drive(self.requests.process_steps(envs), self._request_step))
 
     def event(self, env: EventEnvelope) -> list[Transition]:
-        return self.correlator.annotate(self.events.process(env))
+        return self._annotate(self.events.process(env))
 
     def metric(self, env: MetricsEnvelope) -> list[Transition]:
-        transitions = self.metrics.process(env)
-        if self.observer is not None:
-            self.observer("host", [(env.host, env.ts)])
-        return self.correlator.annotate(transitions)
+        return self._annotate(self.metrics.process(env))
 
     def process(self, env: Envelope) -> list[Transition]:
         """One envelope of any kind (alerts are outputs: no transitions)."""
@@ -233,3 +250,20 @@ class Run:
             return []
         envs, self.envs = self.envs, []
         return self.pipes.gpu_batch(envs) if self.gpu else self.pipes.request_batch(envs)
+
+
+class Live:
+    """The facts the GPU and request pipelines publish as they are now (a
+    :class:`~.facts.Summary`)."""
+
+    def __init__(self, gpus: GpuPipeline, requests: RequestPipeline) -> None:
+        self.gpus, self.requests = gpus, requests
+
+    def host(self, host: str) -> HostFacts:
+        return self.gpus.facts(host)
+
+    def instance(self, service: str, instance: str) -> InstanceFacts | None:
+        return self.requests.facts(service, instance)
+
+    def instances_on(self, host: str) -> list[InstanceFacts]:
+        return self.requests.facts_on(host)

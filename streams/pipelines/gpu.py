@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -61,13 +61,22 @@ from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.codec import gpu_wire
 from ragwatch.detectors.leak import GB, LeakBank, LeakEstimate
 from ragwatch.gpu_wire import GpuMessage, GpuSampleWire, ProcessWire
-from ragwatch.schema import GpuEnvelope, Transition
+from ragwatch.schema import GpuEnvelope, HostFacts, Transition
 from ragwatch.streams.alerting import gating
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines import gpu_snapshot, gpu_status
-from ragwatch.streams.pipelines.base import BatchFailed, ChartSeries, Domain
+from ragwatch.streams.pipelines.base import (
+    BatchFailed,
+    ChartSeries,
+    Domain,
+    Step,
+    Tap,
+    drive,
+    transitions_of,
+)
 from ragwatch.streams.pipelines.budget import SeriesBudget
+from ragwatch.streams.pipelines.facts import host_facts
 from ragwatch.streams.pipelines.gpu_signals import (
     COLUMNS,
     F64,
@@ -83,8 +92,6 @@ from ragwatch.streams.pipelines.rows import RowIndex
 
 log = logging.getLogger(__name__)
 
-# called as a wave is done: its envelopes' (host, ts) and transitions -> those to keep
-WaveDone = Callable[[list[tuple[str, float]], list[Transition]], list[Transition]]
 # A host is swept by the pipeline's watermark only after 12 x stale_s (an hour by default):
 # hosts live on different partitions, consumed at different paces, and a fast replay turns
 # a second of lag into many minutes of event time.
@@ -166,8 +173,8 @@ class GpuPipeline:
         self._watermark = 0.0
         self._last_sweep = 0.0
         self._wave = Wave()
-        self._then: WaveDone | None = None
-        self._done: list[Transition] = []  # the transitions of this batch's waves so far
+        self.tap: Tap | None = None
+        self._steps: list[Step] = []  # the waves of this batch done so far
         self.stats = PipelineStats()
 
     def __len__(self) -> int:
@@ -225,18 +232,18 @@ class GpuPipeline:
         """:meth:`process` for a validated message (``codec.decode_gpu_wire``)."""
         return self.process_batch([env])
 
-    def process_batch(
-        self, envs: Iterable[GpuMessage], then: WaveDone | None = None
-    ) -> list[Transition]:
+    def process_batch(self, envs: Iterable[GpuMessage]) -> list[Transition]:
         """Every envelope of a batch of validated messages, in order: the transitions of
-        processing them one at a time, computed a wave of distinct hosts at once.
+        processing them one at a time, computed a wave of distinct hosts at once."""
+        return transitions_of(drive(self.process_steps(envs)))
 
-        ``then`` is called as each wave is done, with the (host, ts) of its envelopes and
-        its transitions, and returns the transitions to keep: what reads a host's GPU
-        state for a transition (the worker's hints) reads it as of the host's envelope.
-        """
-        wave, done = self._wave, self._done
-        self._then = then
+    def process_steps(self, envs: Iterable[GpuMessage]) -> Iterator[Step]:
+        """:meth:`process_batch`, wave by wave, each wave's step handed on as it is done
+        (whoever drives it acts on it before the next wave: :func:`.base.drive`): the
+        wave's hosts with the event time of their envelopes, its transitions, and the
+        facts of the hosts whose alerts start firing in it (:meth:`facts`), for their
+        hints. At most one step is pending at each hand-over."""
+        wave = self._wave
         try:
             for env in envs:
                 host = env.host
@@ -245,29 +252,42 @@ class GpuPipeline:
                 ts = float(env.ts)
                 self._gather(host, ts, env.gpus)
                 wave.after.append((host, ts))
+                yield from self._handed()
                 if ts > self._watermark:
                     self._watermark = ts
                 if self._watermark - self._last_sweep >= self.stale_s:
                     self._flush()
+                    yield from self._handed()
                     self._last_sweep = self._watermark
                     now = min(self._watermark, self.sweep_mark)
                     swept: list[Transition] = []
                     for h in self.index.owners():
                         swept += self._evict(str(h), now, SILENT_HOST_FACTOR * self.stale_s)
                     self._emit([], swept)
+                    yield from self._handed()
             self._flush()
-            return list(done)
+            yield from self._handed()
+        except GeneratorExit:  # whoever drove it failed: the rest of the batch is not done
+            wave.clear()
+            self._steps.clear()
+            raise
         except Exception as exc:
             wave.clear()  # not the next batch's
-            raise BatchFailed(list(done)) from exc
-        finally:
-            self._then = None
-            done.clear()
+            pending, self._steps = self._steps, []
+            raise BatchFailed(pending) from exc
+
+    def _handed(self) -> Iterator[Step]:
+        pending, self._steps = self._steps, []
+        yield from pending
 
     def _emit(self, envs: list[tuple[str, float]], transitions: list[Transition]) -> None:
-        if self._then is not None:
-            transitions = self._then(envs, transitions)
-        self._done += transitions
+        """A wave is done: its step, with the facts its firing alerts' hints will read,
+        and its points for the charts."""
+        hosts = {t.alert.labels.get("host", "") for t in transitions if t.fires}
+        facts = {h: self.facts(h) for h in sorted(hosts) if h}
+        self._steps.append(Step(envs, transitions, facts))
+        if self.tap is not None and envs:
+            self.tap(self, envs)
 
     def _gather(self, host: str, ts: float, gpus: list[GpuSampleWire]) -> None:
         """One envelope's samples into the wave: by its host's layout when it has the
@@ -615,6 +635,10 @@ class GpuPipeline:
 
     def tracks(self, host: str) -> bool:
         return self.index.count(host) > 0
+
+    def facts(self, host: str) -> HostFacts:
+        """What ``host``'s GPUs say now, for hints (:func:`.facts.host_facts`)."""
+        return host_facts(host, self.host_series(host))
 
     def host_series(self, host: str) -> dict[SeriesKey, SeriesView]:
         """Every series of ``host``, by key (their signals computed together when read)."""

@@ -6,7 +6,7 @@ signals of the same host and of the service instances running on it (a
 event time:
 
 - GPU side (causes): processes whose GPU memory grows steadily (the leak detector's slope,
-  ``mem_increase_bytes`` >= ``LEAK_MIN_BYTES`` and steadiness >= 0.7), GPUs above 90 %
+  ``mem_increase_bytes`` >= ``facts.LEAK_MIN_BYTES`` and steadiness >= 0.7), GPUs above 90 %
   of their framebuffer, and OOM kills and critical XIDs still active on the host;
 - request side (effects): each instance's tokens per request and output tokens/s below
   their forecast, retrieval P99 and P95 latency above their baselines, errors, decode
@@ -23,28 +23,32 @@ The hint joins both with a suspicion, for example::
     gpu-node-01, while rag-api-1 on the same host shows tokens/request -29 %, retrieval
     P99 4.2x: suspect a leak in that process degrading rag-api-1
 
-The alert's own signal is left out of its hint (its summary already says it). Hints are
-computed from the state of the worker that raises the alert, when the alert starts
-firing: the host's GPU telemetry and its services' requests must be consumed by the same
-worker to be joined (always true with one worker; see the README for several). They are
-joined only within ``window_s`` of the alert's own event time: a worker reads topics and
-partitions at different paces (a catch-up reads one hours ahead of another), so the other
-side's state is used only if it is about the same time, and the hint says so when it is
-not ("GPU telemetry of gpu-node-01 has not caught up with this alert yet (2.0 h behind),
-so GPU causes cannot be checked: look at the service itself first").
+The alert's own signal is left out of its hint (its summary already says it). Hints read
+the facts each pipeline publishes (:mod:`.facts`), never a pipeline: the facts of the
+alert's own side as of the wave in which it starts firing, the other side's as they are
+after the batch (it did not move during it). They are the facts of the worker that raises
+the alert: the host's GPU telemetry and its services' requests must be consumed by the
+same worker to be joined (always true with one worker; see the README for several). They
+are joined only within ``window_s`` of the alert's own event time: a worker reads topics
+and partitions at different paces (a catch-up reads one hours ahead of another), so the
+other side's facts are used only if they are about the same time, and the hint says so
+when they are not ("GPU telemetry of gpu-node-01 has not caught up with this alert yet
+(2.0 h behind), so GPU causes cannot be checked: look at the service itself first").
 
 Every hint reads as advice to a person: what else is wrong, and what to suspect or do;
 never the worker's internal state.
 
->>> from ragwatch.schema import Alert
+>>> from ragwatch.schema import Alert, HostFacts
 >>> from ragwatch.streams.alerting.engine import AlertEngine
->>> from ragwatch.streams.pipelines.gpu import GpuPipeline
->>> from ragwatch.streams.pipelines.requests import RequestPipeline
->>> c = Correlator(GpuPipeline([]), RequestPipeline([]), [], AlertEngine())
+>>> class Nothing:  # a Summary with no facts
+...     def host(self, host): return HostFacts(host)
+...     def instance(self, service, instance): return None
+...     def instances_on(self, host): return []
+>>> c = Correlator([], AlertEngine())
 >>> a = Alert(rule="X", severity="info", status="firing", labels={"host": "h9"},
 ...           annotations={}, value=1.0, expected=None, starts_at=0.0, ends_at=None,
 ...           fingerprint="f")
->>> print(c.hint(a))  # doctest: +NORMALIZE_WHITESPACE
+>>> print(c.hint(a, Nothing()))  # doctest: +NORMALIZE_WHITESPACE
 nothing else on the GPUs of h9 stands out, and no RAG service reports requests from h9:
 the alert's own signal is all there is to go on
 """
@@ -53,37 +57,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from ragwatch.detectors.leak import GB
-from ragwatch.schema import Alert, Transition
+from ragwatch.schema import Alert, InstanceFacts, LeakFact, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import GpuState, InstanceState, RequestState
+from ragwatch.streams.pipelines.facts import Summary
 
-LEAK_MIN_BYTES = 0.25 * GB  # grown over the leak window, steadily
-LEAK_MIN_STEADINESS = 0.7
-GPU_FULL_RATIO = 0.90
 EVENT_RULE_SERIES = "event"
 
 
-@dataclass(frozen=True, slots=True)
-class _Leak:
-    gpu: str
-    pid: str
-    process: str
-    container: str
-    gb_per_hour: float
-    tte_h: float | None
-    pod: str = ""  # namespace/pod, where the agent knows it
-
-    def describe(self, host: str) -> str:
-        container = self.container if self.container == "none" else self.container[:12]
-        where = f"pod {self.pod}, container {container}" if self.pod else f"container {container}"
-        return (
-            f"GPU {self.gpu} memory {self.gb_per_hour:+.2f} GB/h in pid {self.pid} "
-            f"({self.process}, {where}) on {host}"
-        )
+def describe(leak: LeakFact, host: str) -> str:
+    """A leak as a hint names it."""
+    container = leak.container if leak.container == "none" else leak.container[:12]
+    where = f"pod {leak.pod}, container {container}" if leak.pod else f"container {container}"
+    return (
+        f"GPU {leak.gpu} memory {leak.gb_per_hour:+.2f} GB/h in pid {leak.pid} "
+        f"({leak.process}, {where}) on {host}"
+    )
 
 
 # (signal, test, phrase): what counts as a symptom of a service instance
@@ -112,52 +103,41 @@ _SIGNIFICANCE = {
 
 
 class Correlator:
-    """Explains firing alerts with the other signals of their host and services."""
+    """Explains firing alerts with the published facts of their host and services."""
 
-    def __init__(
-        self,
-        gpus: GpuState,
-        requests: RequestState,
-        rules: Iterable[Rule],
-        engine: AlertEngine,
-        *,
-        window_s: float = 1800.0,
-    ) -> None:
-        self.gpus, self.requests = gpus, requests
+    def __init__(self, rules: Iterable[Rule], engine: AlertEngine, *, window_s: float = 1800.0):
         self.engine = engine
         self.window_s = window_s
         self._rules: dict[str, Rule] = {r.name: r for r in rules}
 
-    def annotate(self, transitions: list[Transition]) -> list[Transition]:
+    def annotate(self, transitions: list[Transition], facts: Summary) -> list[Transition]:
         """The transitions, each alert that starts firing with a ``hint`` annotation."""
         return [
-            replace(t, alert=self.explain(t.alert))
-            if t.alert.status == "firing" and t.previous != "firing"
-            else t
-            for t in transitions
+            replace(t, alert=self.explain(t.alert, facts)) if t.fires else t for t in transitions
         ]
 
-    def explain(self, alert: Alert) -> Alert:
+    def explain(self, alert: Alert, facts: Summary) -> Alert:
         """``alert`` with ``annotations["hint"]`` set."""
-        return replace(alert, annotations={**alert.annotations, "hint": self.hint(alert)})
+        hint = self.hint(alert, facts)
+        return replace(alert, annotations={**alert.annotations, "hint": hint})
 
-    def hint(self, alert: Alert) -> str:
+    def hint(self, alert: Alert, facts: Summary) -> str:
         labels = alert.labels
         rule = self._rules.get(alert.rule)
         own = {c.signal for c in rule.conditions} if rule else set()
         own |= {_SAME[x] for x in own if x in _SAME}
         at = alert.at if alert.at is not None else alert.starts_at
         if "instance" in labels and "service" in labels:
-            return self._service_hint(labels, own, at)
-        return self._host_hint(alert, rule.series if rule else "", own, at)
+            return self._service_hint(labels, own, at, facts)
+        return self._host_hint(alert, rule.series if rule else "", own, at, facts)
 
-    def _gpu_lag(self, host: str, at: float) -> str | None:
-        """Why the host's GPU state cannot be joined with an alert at ``at`` (None: it
+    def _gpu_lag(self, host: str, at: float, facts: Summary) -> str | None:
+        """Why the host's GPU facts cannot be joined with an alert at ``at`` (None: they
         can): the worker has its GPU telemetry only from far from that time."""
-        times = [s.last_ts for s in self.gpus.host_series(host).values()]
-        if not times:
+        newest = facts.host(host).ts
+        if newest is None:
             return None  # nothing to join: the hint says what it knows without it
-        gap = max(times) - at
+        gap = newest - at
         if abs(gap) <= self.window_s:
             return None
         hours = f"{abs(gap) / 3600:.1f} h"
@@ -173,13 +153,15 @@ class Correlator:
 
     # ------------------------------------------------------------------ the two views
 
-    def _service_hint(self, labels: Mapping[str, str], own: set[str], at: float) -> str:
+    def _service_hint(
+        self, labels: Mapping[str, str], own: set[str], at: float, facts: Summary
+    ) -> str:
         instance = labels["instance"]
-        s = self.requests.series.get((labels["service"], instance))
+        s = facts.instance(labels["service"], instance)
         host = s.host if s is not None else None
-        symptoms = self._symptoms(s, own) if s is not None else []
-        lag = self._gpu_lag(host, at) if host else None
-        causes = self._causes(host) if host and not lag else []
+        symptoms = _symptoms(s, own) if s is not None else []
+        lag = self._gpu_lag(host, at, facts) if host else None
+        causes = self._causes(host, facts) if host and not lag else []
         effects = f"{instance} also shows {', '.join(symptoms)}" if symptoms else ""
         text = ", while ".join(x for x in (", ".join(causes), effects) if x)
         if lag:
@@ -191,7 +173,7 @@ class Correlator:
             )
         elif self._active_events(host, "oom_kill"):
             suspicion = f"suspect GPU memory exhaustion on {host}: the OOM killer took a process"
-        elif leaks := self._leaks(host):
+        elif leaks := facts.host(host).leaks:
             suspicion = f"suspect a leak in pid {leaks[0].pid} degrading {instance}"
         elif "retriever_p99_ratio" in own:
             suspicion = (
@@ -209,17 +191,20 @@ class Correlator:
         demand = _demand(s, own) if s is not None else ""
         return f"{demand}; {hint}" if demand else hint
 
-    def _host_hint(self, alert: Alert, series: str, own: set[str], at: float) -> str:
+    def _host_hint(
+        self, alert: Alert, series: str, own: set[str], at: float, facts: Summary
+    ) -> str:
         labels = alert.labels
         host = labels.get("host", "")
-        leaks = self._leaks(host)
+        leaks = facts.host(host).leaks
         mine = [lk for lk in leaks if lk.pid == labels.get("pid")]
         on_gpu = [lk for lk in leaks if lk.gpu == labels.get("gpu")]
         culprit = next(iter(mine or on_gpu), None)
-        causes = self._causes(host, skip_pid=labels.get("pid") if series == "process" else None)
+        skip = labels.get("pid") if series == "process" else None
+        causes = self._causes(host, facts, skip_pid=skip)
         if series == "process" and culprit is not None:
-            causes.insert(0, culprit.describe(host))
-        instances = self._instances_on(host, at)
+            causes.insert(0, describe(culprit, host))
+        instances = self._instances_on(host, at, facts)
         degraded = [inst for inst, symptoms in instances if symptoms]
         effects = "; ".join(
             f"{inst} on the same host shows {', '.join(symptoms)}"
@@ -262,39 +247,10 @@ class Correlator:
 
     # ------------------------------------------------------------------ facts
 
-    def _leaks(self, host: str) -> list[_Leak]:
-        out = []
-        for key, s in self.gpus.host_series(host).items():
-            if key[3] < 0:
-                continue
-            sig = s.signals
-            inc, steady = sig.get("mem_increase_bytes"), sig.get("mem_steadiness")
-            rate = sig.get("recent_gb_per_hour")
-            if rate is None:
-                rate = sig.get("gb_per_hour")
-            if inc is None or steady is None or rate is None:
-                continue
-            if inc >= LEAK_MIN_BYTES and steady >= LEAK_MIN_STEADINESS and rate > 0:
-                lab = s.labels
-                out.append(
-                    _Leak(
-                        lab["gpu"],
-                        lab["pid"],
-                        lab["process"],
-                        lab["container"],
-                        rate,
-                        sig.get("tte_h"),
-                        f"{lab['namespace']}/{lab['pod']}" if "pod" in lab else "",
-                    )
-                )
-        return sorted(out, key=lambda lk: -lk.gb_per_hour)
-
-    def _causes(self, host: str, skip_pid: str | None = None) -> list[str]:
-        out = [lk.describe(host) for lk in self._leaks(host) if lk.pid != skip_pid][:2]
-        for key, s in sorted(self.gpus.host_series(host).items()):
-            ratio = s.signals.get("fb_used_ratio")
-            if key[3] < 0 and ratio is not None and ratio >= GPU_FULL_RATIO:
-                out.append(f"GPU {s.labels['gpu']} at {ratio:.0%} memory")
+    def _causes(self, host: str, facts: Summary, skip_pid: str | None = None) -> list[str]:
+        known = facts.host(host)
+        out = [describe(lk, host) for lk in known.leaks if lk.pid != skip_pid][:2]
+        out += [f"GPU {gpu} at {ratio:.0%} memory" for gpu, ratio in known.full]
         ooms = [
             f"the OOM killer took pid {a.labels.get('pid', '?')} on GPU {a.labels.get('gpu', '?')}"
             for a in self._active_events(host, "oom_kill")
@@ -312,37 +268,36 @@ class Correlator:
             if a.labels.get("host") == host and a.labels.get("type") == kind
         ]
 
-    def _instances_on(self, host: str, at: float) -> list[tuple[str, list[str]]]:
+    def _instances_on(self, host: str, at: float, facts: Summary) -> list[tuple[str, list[str]]]:
         """(instance, its symptoms) of every service instance running on ``host`` whose
         signals are about the alert's time (within ``window_s`` of ``at``)."""
-        out = []
-        for (_, inst), s in sorted(self.requests.series.items()):
-            fresh = s.bucket_end is not None and abs(s.bucket_end - at) <= self.window_s
-            if s.host == host and fresh:
-                out.append((inst, self._symptoms(s, set())))
-        return out
-
-    @staticmethod
-    def _symptoms(s: InstanceState, own: set[str]) -> list[str]:
-        out = []
-        for signal, limit, phrase in _SYMPTOMS:
-            v = s.signals.get(signal)
-            if signal in own or v is None:
-                continue
-            sure = s.signals.get(_SIGNIFICANCE.get(signal, ""))
-            if sure is not None and abs(sure) < 3:  # within the window's sampling noise
-                continue
-            if (limit < 0 and v <= limit) or (limit > 0 and v >= limit):
-                out.append(phrase.format(v=v))
-        if "new_outlier_cluster" not in own and (
-            s.signals.get("new_outlier_cluster") or (s.signals.get("outlier_ratio") or 0) > 0.01
-        ):
-            label = f" ({s.outlier_label})" if s.outlier_label else ""
-            out.append(f"a cluster of outlier requests{label}")
-        return out
+        return [
+            (s.instance, _symptoms(s, set()))
+            for s in facts.instances_on(host)
+            if s.bucket_end is not None and abs(s.bucket_end - at) <= self.window_s
+        ]
 
 
-def _demand(s: InstanceState, own: set[str]) -> str:
+def _symptoms(s: InstanceFacts, own: set[str]) -> list[str]:
+    out = []
+    for signal, limit, phrase in _SYMPTOMS:
+        v = s.signals.get(signal)
+        if signal in own or v is None:
+            continue
+        sure = s.signals.get(_SIGNIFICANCE.get(signal, ""))
+        if sure is not None and abs(sure) < 3:  # within the window's sampling noise
+            continue
+        if (limit < 0 and v <= limit) or (limit > 0 and v >= limit):
+            out.append(phrase.format(v=v))
+    if "new_outlier_cluster" not in own and (
+        s.signals.get("new_outlier_cluster") or (s.signals.get("outlier_ratio") or 0) > 0.01
+    ):
+        label = f" ({s.outlier_label})" if s.outlier_label else ""
+        out.append(f"a cluster of outlier requests{label}")
+    return out
+
+
+def _demand(s: InstanceFacts, own: set[str]) -> str:
     """The instance's demand as context for a person (how many requests, how long the
     answers, against their forecasts): fewer users or shorter questions explain a drop
     of tokens/s and are not a fault themselves (docs/rules.md, "Demand is context"). The

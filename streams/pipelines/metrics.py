@@ -68,7 +68,7 @@ from ragwatch.detectors.seasonal import DAY, DAY_LIMIT, SeasonalBank, SeasonalPa
 from ragwatch.schema import MetricsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
-from ragwatch.streams.pipelines.base import ChartSeries, Domain
+from ragwatch.streams.pipelines.base import ChartSeries, Domain, Tap
 from ragwatch.streams.pipelines.budget import SeriesBudget
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,7 @@ class MetricsPipeline:
         self.budget.watch(lambda: len(self.series))
         self._by_host: dict[str, set[SeriesKey]] = {}  # host -> its tracked targets
         self.swept: set[str] = set()  # hosts whose last target went silent
+        self.tap: Tap | None = None
         self.series: dict[SeriesKey, EngineSeries] = {}
         self.tps = SeasonalBank(TPS_PARAMS, 16)  # every engine's baseline, a row each
         self._free: list[int] = []  # rows of dropped engines, to reuse (reset)
@@ -234,6 +235,8 @@ class MetricsPipeline:
         if self._watermark - self._last_sweep >= self.stale_s:
             self._last_sweep = self._watermark
             out += self._sweep()
+        if self.tap is not None:
+            self.tap(self, [(env.host, env.ts)])
         return out
 
     # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------

@@ -121,7 +121,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -131,14 +131,23 @@ import numpy.typing as npt
 from ragwatch.detectors.request_outliers import RequestOutliers
 from ragwatch.detectors.service_clusters import ScoredRun, ServiceClusters
 from ragwatch.detectors.tails import quantile
-from ragwatch.schema import Transition
+from ragwatch.schema import InstanceFacts, Transition
 from ragwatch.streams.alerting import gating
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines import service_snapshot as snapshots
-from ragwatch.streams.pipelines.base import BatchFailed, ChartSeries, Domain
+from ragwatch.streams.pipelines.base import (
+    BatchFailed,
+    ChartSeries,
+    Domain,
+    Step,
+    Tap,
+    drive,
+    transitions_of,
+)
 from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir, drop_before
 from ragwatch.streams.pipelines.budget import SeriesBudget
+from ragwatch.streams.pipelines.facts import instance_facts
 from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS, SeriesKey, ServiceRows
 
@@ -155,7 +164,6 @@ MAX_INSTANCES = 1024  # per service: beyond, a new instance's records are droppe
 MAX_SCORED_PER_ENVELOPE = 2000
 SILENT_SERVICE_FACTOR = 6  # a service silent for 6 x stale_s of the pipeline's event time
 Rows = npt.NDArray[np.intp]
-WaveDone = Callable[[list[Transition]], list[Transition]]
 
 __all__ = [
     "STAGES",
@@ -331,6 +339,7 @@ class RequestPipeline:
         self.budget = budget or SeriesBudget(max_series)
         self.budget.watch(self.__len__)
         self.swept: set[str] = set()  # services whose last instance went silent
+        self.tap: Tap | None = None
         self.reservoir = reservoir
         self.params = CloseParams(
             self.bucket_s, rate_target, rate_min, rate_max_s, observation_requests,
@@ -369,32 +378,65 @@ class RequestPipeline:
         """Every series, by (service, instance), as views of their rows."""
         return _Views(self.rows)
 
+    def facts(self, service: str, instance: str) -> InstanceFacts | None:
+        """What the instance's requests say now, for hints (None: not tracked)."""
+        view = self.series.get((service, instance))
+        return instance_facts(view) if view is not None else None
+
+    def facts_on(self, host: str) -> list[InstanceFacts]:
+        """The facts of every instance whose requests name ``host``, in key order."""
+        views = sorted(self.series.items())
+        return [instance_facts(v) for _, v in views if v.host == host]
+
     # ------------------------------------------------------------------ processing
 
     def process(self, env: RequestsMessage) -> list[Transition]:
         """Add one envelope's records; return the transitions of the buckets it closed."""
         return self.process_batch([env])
 
-    def process_batch(
-        self, envs: Sequence[RequestsMessage], then: WaveDone | None = None
-    ) -> list[Transition]:
+    def process_batch(self, envs: Sequence[RequestsMessage]) -> list[Transition]:
         """:meth:`process` of each envelope in turn, the transitions in that order; the
-        closes of the batch are done together (rounds), before each sweep and at the end.
-        ``then``, if given, gets each such part's transitions and hands back what to keep
-        (the fleet adds hints while the state is that part's)."""
-        out: list[Transition] = []
+        closes of the batch are done together (rounds), before each sweep and at the end."""
+        return transitions_of(drive(self.process_steps(envs)))
+
+    def process_steps(self, envs: Sequence[RequestsMessage]) -> Iterator[Step]:
+        """:meth:`process_batch`, part by part (the closes before each sweep, the sweep,
+        the closes at the end), each part's step handed on as it is done (whoever drives
+        it acts on it before the next part: :func:`.base.drive`): its transitions, with
+        the facts of the instances whose alerts start firing in it (:meth:`facts`), for
+        their hints."""
+        moved = [(env.service, env.ts) for env in envs] if self.tap is not None else []
         try:
             for i, env in enumerate(envs):
                 self._envelope(i, env)
                 if self._watermark - self._last_sweep >= self.bucket_s:
-                    out += self._flush(then)
+                    yield self._step(moved, self._flush())
                     swept = self._sweep()
-                    out += then(swept) if then is not None and swept else swept
-            return out + self._flush(then)
+                    if swept:
+                        yield self._step(moved, swept)
+            yield self._step(moved, self._flush())
+        except GeneratorExit:  # whoever drove it failed: the rest of the batch is not done
+            self._wave.closes.clear()
+            self._out.clear()
+            raise
         except Exception as exc:
             self._wave.closes.clear()  # not the next batch's
             self._out.clear()
-            raise BatchFailed(out) from exc
+            raise BatchFailed([]) from exc
+
+    def _step(self, moved: list[tuple[str, float]], transitions: list[Transition]) -> Step:
+        """A part of a batch is done: its step, with the facts its firing alerts' hints
+        will read, and its points for the charts (every service of the batch: its buckets
+        may have closed)."""
+        keys = {
+            (lab["service"], lab["instance"])
+            for t in transitions
+            if t.fires and "service" in (lab := t.alert.labels) and "instance" in lab
+        }
+        facts = {k: f for k in sorted(keys) if (f := self.facts(*k)) is not None}
+        if self.tap is not None:
+            self.tap(self, moved)
+        return Step(moved, transitions, instances=facts)
 
     def _envelope(self, at: int, env: RequestsMessage) -> None:
         """One envelope's records into their buckets; its closes join the wave."""
@@ -524,7 +566,7 @@ class RequestPipeline:
         rows.next_bucket[row] = b
         return out
 
-    def _flush(self, then: WaveDone | None = None) -> list[Transition]:
+    def _flush(self) -> list[Transition]:
         """Close the wave's buckets, a round at a time (the k-th close of each row), and
         evaluate the rules; the transitions in the order of one envelope at a time."""
         pending = list(self._wave.closes.values())
@@ -537,7 +579,7 @@ class RequestPipeline:
         self._out.sort(key=lambda x: (x[0], x[1]))  # stable: rule order kept
         out = [t for _, _, t in self._out]
         self._out.clear()
-        return then(out) if then is not None else out
+        return out
 
     def _round(self, k: int, closes: list[_Close]) -> None:
         rows = np.array([c.row for c in closes], dtype=np.intp)

@@ -102,8 +102,8 @@ class WorkerLoop:
         self.topics = {t.kind: t for t in input_topics(pipes)}
         self.dirty: dict[str, set[str]] = {kind: set() for kind in self.topics}
         self.known: dict[Domain, set[str]] = {"host": set(), "service": set()}
-        self.recorder = SeriesRecorder()
-        pipes.observer = lambda domain, moved: self.recorder.observe(pipes, domain, moved)
+        self.recorder = SeriesRecorder(pipes.rules)
+        pipes.tap(self.recorder.observe)
         self.held = HeldAcks()
         self.busy: Counter[Key] = Counter()  # messages of a key being processed and sent
         self.partitions: dict[Key, set[Any]] = {}  # (domain, key) -> the TPs it came on

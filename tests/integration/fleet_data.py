@@ -82,7 +82,8 @@ def simulate() -> Run:
     envs = list(world.envelopes(hours=HOURS))
     start = min(e.ts for e in envs)
     merged = heapq.merge(envs, _engine("gpu-node-01", start, HOURS), key=lambda e: e.ts)
-    pipes, recorder = Pipelines(load_rules()), SeriesRecorder()
+    pipes = Pipelines(load_rules())
+    recorder = SeriesRecorder(pipes.rules)
     run = Run(pipes, [], [], set(), set())
     for env in merged:
         run.transitions += pipes.process(env)
@@ -90,8 +91,9 @@ def simulate() -> Run:
         services = {env.service} if isinstance(env, RequestsEnvelope) else set()
         run.hosts |= hosts
         run.services |= services
-        recorder.observe(pipes, "host", [(h, env.ts) for h in hosts])
-        recorder.observe(pipes, "service", [(s, env.ts) for s in services])
+        for p in pipes.of("host"):
+            recorder.observe(p, [(h, env.ts) for h in hosts])
+        recorder.observe(pipes.requests, [(s, env.ts) for s in services])
         if points := recorder.take():
             run.steps.append(points)
     return run

@@ -56,8 +56,9 @@ WINDOW = (1400, 1000)
 
 def offline_points(config: SimConfig, hours: float) -> dict[str, list[list[Any]]]:
     """Every chart point of the simulated fleet, its envelopes processed one at a time."""
-    pipes, rec = Pipelines(load_rules()), SeriesRecorder()
-    pipes.observer = lambda domain, moved: rec.observe(pipes, domain, moved)
+    pipes = Pipelines(load_rules())
+    rec = SeriesRecorder(pipes.rules)
+    pipes.tap(rec.observe)
     for ts, envelopes, events in FleetSimulator(config).ticks():
         if ts - config.start_ts >= hours * 3600:
             break

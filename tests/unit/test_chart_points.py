@@ -32,8 +32,9 @@ def envelopes(hours: float) -> list[Envelope]:
 def recorded(envs: Iterable[Envelope], batch: int, takes_every: int = 0) -> Points:
     """The points a worker takes of ``envs`` read in batches of ``batch`` (and taken
     every ``takes_every`` envelopes, as a worker's ticks do; 0: once at the end)."""
-    pipes, rec = Pipelines(load_rules()), SeriesRecorder()
-    pipes.observer = lambda domain, moved: rec.observe(pipes, domain, moved)
+    pipes = Pipelines(load_rules())
+    rec = SeriesRecorder(pipes.rules)
+    pipes.tap(rec.observe)
     out: Points = {}
 
     def take() -> None:
@@ -71,16 +72,16 @@ def test_a_point_a_minute_of_event_time_whatever_the_batches() -> None:
 
 def test_what_is_not_taken_is_bounded_and_a_swept_hosts_points_go() -> None:
     pipes = Pipelines(load_rules())
-    rec = SeriesRecorder(keep=5)
+    rec = SeriesRecorder(pipes.rules, keep=5)
     for env in envelopes(1.0):
         pipes.process(env)
-        rec.observe(pipes, "host", [(env.host, env.ts)])
+        rec.observe(pipes.gpus, [(env.host, env.ts)])
     taken = rec.take()
     assert {len(points) for _, points in taken.values()} == {5}  # the newest 5 of 60
     assert rec.take() == {}
     for env in envelopes(1.5)[-200:]:
         pipes.process(env)
-        rec.observe(pipes, "host", [(env.host, env.ts)])
+        rec.observe(pipes.gpus, [(env.host, env.ts)])
     rec.forget(owner_prefixes(["gpu-node-01"], []))
     assert rec.take() and not any(":gpu-node-01:" in sid for sid in rec.take())
 
@@ -97,10 +98,11 @@ def test_a_new_series_on_a_known_host_is_charted_within_a_step() -> None:
         gpus = [replace(g, procs=tuple(p for p in g.procs if p.pid != 4011)) for g in env.gpus]
         return replace(env, gpus=tuple(gpus))
 
-    pipes, rec = Pipelines(load_rules()), SeriesRecorder()
+    pipes = Pipelines(load_rules())
+    rec = SeriesRecorder(pipes.rules)
     for env in map(later, envs):
         pipes.process(env)
-        rec.observe(pipes, "host", [(env.host, env.ts)])
+        rec.observe(pipes.gpus, [(env.host, env.ts)])
     taken = rec.take()
     (first, *_) = taken["process:gpu-node-01:1:4011:gpu_mem"][1]
     seen = min(e.ts for e in envs if e.ts >= starts)

@@ -265,7 +265,7 @@ def test_every_hint_ends_with_advice_to_a_person(
     advice: str,
 ) -> None:
     pipes, last = worlds[world]
-    hint = pipes.correlator.hint(_alert(rule, labels, last + offset))
+    hint = pipes.hint(_alert(rule, labels, last + offset))
     assert re.search(advice, hint), hint
     assert not internal_phrases(hint), hint
 
@@ -282,7 +282,7 @@ def test_oom_hints_say_what_the_oom_killer_did() -> None:
     )
     (t,) = pipes.event(oom)
     own = t.alert.annotations["hint"]
-    service = pipes.correlator.hint(_alert("ThroughputDrop", API1, last))
+    service = pipes.hint(_alert("ThroughputDrop", API1, last))
     assert own.endswith("suspect a leak in pid 4001: it hit rag-api-1"), own
     assert service.endswith(
         "suspect GPU memory exhaustion on gpu-node-01: the OOM killer took a process"

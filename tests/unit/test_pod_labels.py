@@ -13,6 +13,7 @@ import random
 from ragwatch.schema import GpuEnvelope, GpuSample, ProcessSample, Transition
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.notifier.routing import parse_config
+from ragwatch.streams.pipelines.fleet import Live
 from ragwatch.streams.pipelines.gpu import GpuPipeline
 from ragwatch.streams.pipelines.hints import Correlator
 from ragwatch.streams.pipelines.requests import RequestPipeline
@@ -62,7 +63,7 @@ def test_a_process_leak_carries_its_pod_to_the_alert_the_hint_and_the_snapshot()
     assert {k: page.alert.labels[k] for k in POD} == POD
     rules = load_rules()
     requests = RequestPipeline(rules, engine=pipe.engine)
-    hint = Correlator(pipe, requests, rules, pipe.engine).hint(page.alert)
+    hint = Correlator(rules, pipe.engine).hint(page.alert, Live(pipe, requests))
     assert "pod rag-prod/retriever-7d9f, container worker" in hint, hint
     (proc,) = pipe.host_snapshot("gpu-node-01")["gpus"][0]["procs"]
     assert (proc["namespace"], proc["pod"], proc["container"]) == (

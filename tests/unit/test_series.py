@@ -17,14 +17,15 @@ def recorded(
 ) -> dict[str, tuple[dict[str, Any], list[Any]]]:
     """What the recorder takes of ``hosts`` and ``services`` whose state moved on to ``ts``
     (every one of them, as after a wave that held them all)."""
-    rec.observe(pipes, "host", [(h, ts) for h in hosts])
-    rec.observe(pipes, "service", [(s, ts) for s in services])
+    for p in pipes.of("host"):
+        rec.observe(p, [(h, ts) for h in hosts])
+    rec.observe(pipes.requests, [(s, ts) for s in services])
     return rec.take()
 
 
 def test_points_every_step_with_forecasts_for_services() -> None:
     pipes = Pipelines(load_rules())
-    rec = SeriesRecorder(step_s=300.0)
+    rec = SeriesRecorder(pipes.rules, step_s=300.0)
     got: dict[str, list[list[float | None]]] = {}
     for env in build("throughput", hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=2):
         pipes.process(env)
@@ -49,13 +50,13 @@ def test_the_recorder_tracks_a_bounded_number_of_series_and_never_refuses_one() 
     pipes = Pipelines(load_rules())
     for env in build("healthy", hosts=3, gpus=2, services=0, interval_s=60.0).envelopes(hours=0.1):
         pipes.process(env)
-    rec = SeriesRecorder(max_tracked=4)
+    rec = SeriesRecorder(pipes.rules, max_tracked=4)
     hosts = {"gpu-node-01", "gpu-node-02", "gpu-node-03"}
-    everything = recorded(SeriesRecorder(), pipes, hosts, set(), env.ts)
+    everything = recorded(SeriesRecorder(pipes.rules), pipes, hosts, set(), env.ts)
     assert len(everything) > 4
     assert recorded(rec, pipes, hosts, set(), env.ts).keys() == everything.keys()
     assert rec.tracked == 4
-    full = SeriesRecorder()
+    full = SeriesRecorder(pipes.rules)
     recorded(full, pipes, hosts, set(), env.ts)
     gone = full.forget(owner_prefixes(["gpu-node-03"], []))
     assert gone and all(":gpu-node-03:" in sid for sid in gone)
@@ -79,7 +80,7 @@ def test_the_quiet_gate_skips_only_series_with_no_chart_due() -> None:
     are those of checking every chart every time, also for charts whose signal has no
     value yet (a forecast, a leak slope)."""
     pipes = Pipelines(load_rules())
-    gated, every = SeriesRecorder(step_s=300.0), SeriesRecorder(step_s=300.0)
+    gated, every = (SeriesRecorder(pipes.rules, step_s=300.0) for _ in range(2))
     scenario = build("leak", hosts=2, gpus=2, services=1, interval_s=60.0)
     got: list[dict[str, object]] = []
     want: list[dict[str, object]] = []

@@ -51,15 +51,16 @@ def recorded(
     """A scenario through the pipelines and the recorder, with the default rules less
     ``drop`` plus the CUSTOM rules ``add``: (first alert per rule, index, points)."""
     rules = [r for r in load_rules() if r.name not in drop] + [CUSTOM[n] for n in add]
-    pipes, rec = Pipelines(rules), SeriesRecorder()
+    pipes = Pipelines(rules)
+    rec = SeriesRecorder(rules)
     alerts: dict[str, Alert] = {}
     index: dict[str, dict[str, Any]] = {}
     points: dict[str, list[list[float | None]]] = {}
     for env in build(scenario, hosts=1, gpus=1, services=1, interval_s=60.0).envelopes(hours=hours):
         for t in pipes.process(env):
             alerts.setdefault(t.alert.rule, t.alert)
-        rec.observe(pipes, "host", [("gpu-node-01", env.ts)])
-        rec.observe(pipes, "service", [("rag-api", env.ts)])
+        for p in pipes.pipelines:
+            rec.observe(p, [("rag-api" if p.domain == "service" else "gpu-node-01", env.ts)])
         for sid, (meta, taken) in rec.take().items():
             index[sid] = meta
             points.setdefault(sid, []).extend(taken)
