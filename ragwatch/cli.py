@@ -280,7 +280,9 @@ def _add_replay_parsers(sub: Any) -> None:
     r.add_argument(
         "--pending", action="store_true", help="also print pending alerts and dropped ones"
     )
-    r.add_argument("--detector", default="default", help="scores CSV series")
+    r.add_argument(
+        "--detector", default="seasonal", help="scores CSV series (a registered detector)"
+    )
     r.add_argument(
         "--threshold", type=fraction, default=0.5, help="CSV score that fires, in (0, 1]"
     )

@@ -8,14 +8,15 @@ event-time order (:mod:`ragwatch.commands.replay_input` reads them). Envelopes g
 :class:`~ragwatch.streams.pipelines.fleet.Pipelines` with the worker's rules, so they give the
 worker's transitions (GPU envelopes decoded to structs and consecutive ones processed
 together, as the worker does: :class:`~ragwatch.streams.pipelines.fleet.Run`); a CSV
-series has no rule, so each file is scored by one detector (score, then learn) and its
-score crossing the threshold fires (up) or resolves (down) an ``AnomalyScore`` alert.
+series has no rule, so each file is scored by one detector (score, then learn: by default
+``seasonal``, the worker's baseline) and its score crossing the threshold fires (up) or
+resolves (down) an ``AnomalyScore`` alert.
 A line that does not parse is counted with its file, line and reason; it never stops the
 replay.
 
->>> lane = ScoreLane("level", "default", threshold=0.5)
->>> scores = [lane.process(Point(0, float(t), 10.0 + t % 3)) for t in range(300)]
->>> [t.alert.status for t in lane.process(Point(0, 300.0, 90.0))]
+>>> lane = ScoreLane("level", "seasonal", threshold=0.5)
+>>> scores = [lane.process(Point(0, 60.0 * t, 10.0 + t % 3)) for t in range(300)]
+>>> [t.alert.status for t in lane.process(Point(0, 60.0 * 300, 90.0))]
 ['firing']
 """
 
@@ -215,7 +216,7 @@ def replay(
     *,
     as_json: bool = False,
     pending: bool = False,
-    detector: str = "default",
+    detector: str = "seasonal",
     threshold: float = 0.5,
     err: TextIO | None = None,
     progress: Progress | None = None,

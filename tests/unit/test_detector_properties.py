@@ -52,7 +52,6 @@ FEATURES: dict[str, tuple[str, ...]] = {"request_outliers": ("context_tokens", "
 
 # Short warm-ups, so that short generated streams reach the scoring code.
 EAGER: dict[str, dict[str, Any]] = {
-    "default": {"long_window": 10, "short": 3, "history": 5, "min_samples": 2},
     "leak": {"window_s": 600.0, "bucket_s": 60.0, "min_span_s": 120.0, "min_points": 3},
     "request_outliers": {"eps": 16.0, "min_samples": 2, "window": 20, "warmup": 3},
     "seasonal": {"step_s": 60.0, "season_s": 600.0, "slot_s": 60.0, "warmup": 2},
@@ -61,7 +60,6 @@ EAGER: dict[str, dict[str, Any]] = {
 # How each detector documents its use of time stamps: "blind" (t must be finite but is not
 # used), "drops_late" (samples older than the open event-time bucket are counted and dropped).
 TIME: dict[str, Literal["blind", "drops_late"]] = {
-    "default": "blind",
     "leak": "drops_late",
     "request_outliers": "blind",
     "seasonal": "drops_late",
@@ -71,7 +69,6 @@ TIME: dict[str, Literal["blind", "drops_late"]] = {
 # "ignores" it (learn_one: returns without learning; score_one: returns a score in [0, 1]).
 Handling = Literal["raises", "ignores"]
 NON_FINITE: dict[str, tuple[Handling, Handling]] = {
-    "default": ("raises", "ignores"),  # score_one: 0.0 for a non-finite value
     "leak": ("raises", "ignores"),  # score_one does not read x: the score of the trend so far
     "request_outliers": ("raises", "raises"),
     "seasonal": ("raises", "raises"),

@@ -195,3 +195,27 @@ def test_one_implementation_per_detector_and_its_state_in_detectors() -> None:
         if isinstance(node, ast.ClassDef) and node.name.endswith("Bank")
     ]
     assert banks == []
+
+
+def test_the_registered_detectors_are_the_ones_the_worker_runs() -> None:
+    """Issue 31: the contract suite runs over the registry, so the registry holds what the
+    worker runs, no more: each registered detector is a one-row view of the bank a worker's
+    pipeline holds (or, for request outliers, the very class it holds)."""
+    import contextlib
+
+    from ragwatch.detectors import REGISTRY, make
+    from ragwatch.streams.alerting.rules import load_rules
+    from ragwatch.streams.pipelines.fleet import Pipelines
+
+    with contextlib.suppress(ValueError):
+        make("")  # (loads the built-in detectors)
+    pipes = Pipelines(load_rules())
+    held = {
+        "leak": (pipes.gpus.bank, make("leak").bank),
+        "seasonal": (pipes.metrics.tps, make("seasonal").bank),
+        "seasonal (requests)": (pipes.requests.rows.traffic, make("seasonal").bank),
+        "request_outliers": (pipes.requests._outliers, make("request_outliers")),
+    }
+    assert set(REGISTRY) == {name.split(" ")[0] for name in held}
+    for name, (worker, view) in held.items():
+        assert type(worker) is type(view), name

@@ -122,10 +122,11 @@ def test_csv_columns_by_header_name_or_position(tmp_path: Path) -> None:
 
 
 def level_shift_csv(path: Path) -> Path:
-    """200 noisy values around 10, then a lasting shift to 20 (5-minute samples)."""
+    """200 noisy values around 10, then a shift to 20 that lasts the rest of the day (5-minute
+    samples; a seasonal baseline compares the next day with its profile of this one)."""
     rng = random.Random(7)
     rows = ["timestamp,value"]
-    for i in range(400):
+    for i in range(280):
         value = 10.0 + rng.gauss(0.0, 0.5) + (10.0 if i >= 200 else 0.0)
         rows.append(f"{T0 + 300 * i:.0f},{value:.4f}")
     path.write_text("\n".join(rows) + "\n")
@@ -136,8 +137,8 @@ SHIFT_TS = T0 + 300 * 200
 
 
 def test_detector_mode_fires_at_a_level_shift_then_resolves(tmp_path: Path) -> None:
-    """``default`` scores the start of a shift high; once the new level is familiar the
-    score falls back under the threshold and the alert resolves."""
+    """``seasonal`` (the default) scores a lasting shift high; once it accepts the new
+    level the score falls back under the threshold and the alert resolves."""
     csv_file = level_shift_csv(tmp_path / "shift.csv")
     transitions, summary, _ = run_replay([csv_file], threshold=0.6)
     assert [(t["status"], t["previous"]) for t in transitions] == [
@@ -150,11 +151,11 @@ def test_detector_mode_fires_at_a_level_shift_then_resolves(tmp_path: Path) -> N
         "alertname": "AnomalyScore",
         "severity": "warning",
         "series": "shift.csv",
-        "detector": "default",
+        "detector": "seasonal",
     }
     assert float(fired["annotations"]["score"]) >= 0.6 > float(resolved["annotations"]["score"])
     assert resolved["starts_at"] == SHIFT_TS < resolved["ends_at"] == resolved["at"]
-    assert summary["points"] == 400 and summary["rules"]["AnomalyScore"] == {
+    assert summary["points"] == 280 and summary["rules"]["AnomalyScore"] == {
         "fired": 1,
         "resolved": 1,
         "firing_at_end": 0,
@@ -164,12 +165,13 @@ def test_detector_mode_fires_at_a_level_shift_then_resolves(tmp_path: Path) -> N
 
 def test_detector_and_threshold_choose_what_fires(tmp_path: Path) -> None:
     csv_file = level_shift_csv(tmp_path / "shift.csv")
-    default, _, _ = run_replay([csv_file])  # threshold 0.5
+    default, _, _ = run_replay([csv_file])  # seasonal, threshold 0.5
     assert default[0]["status"] == "firing" and default[0]["at"] == SHIFT_TS
     assert [t["status"] for t in default] == ["firing", "resolved"] * (len(default) // 2)
-    assert run_replay([csv_file], threshold=0.999)[0] == []
-    seasonal, _, _ = run_replay([csv_file], detector="seasonal")
-    assert seasonal and {t["labels"]["detector"] for t in seasonal} == {"seasonal"}
+    low, _, _ = run_replay([csv_file], threshold=0.3)  # the healthy part's noise too
+    assert low[0]["status"] == "firing" and low[0]["at"] < SHIFT_TS
+    assert {t["labels"]["detector"] for t in default} == {"seasonal"}
+    assert run_replay([csv_file], detector="leak")[0] == []  # no growth to judge
     with pytest.raises(ConfigError, match="unknown detector 'nope'"):
         run_replay([csv_file], detector="nope")
 
@@ -430,9 +432,9 @@ def test_traces_gpu_and_request_lines_are_processed_in_the_order_of_one_at_a_tim
     files = [traces, write_jsonl(tmp_path / "gpu.jsonl", [encode(e) for e in gpus])]
     monkeypatch.setattr(replay_mod, "Pipelines", RecordingPipelines)
 
-    batched = replay_mod.Replay(load_rules(), files, detector="default", threshold=0.5)
+    batched = replay_mod.Replay(load_rules(), files, detector="seasonal", threshold=0.5)
     got = list(batched.run(merged(files, Tally())))
-    single = replay_mod.Replay(load_rules(), files, detector="default", threshold=0.5)
+    single = replay_mod.Replay(load_rules(), files, detector="seasonal", threshold=0.5)
     one_by_one = [t for item in merged(files, Tally()) for t in single.process(item)]
     one_by_one += single.finish()
 

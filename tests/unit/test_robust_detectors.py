@@ -1,5 +1,6 @@
-"""The general-series detector (default) and its robust window, on deterministic synthetic
-series."""
+"""The NAB baseline (``bench/robust_default.py``: ragwatch's ``default`` detector until
+issue 31) and its robust window, on deterministic synthetic series: the baseline issue 34
+measures from must stay what was measured."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from ragwatch.detectors import make, score_then_learn
-from ragwatch.detectors.robust import RobustWindow, robust_z
+from ragwatch.detectors import score_then_learn
+from tests.bench_modules import load
+
+BASELINE = load("robust_default")
+RobustWindow, robust_z = BASELINE.RobustWindow, BASELINE.robust_z
 
 NAMES = ["default"]
 
@@ -23,6 +27,11 @@ def xs(values: list[float]) -> list[dict[str, Any]]:
 def noise(n: int, seed: int = 0, level: float = 100.0, sigma: float = 2.0) -> list[float]:
     rng = random.Random(seed)
     return [level + rng.gauss(0, sigma) for _ in range(n)]
+
+
+def make(name: str, **params: Any) -> Any:
+    assert name == "default"
+    return BASELINE.DefaultDetector(**params)
 
 
 def run(name: str, values: list[float], **params: Any) -> list[float]:
