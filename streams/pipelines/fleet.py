@@ -44,7 +44,6 @@ from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import (
     DOMAINS,
-    ChartSeries,
     Domain,
     SignalPipeline,
     Step,
@@ -123,11 +122,6 @@ class Pipelines:
             for k, part in p.status(keys).items():
                 out[k].update(part)
         return out
-
-    def charts(self, domain: Domain, keys: Collection[str]) -> Iterator[ChartSeries]:
-        """The series of ``keys`` that charts may draw."""
-        for p in self.of(domain):
-            yield from p.charts(keys)
 
     def tap(self, tap: Tap | None) -> None:
         """Tell ``tap`` after each wave of every pipeline which of its keys moved on (the
