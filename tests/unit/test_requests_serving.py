@@ -9,6 +9,7 @@ a retriever with rare stalls) and the faults of the issue on top.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import statistics
@@ -109,12 +110,17 @@ def _record(rng: random.Random, s: Service, ts: float) -> RequestRecord:
 def _envelopes(plan: Plan, hours: float, seed: int = 0) -> Iterator[RequestsEnvelope]:
     rng = random.Random(seed)
     for m in range(int(hours * 60)):
-        t = T0 + m * MIN
-        s = plan(t)
-        n = _poisson(rng, s.rpm)
-        recs = sorted((_record(rng, s, t + rng.random() * MIN) for _ in range(n)),
-                      key=lambda r: r.ts)  # fmt: skip
-        yield RequestsEnvelope("rag", "a", t + MIN - 0.001, tuple(recs))
+        yield _minute(rng, plan, m)
+
+
+def _minute(rng: random.Random, plan: Plan, m: int) -> RequestsEnvelope:
+    """Minute ``m``'s envelope (the service as ``plan`` has it at the minute's start)."""
+    t = T0 + m * MIN
+    s = plan(t)
+    n = _poisson(rng, s.rpm)
+    recs = sorted((_record(rng, s, t + rng.random() * MIN) for _ in range(n)),
+                  key=lambda r: r.ts)  # fmt: skip
+    return RequestsEnvelope("rag", "a", t + MIN - 0.001, tuple(recs))
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
@@ -135,6 +141,30 @@ def _run(plan: Plan, hours: float, seed: int = 0, watch: Callable[[RequestPipeli
         if watch is not None:
             watch(pipe)
     return out
+
+
+def _run_forked(
+    plan: Plan, hours: float, forks: list[tuple[float, Plan, float]]
+) -> tuple[list[Transition], list[list[Transition]]]:
+    """``_run(plan, hours)``, and for each fork ``(at, other, other_hours)`` what
+    ``_run(other, other_hours)`` gives, ``other`` being ``plan`` before ``at``: the minutes
+    the runs share are played once, and the pipeline and the random stream are copied at
+    ``at`` (the same envelopes, the same transitions; ``test_a_fork_is_the_run_it_stands_for``)."""
+    at_minute = {round((at - T0) / MIN): i for i, (at, _, _) in enumerate(forks)}
+    assert len(at_minute) == len(forks) and max(at_minute) < int(hours * 60)
+    rng, pipe, out = random.Random(0), RequestPipeline(RULES), []
+    saved: dict[int, tuple[RequestPipeline, random.Random, list[Transition]]] = {}
+    for m in range(int(hours * 60)):
+        if m in at_minute:
+            saved[at_minute[m]] = (copy.deepcopy(pipe), copy.deepcopy(rng), list(out))
+        out += pipe.process(_minute(rng, plan, m))
+    forked = []
+    for i, (at, other, other_hours) in enumerate(forks):
+        fork, fork_rng, fork_out = saved[i]
+        for m in range(round((at - T0) / MIN), int(other_hours * 60)):
+            fork_out += fork.process(_minute(fork_rng, other, m))
+        forked.append(fork_out)
+    return out, forked
 
 
 def _firing(out: list[Transition], rule: str | None = None) -> list[tuple[str, float]]:
@@ -499,26 +529,61 @@ def _evenings(extra: Callable[[float], float] = lambda t: 0.0) -> Plan:
     return plan
 
 
-def test_a_queue_that_builds_every_evening_pages_the_first_evening_only() -> None:
+# (start after T0, extra queue ms for an hour from then, hours played): at another hour
+# (06:00 on the third day), or at the evening peak but ten times higher than the evenings
+# before
+EVENING_FAULTS = ((2 * DAY + 6 * HOUR, 8000.0, 56.0), (2 * DAY + 19 * HOUR, 15_000.0, 69.0))
+
+
+def _evening_fault(start: float, extra: float) -> Plan:
+    at = T0 + start
+    return _evenings(lambda t: extra if at <= t < at + HOUR else 0.0)
+
+
+@pytest.fixture(scope="module")
+def evenings() -> tuple[list[Transition], list[list[Transition]]]:
+    """Three days of the evening rhythm, and each of ``EVENING_FAULTS`` on it: the faults'
+    runs are the rhythm's until they start, played once (``_run_forked``)."""
+    forks = [(T0 + start, _evening_fault(start, extra), hours)
+             for start, extra, hours in EVENING_FAULTS]  # fmt: skip
+    return _run_forked(_evenings(), 3 * 24.0, forks)
+
+
+def test_a_queue_that_builds_every_evening_pages_the_first_evening_only(
+    evenings: tuple[list[Transition], list[list[Transition]]],
+) -> None:
     """The serving baseline holds the evening's queue each day and never learns it; the
     hold that comes back at the same hour, no higher, is the rhythm (recurrence.py)."""
-    fired = _firing(_run(_evenings(), 3 * 24.0), "QueueWaitHigh")
+    fired = _firing(evenings[0], "QueueWaitHigh")
     assert len(fired) <= 1
     assert all(at - T0 < DAY for _, at in fired)
 
 
-def test_a_queue_fault_beside_the_evening_rhythm_still_pages() -> None:
+def test_a_queue_fault_beside_the_evening_rhythm_still_pages(
+    evenings: tuple[list[Transition], list[list[Transition]]],
+) -> None:
     """At another hour (06:00 on the third day), or at the evening peak but ten times
     higher than the evenings before: a fault, not the rhythm."""
-    for start, extra, hours in (
-        (2 * DAY + 6 * HOUR, 8000.0, 56.0),
-        (2 * DAY + 19 * HOUR, 15_000.0, 69.0),
-    ):
+    for (start, _, _), out in zip(EVENING_FAULTS, evenings[1], strict=True):
         at = T0 + start
-        plan = _evenings(lambda t, at=at, extra=extra: extra if at <= t < at + HOUR else 0.0)
-        fired = [when for _, when in _firing(_run(plan, hours), "QueueWaitHigh")]
+        fired = [when for _, when in _firing(out, "QueueWaitHigh")]
         later = [when for when in fired if when >= T0 + DAY]  # (the first evening may page)
         assert later != [] and all(at <= when < at + 20 * MIN for when in later), (start, fired)
+
+
+def test_a_fork_is_the_run_it_stands_for() -> None:
+    """``_run_forked`` gives what the runs it stands for give, transition for transition:
+    forks at 02:00 and 03:00 of a rhythm whose queue grows from 01:00, to a stuck queue."""
+    base = lambda t: Service(rpm=10.0, queue_ms=15.0 + max(0.0, t - T0 - HOUR) / 10)  # noqa: E731
+
+    def stuck(at: float) -> Plan:
+        return lambda t: Service(rpm=10.0, queue_ms=9000.0) if t >= at else base(t)
+
+    forks = [(T0 + h * HOUR, stuck(T0 + h * HOUR), 4.0) for h in (2.0, 3.0)]
+    out, forked = _run_forked(base, 4.0, forks)
+    assert out == _run(base, 4.0)
+    assert forked == [_run(other, hours) for _, other, hours in forks]
+    assert forked[0] != out and _firing(forked[0])  # the forks did go their own way
 
 
 # ---------------------------------------------------------------------- baseline's doubt
