@@ -48,7 +48,7 @@ demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert de
 	$(VENV)/bin/ragwatch demo
 
 # three pytest-xdist workers on 2 cores (a file each at a time; each starts its own broker
-# and Redis: a third overlaps their waits, 8.4 min instead of 10.4 measured),
+# and Redis: a third overlaps their waits, 499-528 s instead of 626-666 s measured),
 # then the tests that measure a worker's speed, alone
 test: setup chromium alertmanager prometheus lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial"

@@ -108,13 +108,14 @@ route:
                 for r in hook.received
                 for a in r.json["alerts"]
             ]
-            # retried: the backoff is random, and a batch stops at its first failure (the
-            # rest wait unsent behind it, in order), so a later alert may have reached the
-            # receiver only once in 5 minutes; what is certain is each one tried and the
-            # first retried
+            # retried: the backoff is random (up to 300 s, 5 s here) and a batch stops at
+            # its first failure (the rest wait unsent behind it, in order), so which alert
+            # leads and how often each one reached the receiver in 5 minutes varies (on a
+            # loaded machine h1 was tried once while h3 was retried four times); what is
+            # certain is each one tried and retrying going on
             for h in ("h1", "h2", "h3"):
                 assert (h, "firing") in attempts, attempts
-            assert attempts.count(("h1", "firing")) >= 2, attempts
+            assert len(attempts) > 3, attempts  # more attempts than notifications
             assert ("h1", "resolved") not in attempts  # waits behind its firing notification
             assert redis_client.llen(keys.outbox_dead) == 0
 
