@@ -9,7 +9,7 @@ telemetry is a fifth class with this shape, added to :class:`~.fleet.Pipelines`'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
@@ -36,7 +36,8 @@ def owns(domain: Domain, key: str, labels: Mapping[str, str]) -> bool:
 @dataclass(frozen=True, slots=True)
 class Step:
     """What one wave of a batch produced: the keys it moved on, each with the event time
-    of its newest envelope, its transitions in order, and the facts of its own side taken
+    of its newest envelope (a request step: every service of its batch, whose buckets may
+    have closed), its transitions in order, and the facts of its own side taken
     at that wave for the alerts that start firing in it (by host; by (service, instance)),
     which their hints read (:mod:`.facts`)."""
 
@@ -46,19 +47,23 @@ class Step:
     instances: Mapping[tuple[str, str], InstanceFacts] = field(default_factory=dict)
 
 
+# a pipeline's batch, wave by wave (``process_steps``): closed by whoever drives it if it fails
+Steps = Generator[Step, None, None]
+
+
 def transitions_of(steps: Iterable[Step]) -> list[Transition]:
     """The transitions of ``steps``, in order."""
     return [t for step in steps for t in step.transitions]
 
 
-def drive(steps: Iterator[Step], join: Callable[[Step], Step] | None = None) -> list[Step]:
+def drive(steps: Steps, join: Callable[[Step], Step] | None = None) -> list[Step]:
     """Every step of a batch (a pipeline's ``process_steps``), each joined as it comes,
     before the pipeline goes on (the fleet ages event alerts and adds hints there). If the
     pipeline fails, the steps it had not handed on are joined too and come with the
     :class:`BatchFailed`, after those done; if ``join`` fails, the batch stops there and
     the step it failed on comes as it was.
 
-    >>> drive(iter([Step([("h", 1.0)], [])]))
+    >>> drive(step for step in [Step([("h", 1.0)], [])])
     [Step(moved=[('h', 1.0)], transitions=[], hosts={}, instances={})]
     """
     done: list[Step] = []
@@ -73,9 +78,7 @@ def drive(steps: Iterator[Step], join: Callable[[Step], Step] | None = None) -> 
         try:
             done.append(step if join is None else join(step))
         except Exception as exc:  # the join failed: the rest of the batch is not done
-            close = getattr(steps, "close", None)
-            if close is not None:
-                close()
+            steps.close()
             raise BatchFailed([*done, step]) from exc
 
 

@@ -71,6 +71,7 @@ from ragwatch.streams.pipelines.base import (
     ChartSeries,
     Domain,
     Step,
+    Steps,
     Tap,
     drive,
     transitions_of,
@@ -237,7 +238,7 @@ class GpuPipeline:
         processing them one at a time, computed a wave of distinct hosts at once."""
         return transitions_of(drive(self.process_steps(envs)))
 
-    def process_steps(self, envs: Iterable[GpuMessage]) -> Iterator[Step]:
+    def process_steps(self, envs: Iterable[GpuMessage]) -> Steps:
         """:meth:`process_batch`, wave by wave, each wave's step handed on as it is done
         (whoever drives it acts on it before the next wave: :func:`.base.drive`): the
         wave's hosts with the event time of their envelopes, its transitions, and the

@@ -141,6 +141,7 @@ from ragwatch.streams.pipelines.base import (
     ChartSeries,
     Domain,
     Step,
+    Steps,
     Tap,
     drive,
     transitions_of,
@@ -399,13 +400,13 @@ class RequestPipeline:
         closes of the batch are done together (rounds), before each sweep and at the end."""
         return transitions_of(drive(self.process_steps(envs)))
 
-    def process_steps(self, envs: Sequence[RequestsMessage]) -> Iterator[Step]:
+    def process_steps(self, envs: Sequence[RequestsMessage]) -> Steps:
         """:meth:`process_batch`, part by part (the closes before each sweep, the sweep,
         the closes at the end), each part's step handed on as it is done (whoever drives
         it acts on it before the next part: :func:`.base.drive`): its transitions, with
         the facts of the instances whose alerts start firing in it (:meth:`facts`), for
         their hints."""
-        moved = [(env.service, env.ts) for env in envs] if self.tap is not None else []
+        moved = [(env.service, env.ts) for env in envs]
         try:
             for i, env in enumerate(envs):
                 self._envelope(i, env)
