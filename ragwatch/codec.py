@@ -103,7 +103,7 @@ def _opt_number(v: Any, low: float) -> bool:
     # NaN fails the comparison; bool is not int here (type(True) is bool); ints stay
     # within 64 bits (the strict decoder refuses those beyond float range).
     if type(v) is float:
-        return low <= v < math.inf
+        return low <= v < math.inf and v != -math.inf  # (a low of -inf let -inf through)
     return v is None or (type(v) is int and low <= v <= MAX_UINT)
 
 

@@ -187,6 +187,7 @@ def test_what_agents_write_takes_the_typed_path() -> None:
         (("gpus", 0), "fb_used", 101),  # more than fb_total
         (("gpus", 0), "gpu_util", math.nan),
         (("gpus", 0), "gpu_util", 10**400),
+        (("gpus", 0), "temp_c", -math.inf),  # any finite temperature; -inf is none
         (("gpus", 0), "index", True),
         (("gpus", 0), "procs", None),
         (("gpus", 0, "procs", 0), "dead", None),
