@@ -44,6 +44,7 @@ from ragwatch.streams.notifier.notification import (
     Outcome,
     Retry,
     SenderStats,
+    Settle,
 )
 
 RETRY_STATUSES = frozenset({408, 425, 429})  # and every 5xx
@@ -281,19 +282,24 @@ class Hold:
 
 
 async def in_order(
-    batch: Sequence[T], send_one: Callable[[T], Awaitable[Outcome]]
+    batch: Sequence[T],
+    send_one: Callable[[T], Awaitable[Outcome]],
+    settle: Settle | None = None,
 ) -> list[Outcome]:
     """Send ``batch`` one after another; the first Retry stops it, and the rest are answered
     a Retry that names it, unsent (a receiver that is down or limiting costs one attempt per
-    batch, and order holds: nothing overtakes what must be retried)."""
+    batch, and order holds: nothing overtakes what must be retried). Each answer is handed
+    to ``settle`` as soon as it is known, before the next is sent."""
     out: list[Outcome] = []
     stop: Retry | None = None
-    for item in batch:
+    for i, item in enumerate(batch):
         if stop is not None:
             out.append(stop)
             continue
         outcome = await send_one(item)
         out.append(outcome)
+        if settle is not None:
+            await settle(i, outcome)
         if isinstance(outcome, Retry):
             stop = Retry(f"not sent: an earlier one got {outcome.reason}", outcome.after_s)
     return out

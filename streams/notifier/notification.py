@@ -21,7 +21,7 @@ timeout, a connection error, or its own rate limit: the outbox tries again no so
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -136,6 +136,8 @@ class Failed:
 
 
 Outcome = Delivered | Retry | Failed
+Settle = Callable[[int, Outcome], Awaitable[None]]
+"""Told each answer as soon as it is known: (its index in the batch, the outcome)."""
 
 
 @dataclass
@@ -155,8 +157,13 @@ class Sender(Protocol):
     name: str  # the receiver's name in the notify config
     stats: SenderStats
 
-    async def send(self, batch: Sequence[Notification]) -> list[Outcome]:
-        """Deliver due notifications (oldest first); one outcome each, in order."""
+    async def send(
+        self, batch: Sequence[Notification], settle: Settle | None = None
+    ) -> list[Outcome]:
+        """Deliver due notifications (oldest first); one outcome each, in order. Each
+        outcome known before the batch ends is handed to ``settle`` at once (the notifier
+        marks a notification delivered before the next one goes, so a crash re-sends at
+        most the one in flight); the caller settles the rest from the returned list."""
         ...
 
     def describe(self) -> str:

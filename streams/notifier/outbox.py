@@ -18,10 +18,13 @@ While Redis is unreachable the outbox degrades to memory (with a warning, counte
 process, sent from there, and written to Redis as soon as it answers again. What is only
 in memory is lost if the notifier dies during the outage.
 
-The one gap is Redis' own: between a 2xx from the receiver and the ``sent`` mark, a
-crash makes the notifier send it again after the restart (at least once). PagerDuty
-dedups by ``dedup_key``; webhook receivers get the same ``X-Ragwatch-Key`` header (the
-idempotency key) on both attempts.
+Each notification is marked as soon as its receiver answers, before the next one goes
+(the sender hands every answer on at once, see ``Sender.send``'s ``settle``). The one gap
+is between a 2xx from the receiver and the ``sent`` mark: a crash there makes the notifier
+send that notification again after the restart, so a ``kill -9`` costs at most one
+duplicate per request in flight (one per receiver). PagerDuty dedups by ``dedup_key``;
+webhook receivers get the same ``X-Ragwatch-Key`` header (the idempotency key) on both
+attempts; Alertmanager dedups by the alert's labels (its fingerprint).
 """
 
 from __future__ import annotations

@@ -83,6 +83,7 @@ from ragwatch.streams.notifier.notification import (
     Notification,
     Outcome,
     Retry,
+    Settle,
 )
 from ragwatch.streams.notifier.webhook import rfc3339
 from ragwatch.yamlfile import label_name
@@ -326,8 +327,11 @@ class PagerDutySender(PostingSender[PagerDutyConfig]):
     def describe(self) -> str:
         return f"pagerduty {self.name} -> {redact_url(self.config.url)}"
 
-    async def send(self, batch: Sequence[Notification]) -> list[Outcome]:
-        out = await in_order(batch, self._notify)  # held, window full or PagerDuty in trouble
+    async def send(
+        self, batch: Sequence[Notification], settle: Settle | None = None
+    ) -> list[Outcome]:
+        # held, window full or PagerDuty in trouble: the rest waits
+        out = await in_order(batch, self._notify, settle)
         count_outcomes(self.stats, out)
         return out
 

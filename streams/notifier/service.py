@@ -43,7 +43,7 @@ from ragwatch.store import Keys, async_client
 from ragwatch.streams.notifier.alertmanager import AlertmanagerForwarder, decode_active
 from ragwatch.streams.notifier.delivery_stats import ReceiverStats
 from ragwatch.streams.notifier.grouping import Grouper
-from ragwatch.streams.notifier.notification import Delivered, Failed, Retry, Sender
+from ragwatch.streams.notifier.notification import Delivered, Failed, Outcome, Retry, Sender
 from ragwatch.streams.notifier.outbox import Entry, Outbox
 from ragwatch.streams.notifier.routing import NotifyConfig
 
@@ -186,25 +186,29 @@ class Notifier:
                 where=redact_url(self.settings.redis_url),
             )
             await self._restore()
-            consumer = AIOKafkaConsumer(
-                self.settings.topic("alerts"),
-                group_id=f"{self.settings.app_id}-notify",
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                session_timeout_ms=int(self.settings.kafka_session_timeout * 1000),
-                heartbeat_interval_ms=int(min(3.0, self.settings.kafka_session_timeout / 3) * 1000),
-                fetch_max_wait_ms=self.settings.kafka_fetch_max_wait_ms,
-                **consumer_kwargs(self.settings),
-            )
-            await consumer.start()
-            cleanup.push_async_callback(consumer.stop)
             log.info(
                 "notify: %d receiver(s): %s",
                 len(self._senders),
                 ", ".join(f"{n}={s.describe()}" for n, s in self._senders.items()) or "none",
             )
+            # what the outbox holds goes out at once: a restarted notifier does not wait
+            # for its consumer group (seconds) or a broker that is down
             sender = asyncio.create_task(self._send_loop(stop))
             try:
+                consumer = AIOKafkaConsumer(
+                    self.settings.topic("alerts"),
+                    group_id=f"{self.settings.app_id}-notify",
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    session_timeout_ms=int(self.settings.kafka_session_timeout * 1000),
+                    heartbeat_interval_ms=int(
+                        min(3.0, self.settings.kafka_session_timeout / 3) * 1000
+                    ),
+                    fetch_max_wait_ms=self.settings.kafka_fetch_max_wait_ms,
+                    **consumer_kwargs(self.settings),
+                )
+                await consumer.start()
+                cleanup.push_async_callback(consumer.stop)
                 await self._consume_loop(consumer, stop)
             finally:
                 stop.set()
@@ -342,33 +346,47 @@ class Notifier:
                 await self.outbox.dead(e, f"receiver {name!r} is not configured any more")
                 self.counters.dead += 1
             return
-        outcomes = await sender.send([e.notification for e in entries])
         stats = self.deliveries.setdefault(name, ReceiverStats())
-        for e, outcome in zip(entries, outcomes, strict=True):
-            try:
-                if isinstance(outcome, Delivered):
-                    await self.outbox.delivered(e)
-                    self.counters.delivered += 1
-                    stats.delivered_after(self._wall() - e.first_at)
-                    log.info("notify: delivered %s to %s", e.notification.status, name)
-                elif isinstance(outcome, Retry):
-                    if await self.outbox.retry(e, outcome.reason, outcome.after_s):
-                        self.counters.retried += 1
-                        stats.retried += 1
-                        log.info("notify: %s will retry (%s)", name, outcome.reason)
-                    else:
-                        self.counters.dead += 1
-                        stats.failed += 1
-                        log.error(
-                            "notify: %s gave up on %s: %s", name, e.notification.key, outcome.reason
-                        )
-                elif isinstance(outcome, Failed):
-                    await self.outbox.dead(e, outcome.reason)
+        settled: set[int] = set()
+
+        async def settle(i: int, outcome: Outcome) -> None:
+            settled.add(i)
+            await self._settle(name, entries[i], outcome, stats)
+
+        # each answer is recorded as soon as it is known: a crash between two sends of a
+        # batch re-sends at most the one in flight, not the whole batch
+        outcomes = await sender.send([e.notification for e in entries], settle)
+        for i, (e, outcome) in enumerate(zip(entries, outcomes, strict=True)):
+            if i not in settled:  # the rest of a batch a Retry stopped, a Slack digest
+                await self._settle(name, e, outcome, stats)
+
+    async def _settle(self, name: str, e: Entry, outcome: Outcome, stats: ReceiverStats) -> None:
+        """Record one answer in the outbox: delivered (marked at once), retried or dead."""
+        assert self.outbox is not None
+        try:
+            if isinstance(outcome, Delivered):
+                await self.outbox.delivered(e)
+                self.counters.delivered += 1
+                stats.delivered_after(self._wall() - e.first_at)
+                log.info("notify: delivered %s to %s", e.notification.status, name)
+            elif isinstance(outcome, Retry):
+                if await self.outbox.retry(e, outcome.reason, outcome.after_s):
+                    self.counters.retried += 1
+                    stats.retried += 1
+                    log.info("notify: %s will retry (%s)", name, outcome.reason)
+                else:
                     self.counters.dead += 1
                     stats.failed += 1
-                    log.error("notify: %s refused %s: %s", name, e.notification.key, outcome.reason)
-            except RedisError as exc:
-                self._redis_failed("record a delivery", exc)
+                    log.error(
+                        "notify: %s gave up on %s: %s", name, e.notification.key, outcome.reason
+                    )
+            elif isinstance(outcome, Failed):
+                await self.outbox.dead(e, outcome.reason)
+                self.counters.dead += 1
+                stats.failed += 1
+                log.error("notify: %s refused %s: %s", name, e.notification.key, outcome.reason)
+        except RedisError as exc:
+            self._redis_failed("record a delivery", exc)
 
     # ---------------------------------------------------------------- state
 

@@ -79,6 +79,7 @@ from ragwatch.streams.notifier.notification import (
     Notification,
     Outcome,
     Retry,
+    Settle,
 )
 from ragwatch.streams.notifier.webhook import rfc3339
 
@@ -531,15 +532,17 @@ class SlackSender(PostingSender[SlackConfig]):
     def describe(self) -> str:
         return f"slack {self.name} -> {mask_webhook(self.config.url.get())}"
 
-    async def send(self, batch: Sequence[Notification]) -> list[Outcome]:
+    async def send(
+        self, batch: Sequence[Notification], settle: Settle | None = None
+    ) -> list[Outcome]:
         if not batch:
             return []
         async with self._url_state.lock:
-            out = await self._send(batch)
+            out = await self._send(batch, settle)
         count_outcomes(self.stats, out)
         return out
 
-    async def _send(self, batch: Sequence[Notification]) -> list[Outcome]:
+    async def _send(self, batch: Sequence[Notification], settle: Settle | None) -> list[Outcome]:
         now, state = self._clock(), self._url_state
         if state.hold.left(now) > 0:
             return self._held(batch, state.hold.left(now), "Slack asked to wait")
@@ -547,7 +550,7 @@ class SlackSender(PostingSender[SlackConfig]):
         if tokens < 1:
             return self._held(batch, state.bucket.wait_s(now), f"over {self.config.rate_per_s:g}/s")
         if len(batch) <= tokens:
-            return await self._one_by_one(batch)
+            return await self._one_by_one(batch, settle)
         state.bucket.take(now)
         outcome = await self._post(
             slack_digest(batch, max_digest=self.config.max_digest), len(batch)
@@ -557,12 +560,14 @@ class SlackSender(PostingSender[SlackConfig]):
             outcome = Delivered(f"{outcome.detail}, in a digest of {len(batch)}")
         return [outcome] * len(batch)
 
-    async def _one_by_one(self, batch: Sequence[Notification]) -> list[Outcome]:
+    async def _one_by_one(
+        self, batch: Sequence[Notification], settle: Settle | None
+    ) -> list[Outcome]:
         async def one(n: Notification) -> Outcome:
             self._url_state.bucket.take(self._clock())
             return await self._post(slack_message(n), 1)
 
-        return await in_order(batch, one)  # Slack is down or limiting: the rest is not sent
+        return await in_order(batch, one, settle)  # Slack is down or limiting: the rest is not sent
 
     def _held(self, batch: Sequence[Notification], wait: float, why: str) -> list[Outcome]:
         self.stats.rate_limited += len(batch)

@@ -9,11 +9,13 @@ Every existing Alertmanager webhook receiver understands the body::
                  "generatorURL", "fingerprint", "value", "expected"}]}
 
 :class:`WebhookSender` is the notifier's sender (:mod:`ragwatch.streams.notifier.notification`):
-one POST per notification, signed with ``X-Ragwatch-Signature: sha256=<hex HMAC-SHA256 of
-the body>`` when the receiver has an ``hmac_secret``; 2xx is delivered, 408/425/429/5xx,
-timeouts and connection errors are retried (after ``Retry-After`` when the receiver sends
-one, and nothing else goes to that URL before then), other 4xx fail. A body over
-``max_body_bytes`` keeps the first alerts that fit and counts the rest in
+one POST per notification, carrying its idempotency key in ``X-Ragwatch-Key`` (the same
+on every attempt: a receiver that has seen a key may drop the request), signed with
+``X-Ragwatch-Signature: sha256=<hex HMAC-SHA256 of the body>`` when the receiver has an
+``hmac_secret``; 2xx is delivered, 408/425/429/5xx, timeouts and connection errors are
+retried (after ``Retry-After`` when the receiver sends one, and nothing else goes to that
+URL before then), other 4xx fail. A body over ``max_body_bytes`` keeps the first alerts
+that fit and counts the rest in
 ``truncatedAlerts``, as Alertmanager's ``max_alerts`` does.
 
 What the three senders (webhook, :mod:`~ragwatch.streams.notifier.slack`,
@@ -63,6 +65,7 @@ from ragwatch.streams.notifier.notification import (
     Notification,
     Outcome,
     Retry,
+    Settle,
 )
 
 if TYPE_CHECKING:
@@ -232,8 +235,10 @@ class WebhookSender(PostingSender[WebhookConfig]):
         signed = ", signed" if self.config.hmac_secret else ""
         return f"webhook {self.name} -> {mask_webhook(self.config.url)}{signed}"
 
-    async def send(self, batch: Sequence[Notification]) -> list[Outcome]:
-        out = await in_order(batch, self._post)
+    async def send(
+        self, batch: Sequence[Notification], settle: Settle | None = None
+    ) -> list[Outcome]:
+        out = await in_order(batch, self._post, settle)
         # each notification held back by the receiver's Retry-After counts as rate limited
         self.stats.rate_limited += sum(isinstance(o, Retry) and "held:" in o.reason for o in out)
         count_outcomes(self.stats, out)
@@ -243,7 +248,7 @@ class WebhookSender(PostingSender[WebhookConfig]):
         if (wait := self._target.hold.left(self._clock())) > 0:
             return Retry(f"held: the receiver asked to wait {wait:.1f}s", wait)
         body = webhook_body(n, max_body_bytes=self.config.max_body_bytes)
-        headers = {"User-Agent": "ragwatch"}
+        headers = {"User-Agent": "ragwatch", "X-Ragwatch-Key": n.key}
         if self.config.hmac_secret:
             headers["X-Ragwatch-Signature"] = sign(self.config.hmac_secret.get(), body)
         return await self._target.post(body, f"notification {n.key}", headers)
