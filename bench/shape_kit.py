@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from ragwatch.schema import Alert, Envelope, Transition
 from ragwatch.streams.alerting.rules import Rule, load_rules
-from ragwatch.streams.notifier.routing import DEFAULT_INHIBIT_RULES, InhibitRule
+from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES, InhibitRule
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 DAY = 86400.0

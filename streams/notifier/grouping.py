@@ -8,8 +8,10 @@ firing and has not changed is notified again every ``repeat_interval``. A notifi
 carries the group's firing alerts and the alerts that resolved since the last one.
 
 Muting happens here, at flush time: an alert inhibited by a firing source alert
-(``inhibit_rules``) or matched by a silence is left out, and the group is checked again
-later, so the alert is sent once the silence expires. A resolution is always sent to a
+(``inhibit_rules``, with Alertmanager's rule for an alert matching both sides of a rule:
+see :class:`~ragwatch.streams.notifier.inhibition.InhibitRule`) or matched by a silence is
+left out, and the group is checked again later, so the alert is sent once the source
+resolves or the silence expires. A resolution is always sent to a
 receiver that was told the alert was firing, silenced or not: a PagerDuty incident must
 not stay open because someone muted the alert meanwhile. A resolution of an alert the
 group never saw firing (it was only pending, or it fired before the notifier knew the
@@ -176,6 +178,7 @@ class Grouper:
         )
 
     def _inhibited(self, target: Alert) -> bool:
+        """Whether a firing alert other than ``target`` mutes it by some inhibit rule."""
         return any(
             rule.inhibits(src.labels, target.labels)
             for rule in self.config.inhibit_rules

@@ -24,6 +24,12 @@ A YAML file (``RAGWATCH_NOTIFY_FILE``) in Alertmanager's shape::
         target_matchers: {alertname: GpuMemoryLeak}
         equal: [host, gpu]
 
+Inhibition follows Alertmanager (:class:`InhibitRule`): only a firing source mutes, a
+label missing on both alerts counts as equal, and an alert matching both sides of a rule
+is muted only by a source that does not match the target side, never by itself. Rules
+that can match one alert on both sides, and cycles of rules that can mute each other's
+sources, are accepted (as Alertmanager does) with a warning naming them.
+
 Children inherit ``receiver``, ``group_by`` and the three intervals from their parent.
 An alert goes to the deepest matching routes (first match per level, unless a route says
 ``continue: true``); with no matching child, the parent handles it. Without a file, the
@@ -60,6 +66,11 @@ from ragwatch import yamlfile
 from ragwatch.config import parse_duration
 from ragwatch.errors import ConfigError
 from ragwatch.matchers import Matcher, matchers_of
+from ragwatch.streams.notifier.inhibition import (
+    DEFAULT_INHIBIT_RULES,
+    InhibitRule,
+    warn_about_inhibit_rules,
+)
 
 RECEIVER_TYPES = ("webhook", "slack", "pagerduty")
 MAX_ATTEMPTS = 1000  # over 3 days of retries at the outbox's 5-minute backoff cap
@@ -97,23 +108,6 @@ class Route:
         if ALL_LABELS in self.group_by:
             return dict(labels)
         return {k: labels.get(k, "") for k in self.group_by}
-
-
-@dataclass(frozen=True)
-class InhibitRule:
-    """A firing alert matching ``source`` mutes alerts matching ``target`` that have the
-    same values of the ``equal`` labels (and are not the source itself)."""
-
-    source: tuple[Matcher, ...]
-    target: tuple[Matcher, ...]
-    equal: tuple[str, ...] = ()
-
-    def inhibits(self, source: Mapping[str, str], target: Mapping[str, str]) -> bool:
-        return (
-            all(m.matches(source) for m in self.source)
-            and all(m.matches(target) for m in self.target)
-            and all(source.get(k, "") == target.get(k, "") for k in self.equal)
-        )
 
 
 @dataclass(frozen=True)
@@ -259,6 +253,7 @@ def _config(d: Any, env: Mapping[str, str], source: str) -> NotifyConfig:
         receivers[r["name"]] = _expand(dict(r), env, where)
     route = _route(d.get("route"), None, receivers, "route")
     rules = _inhibit_rules(d.get("inhibit_rules", []))
+    warn_about_inhibit_rules(rules, source)
     attempts = d.get("max_attempts", 10)
     if isinstance(attempts, bool) or not isinstance(attempts, int):
         raise ConfigError(f"max_attempts: expected an integer, got {yamlfile.shown(attempts)}")
@@ -293,34 +288,6 @@ def _inhibit_rules(raw: Any) -> tuple[InhibitRule, ...]:
         equal = yamlfile.label_names(r.get("equal", []), f"{where}.equal")
         rules.append(InhibitRule(source, target, equal))
     return tuple(rules)
-
-
-# The inhibition the notifier applies without a notify file (a file states its own; the
-# example in docs/notifications.md carries this one): a firing leak alert of a GPU, which
-# already says when it will OOM, mutes that GPU's "memory over 95 %". The leak filling
-# the GPU is one fault, paged once; a GPU full with no leak alert still pages. And a
-# firing cause of slow answers on an instance (queue, TTFT, retrieval, decode) mutes its
-# latency backstop, E2eLatencyDeviation: a queue of 10 s keeps the instance's P95 high
-# for as long as its 200-request window holds the queued requests (hours at night).
-DEFAULT_INHIBIT_RULES = (
-    InhibitRule(
-        (Matcher("alertname", "GpuMemoryLeak.*", regex=True),),
-        (Matcher("alertname", "GpuMemoryHigh"),),
-        ("host", "gpu"),
-    ),
-    # the latency backstop says nothing a page of its cause has not said
-    InhibitRule(
-        (
-            Matcher(
-                "alertname",
-                "QueueWaitHigh|TtftDeviation|RetrievalSlowdown|DecodeSpeedDrop",
-                regex=True,
-            ),
-        ),
-        (Matcher("alertname", "E2eLatencyDeviation"),),
-        ("service", "instance"),
-    ),
-)
 
 
 def default_config(

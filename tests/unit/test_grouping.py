@@ -187,6 +187,77 @@ def test_inhibition_mutes_the_leak_while_the_oom_fires_and_not_after(grouper: Gr
     assert [a.labels["host"] for a in leaks] == ["h1"]  # sent once the OOM alert resolved
 
 
+# Issue 32: a rule whose source also matches its target (any Gpu* alert mutes a leak on
+# its host). Two leaks on one host match both sides; each muted the other: 0 pages.
+GPU_MUTES_LEAK = {
+    "source_matchers": {"alertname": "=~Gpu.*"},
+    "target_matchers": {"alertname": "GpuMemoryLeak"},
+    "equal": ["host"],
+}
+
+
+def with_rules(*rules: dict[str, Any]) -> Grouper:
+    return Grouper(parse_config({**CONFIG, "inhibit_rules": list(rules)}, ENV))
+
+
+def sent(ns: list[Notification], label: str = "host") -> list[tuple[str, str]]:
+    return sorted((a.rule, a.labels.get(label, "")) for n in ns for a in n.alerts)
+
+
+def test_alerts_matching_both_sides_of_a_rule_never_mute_each_other() -> None:
+    """Alertmanager's rule: an alert matching both sides cannot be inhibited by alerts
+    that also match both sides, itself included."""
+    g = with_rules(GPU_MUTES_LEAK)
+    g.add(alert("GpuMemoryLeak", host="h1", gpu="0"), now=0.0)
+    g.add(alert("GpuMemoryLeak", host="h1", gpu="1"), now=0.0)
+    assert sent(g.flush(now=30.0), "gpu") == [("GpuMemoryLeak", "0"), ("GpuMemoryLeak", "1")]
+    assert g.stats.inhibited == 0
+
+
+def test_a_source_missing_the_target_side_mutes_alerts_matching_both() -> None:
+    g = with_rules(GPU_MUTES_LEAK)
+    g.add(alert("GpuXid", host="h1"), now=0.0)  # a source only: it mutes h1's leaks
+    g.add(alert("GpuMemoryLeak", host="h1", gpu="0"), now=0.0)
+    g.add(alert("GpuMemoryLeak", host="h1", gpu="1"), now=0.0)
+    g.add(alert("GpuMemoryLeak", host="h2", gpu="0"), now=0.0)  # other host: sent
+    assert sent(g.flush(now=30.0)) == [("GpuMemoryLeak", "h2"), ("GpuXid", "h1")]
+    assert g.stats.inhibited == 2
+    g.add(alert("GpuXid", "resolved", at=100.0, host="h1"), now=100.0)
+    later = g.flush(now=30.0 + 400.0)
+    assert sent(later, "gpu") == [("GpuMemoryLeak", "0"), ("GpuMemoryLeak", "1"), ("GpuXid", "")]
+
+
+def test_only_a_firing_source_mutes_and_missing_equal_labels_are_equal() -> None:
+    """As Alertmanager: a label missing on both alerts is equal (missing = empty); one
+    missing on one side only is not; a pending source mutes nothing."""
+    g = with_rules(
+        {
+            "source_matchers": {"alertname": "GpuOomKill"},
+            "target_matchers": {"alertname": "GpuMemoryLeak"},
+            "equal": ["cluster"],
+        }
+    )
+    g.add(alert("GpuOomKill", "pending", host="h0", cluster="c2"), now=0.0)
+    g.add(alert("GpuMemoryLeak", host="h0", cluster="c2"), now=0.0)  # source only pending
+    g.add(alert("GpuOomKill", host="h1"), now=0.0)  # no cluster label
+    g.add(alert("GpuMemoryLeak", host="h2"), now=0.0)  # none either: muted
+    g.add(alert("GpuMemoryLeak", host="h3", cluster="c1"), now=0.0)  # c1 vs none: sent
+    out = g.flush(now=30.0)
+    assert sent(out) == [("GpuMemoryLeak", "h0"), ("GpuMemoryLeak", "h3"), ("GpuOomKill", "h1")]
+
+
+def test_a_cycle_of_rules_mutes_both_alerts_as_alertmanager_does() -> None:
+    """X mutes Y and Y mutes X: neither alert matches both sides of one rule, so each is
+    muted by the other while both fire (the load warns about it: test_routing_config)."""
+    g = with_rules(
+        {"source_matchers": {"alertname": "X"}, "target_matchers": {"alertname": "Y"}},
+        {"source_matchers": {"alertname": "Y"}, "target_matchers": {"alertname": "X"}},
+    )
+    g.add(alert("X", host="h1"), now=0.0)
+    g.add(alert("Y", host="h1"), now=0.0)
+    assert g.flush(now=30.0) == [] and g.stats.inhibited == 2
+
+
 def test_without_a_file_a_leak_mutes_its_gpus_memory_high() -> None:
     """The default inhibition: the leak filling its GPU is one fault, paged once by the leak
     alert; the same GPU's GpuMemoryHigh is muted, another GPU's still pages."""

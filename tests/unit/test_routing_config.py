@@ -7,12 +7,14 @@ point (``ragwatch notify`` calls it before it connects to anything).
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import pytest
 
 from ragwatch.errors import ConfigError
+from ragwatch.matchers import Matcher, may_overlap
 from ragwatch.streams.notifier.routing import load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,8 +172,13 @@ def test_parse_config_names_its_source() -> None:
     assert str(err.value) == "notify.yaml: route.receiver: required on the root route"
 
 
-def test_the_documented_and_the_demos_notify_files_load(tmp_path: Path) -> None:
+def test_the_documented_and_the_demos_notify_files_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """... without a warning: their inhibit rules neither overlap nor form a cycle."""
     from ragwatch.commands.demo import NOTIFY_YAML
+
+    caplog.set_level(logging.WARNING)
 
     page = (ROOT / "docs" / "notifications.md").read_text()
     documented = re.search(r"```yaml\n(receivers:.*?)```", page, re.S)
@@ -181,7 +188,8 @@ def test_the_documented_and_the_demos_notify_files_load(tmp_path: Path) -> None:
     for name, text in (("docs.yaml", documented.group(1)), ("demo.yaml", demo)):
         (tmp_path / name).write_text(text)
         cfg = load_config(tmp_path / name, {**env, "DEMO_PD_ROUTING_KEY": "k" * 32})
-        assert cfg.route.receiver == "team-chat"
+        assert cfg.route.receiver == "team-chat" and cfg.inhibit_rules
+    assert caplog.messages == []
 
 
 def test_ragwatch_notify_prints_a_bad_file_as_one_line_and_exits_2(
@@ -197,3 +205,108 @@ def test_ragwatch_notify_prints_a_bad_file_as_one_line_and_exits_2(
         f"ragwatch: error: {path}:6:13: route.continue: not allowed on the root route "
         "(it has no sibling)\n"
     )
+
+
+# Inhibit rules that Alertmanager accepts but that do what their author may not expect
+# (issue 32) load with a warning naming the rules and their matchers.
+
+
+def warnings_of(tmp_path: Path, caplog: pytest.LogCaptureFixture, rules: str) -> list[str]:
+    """The warnings logged while loading a notify file with ``rules`` as inhibit_rules."""
+    path = tmp_path / "notify.yaml"
+    path.write_text(HEAD + "route: {receiver: chat}\ninhibit_rules:\n" + rules)
+    caplog.set_level(logging.WARNING)
+    load_config(path, {})
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_rule_whose_source_matches_its_target_loads_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = (
+        "  - {source_matchers: {alertname: GpuOomKill}, target_matchers: {alertname: X}}\n"
+        "  - source_matchers: {alertname: '=~Gpu.*'}\n"
+        "    target_matchers: {alertname: GpuMemoryLeak}\n"
+        "    equal: [host]\n"
+    )
+    (message,) = warnings_of(tmp_path, caplog, rules)
+    assert message.startswith(
+        f'{tmp_path / "notify.yaml"}: inhibit_rules[1] (source {{alertname=~"Gpu.*"}} '
+        'target {alertname="GpuMemoryLeak"} equal [host]): an alert can match both its '
+        "source and its target; such an alert is muted only by a source that does not "
+        "match the target"
+    )
+
+
+def test_a_cycle_of_rules_loads_with_a_warning_naming_each_rule(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule 0 (X mutes Y) can mute the sources of rule 2 (Y mutes X) and 2 those of 0;
+    rule 1 is in no cycle and not named."""
+    rules = (
+        "  - {source_matchers: {alertname: X}, target_matchers: {alertname: Y}, equal: [host]}\n"
+        "  - {source_matchers: {alertname: A}, target_matchers: {alertname: B}}\n"
+        "  - {source_matchers: {alertname: Y}, target_matchers: {alertname: X}, equal: [host]}\n"
+    )
+    (message,) = warnings_of(tmp_path, caplog, rules)
+    assert (
+        "form a cycle, inhibit_rules[0] -> inhibit_rules[2] -> inhibit_rules[0] "
+        '(inhibit_rules[0]: source {alertname="X"} target {alertname="Y"} equal [host]; '
+        'inhibit_rules[2]: source {alertname="Y"} target {alertname="X"} equal [host])'
+    ) in message
+    assert "inhibit_rules[1]" not in message
+
+
+def test_a_longer_cycle_through_regexes_is_found(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = (
+        "  - {source_matchers: {alertname: '=~Gpu.*'}, target_matchers: {alertname: Net}}\n"
+        "  - {source_matchers: {alertname: '=~Net|Link'}, target_matchers: {alertname: Rack}}\n"
+        "  - {source_matchers: {alertname: Rack}, target_matchers: {alertname: GpuXid}}\n"
+    )
+    (message,) = warnings_of(tmp_path, caplog, rules)
+    path = "inhibit_rules[0] -> inhibit_rules[1] -> inhibit_rules[2] -> inhibit_rules[0]"
+    assert f"form a cycle, {path} (" in message
+
+
+def test_a_cycle_warning_names_every_rule_of_the_cycles(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule 1's target (severity=page) may be any alertname, a source of 0 and of 2: the
+    shortest cycle is 0 -> 1 -> 0, and 2 is on another (1 -> 2 -> 0 -> 1): all named."""
+    rules = (
+        "  - {source_matchers: {alertname: '=~Gpu.*'}, target_matchers: {alertname: Net}}\n"
+        "  - {source_matchers: {alertname: '=~Net|Disk'}, target_matchers: {severity: page}}\n"
+        "  - {source_matchers: {severity: page}, target_matchers: {alertname: GpuXid}}\n"
+    )
+    messages = warnings_of(tmp_path, caplog, rules)
+    (cycle,) = [m for m in messages if "form a cycle" in m]
+    assert "form a cycle, inhibit_rules[0] -> inhibit_rules[1] -> inhibit_rules[0] (" in cycle
+    assert all(f"inhibit_rules[{i}]: source" in cycle for i in range(3))
+    overlaps = [m for m in messages if "can match both" in m]  # severity=page on both sides
+    named = [re.findall(r"inhibit_rules\[\d+\]", m)[0] for m in overlaps]
+    assert named == ["inhibit_rules[1]", "inhibit_rules[2]"]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [
+        ({"alertname": "A"}, {"alertname": "B"}, False),
+        ({"alertname": "A"}, {"alertname": "A"}, True),
+        ({"alertname": "A"}, {"host": "h1"}, True),  # other labels never conflict
+        ({"alertname": "GpuXid"}, {"alertname": "=~Gpu.*"}, True),
+        ({"alertname": "Disk"}, {"alertname": "=~Gpu.*"}, False),
+        ({"alertname": "=~A|B"}, {"alertname": "=~C|B"}, True),
+        ({"alertname": "=~A|B"}, {"alertname": "=~C|D"}, False),
+        ({"alertname": "=~A|B"}, {"alertname": "=~[AB]x"}, False),
+        ({"alertname": "=~Gpu.*"}, {"alertname": "=~Net.*"}, True),  # assumed: conservative
+        ({"cluster": ""}, {"cluster": "=~.*"}, True),  # a missing label is the empty value
+    ],
+)
+def test_matcher_sets_overlap_unless_a_label_provably_conflicts(
+    a: dict[str, str], b: dict[str, str], overlap: bool
+) -> None:
+    ms = [tuple(Matcher.parse(k, v, "m") for k, v in d.items()) for d in (a, b)]
+    assert may_overlap(ms[0], ms[1]) is overlap
+    assert may_overlap(ms[1], ms[0]) is overlap
