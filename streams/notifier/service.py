@@ -14,7 +14,10 @@ watermark in Redis if that is newer, advanced by the wall clock since it was see
 
 The group state (which alerts each receiver has been told about) is saved in Redis
 (``P:notify:groups``) with every batch, before the offsets are committed, so a restarted
-notifier neither forgets to resolve what it paged for nor pages it again.
+notifier neither forgets to resolve what it paged for nor pages it again. If Redis loses
+it, a running notifier saves it again (checked every second), and a notifier that starts
+without it re-derives it from the alerts topic up to its committed offsets
+(:mod:`~ragwatch.streams.notifier.rebuild`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from confluent_kafka import KafkaException
 from redis.exceptions import RedisError
 
 from ragwatch.codec import decode_as
@@ -42,9 +46,10 @@ from ragwatch.silences import Silence, decode_all
 from ragwatch.store import Keys, async_client
 from ragwatch.streams.notifier.alertmanager import AlertmanagerForwarder, decode_active
 from ragwatch.streams.notifier.delivery_stats import ReceiverStats
-from ragwatch.streams.notifier.grouping import Grouper
+from ragwatch.streams.notifier.grouping import Grouper, GrouperStats
 from ragwatch.streams.notifier.notification import Delivered, Failed, Outcome, Retry, Sender
 from ragwatch.streams.notifier.outbox import Entry, Outbox
+from ragwatch.streams.notifier.rebuild import committed_records
 from ragwatch.streams.notifier.routing import NotifyConfig
 
 log = logging.getLogger(__name__)
@@ -81,6 +86,8 @@ class NotifierCounters:
     dead: int = 0
     redis_errors: int = 0
     send_errors: int = 0  # unexpected errors in the delivery loop (logged with a traceback)
+    rebuilt_from: int = 0  # alert transitions replayed to rebuild the groups Redis lost
+    groups_rewritten: int = 0  # times the group state was found missing in Redis and saved
 
 
 def sender_config(name: str, spec: Mapping[str, Any]) -> Any:
@@ -241,6 +248,7 @@ class Notifier:
                 await self.forward.flush()
             if wall - last_status >= 1.0:
                 last_status = wall
+                await self._keep_groups()
                 await self._write_status()
 
     def _take(self, value: bytes | None) -> bool:
@@ -422,21 +430,86 @@ class Notifier:
         marks = [orjson.loads(v).get("watermark") for v in raw]
         self.clock.observe(max((m for m in marks if isinstance(m, int | float)), default=None))
 
+    @property
+    def _groups_key(self) -> str:
+        return f"{self.keys.notifier}:groups"
+
     async def _save_groups(self) -> None:
         try:
-            await self._redis.set(f"{self.keys.notifier}:groups", self.grouper.dumps())
+            await self._redis.set(self._groups_key, self.grouper.dumps())
         except RedisError as exc:
             self._redis_failed("save groups", exc)
 
     async def _restore(self) -> None:
+        """The groups saved in Redis; if there are none (a first start, or Redis lost
+        them), the groups re-derived from the alerts topic (:mod:`.rebuild`)."""
         try:
-            data = await self._redis.get(f"{self.keys.notifier}:groups")
+            data = await self._redis.get(self._groups_key)
         except RedisError as exc:
             self._redis_failed("restore groups", exc)
             return
         if data:
             n = self.grouper.loads(data)
             log.info("notify: restored %d alert group(s) from Redis", n)
+            return
+        await self._refresh_silences()
+        await self._rebuild()
+
+    async def _rebuild(self) -> None:
+        """Feed the grouper what the notifier's group has consumed from the alerts topic,
+        in event time, dropping the notifications it makes: they were queued before."""
+        clock = EventClock()
+        topic = self.settings.topic("alerts")
+
+        def take(value: bytes | None) -> None:
+            try:
+                alert = decode_as(Alert, value or b"")
+            except SchemaError:
+                return  # counted when it was first read
+            clock.observe(alert.at if alert.at is not None else alert.starts_at)
+            now = clock.now() or alert.starts_at
+            self.grouper.add(alert, now)
+            self.grouper.flush(now, silenced=self._silenced)
+
+        try:
+            n = await asyncio.to_thread(
+                committed_records,
+                self.settings.kafka_config(),
+                topic,
+                f"{self.settings.app_id}-notify",
+                take,
+            )
+        except (KafkaException, TimeoutError) as exc:
+            log.error(
+                "notify: no group state in Redis and the alerts topic could not be read to "
+                "rebuild it (%s): resolutions of alerts paged before are dropped",
+                exc,
+            )
+            return
+        self.grouper.stats = GrouperStats()  # the replay is not news
+        self.counters.rebuilt_from = n
+        if n:
+            log.warning(
+                "notify: no group state in Redis (Redis lost it?): rebuilt %d group(s) from "
+                "%d alert transition(s) on %s up to the committed offsets",
+                len(self.grouper.groups),
+                n,
+                topic,
+            )
+            await self._save_groups()
+
+    async def _keep_groups(self) -> None:
+        """Save the groups again if Redis has lost them while the notifier runs (restarted
+        empty, flushed): a notifier restarted later would not know what it paged for."""
+        try:
+            if not self.grouper.groups or await self._redis.exists(self._groups_key):
+                return
+        except RedisError as exc:
+            self._redis_failed("check the saved groups", exc)
+            return
+        self.counters.groups_rewritten += 1
+        log.warning("notify: the group state was missing in Redis (Redis lost it?): saved again")
+        await self._save_groups()
 
     async def _write_status(self) -> None:
         stats = {
