@@ -43,10 +43,13 @@ class OutageLog:
         prefix: str = "",
         every_s: float = EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        trouble: str = "unreachable",
+        back: str = "is back",
     ) -> None:
         if every_s <= 0:
             raise ValueError(f"every_s must be > 0, got {every_s}")
         self._log, self.service, self.where, self.prefix = logger, service, where, prefix
+        self.trouble, self.back = trouble, back
         self.every_s, self._clock = every_s, clock
         self.down_since: float | None = None
         self.failures = 0  # in this outage
@@ -85,9 +88,10 @@ class OutageLog:
             return None
         away = self._clock() - self.down_since
         self._log.warning(
-            "%s%s is back after %.0f s (%s failed)%s",
+            "%s%s %s after %.0f s (%s failed)%s",
             self.prefix,
             self.service,
+            self.back,
             away,
             _operations(self.failures),
             detail,
@@ -98,8 +102,8 @@ class OutageLog:
     def _state(self, down_s: float) -> str:
         at = f" at {self.where}" if self.where else ""
         if self.failures == 1:
-            return f"{self.service} unreachable{at}"
-        return f"{self.service} still unreachable{at} after {down_s:.0f} s"
+            return f"{self.service} {self.trouble}{at}"
+        return f"{self.service} still {self.trouble}{at} after {down_s:.0f} s"
 
     def _count(self) -> str:
         so_far = f"{_operations(self.failures)} failed so far"
@@ -110,3 +114,59 @@ class OutageLog:
 
 def _operations(n: int) -> str:
     return f"{n} operation{'' if n == 1 else 's'}"
+
+
+class RedisTrouble:
+    """The two ways Redis fails a process, logged apart: *unreachable* (no answer: a
+    connection refused, a timeout), back as soon as any command is answered, and *refusing
+    writes* (it answers, but with an error: ``OOM command not allowed`` at ``maxmemory``
+    with ``noeviction``, ``READONLY`` on a replica, ``NOPERM`` from an ACL), back only
+    when a write succeeds. Kept apart, a Redis that serves reads and refuses writes logs
+    one line per 30 s, not an "unreachable / is back" pair per command.
+
+    >>> from redis.exceptions import ConnectionError, ResponseError
+    >>> t = RedisTrouble(logging.getLogger("doc"), "redis://r:6379/0")
+    >>> t.failed("write status", ResponseError("OOM command not allowed"))
+    True
+    >>> t.answered()  # a read: reachable, but writes are still refused
+    >>> t.writable, t.refusing.down, t.unreachable.down
+    (False, True, False)
+    >>> t.wrote(); t.writable
+    True
+    """
+
+    def __init__(self, logger: logging.Logger, where: str, *, prefix: str = "") -> None:
+        self.unreachable = OutageLog(logger, "Redis", where, prefix=prefix)
+        self.refusing = OutageLog(
+            logger,
+            "Redis",
+            where,
+            prefix=prefix,
+            trouble="refuses writes",
+            back="takes writes again",
+        )
+        self.last_error = ""  # the newest failure, for whoever reports a stall
+
+    @property
+    def writable(self) -> bool:
+        return not self.refusing.down
+
+    def failed(self, operation: str, exc: BaseException, detail: str = "") -> bool:
+        """Count and maybe log one failed command (see :meth:`OutageLog.failed`)."""
+        from redis.exceptions import ResponseError
+
+        self.last_error = f"{operation}: {exc}"
+        log = self.refusing if isinstance(exc, ResponseError) else self.unreachable
+        return log.failed(operation, exc, detail)
+
+    def answered(self, detail: str = "") -> float | None:
+        """A command was answered: Redis is reachable."""
+        return self.unreachable.recovered(detail)
+
+    def wrote(self, detail: str = "") -> None:
+        """A write was accepted: Redis is reachable and takes writes (``detail`` goes on
+        the line of whichever trouble ends)."""
+        if self.unreachable.recovered(detail) is None:
+            self.refusing.recovered(detail)
+        else:
+            self.refusing.recovered()

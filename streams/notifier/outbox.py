@@ -13,7 +13,8 @@ capped), where status shows it. Notifications of one group (one receiver, one se
 group labels) go out in the order they were queued: a resolution waits for the firing
 notification before it that is still backing off (``P:outbox:order:GROUP``).
 
-While Redis is unreachable the outbox degrades to memory (with a warning, counted in
+While Redis is unreachable or refuses writes (``maxmemory`` with ``noeviction``, a
+read-only replica, an ACL) the outbox degrades to memory (with a warning, counted in
 ``memory_fallbacks``): new notifications, retries and delivery marks are kept in this
 process, sent from there, and written to Redis as soon as it answers again. What is only
 in memory is lost if the notifier dies during the outage.
@@ -40,7 +41,7 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError
 
-from ragwatch.outage import OutageLog
+from ragwatch.outage import RedisTrouble
 from ragwatch.store import Keys
 from ragwatch.streams.notifier.notification import Notification
 
@@ -120,7 +121,7 @@ class Outbox:
         # its group that waits there (a resolution before its firing notification).
         self._in_redis: dict[str, tuple[str, float]] = {}
         self.memory_fallbacks = 0
-        self._outage = OutageLog(log, "Redis", where, prefix="outbox: ")  # where: its URL
+        self._outage = RedisTrouble(log, where, prefix="outbox: ")  # where: its URL
 
     def _sent(self, key: str) -> str:
         return f"{self.keys.outbox_sent}:{key}"
@@ -196,7 +197,7 @@ class Outbox:
         self._mem_due.clear()
         self._mem_sent.clear()
         self._mem_dead.clear()
-        self._outage.recovered(f": wrote {n} notification(s) and marks kept in memory")
+        self._outage.wrote(f": wrote {n} notification(s) and marks kept in memory")
 
     async def due(self, limit: int = 100) -> list[Entry]:
         """Entries due now, oldest first (from memory too while Redis is unreachable)."""

@@ -40,7 +40,7 @@ from ragwatch.codec import decode_as
 from ragwatch.config import Settings, redact_url
 from ragwatch.errors import ConfigError, SchemaError
 from ragwatch.kafka import KafkaClient
-from ragwatch.outage import OutageLog
+from ragwatch.outage import RedisTrouble
 from ragwatch.schema import Alert
 from ragwatch.silences import Silence, decode_all
 from ragwatch.store import Keys, async_client
@@ -155,13 +155,12 @@ class Notifier:
         self.silences: list[Silence] = []
         self._senders = dict(senders or {})
         self._redis: Any = None
-        self._redis_outage = OutageLog(
-            log, "Redis", redact_url(settings.redis_url), prefix="notify: "
-        )
+        self._redis_trouble = RedisTrouble(log, redact_url(settings.redis_url), prefix="notify: ")
         self.outbox: Outbox | None = None
         self._wake = asyncio.Event()  # set when a notification is queued: send it now
         self._sending: dict[str, asyncio.Task[None]] = {}  # receiver -> its send in flight
         self._done: set[str] = set()  # notifications sent since the last outbox read
+        self._groups_unsaved = False  # the last save of the groups failed
         self.forward: AlertmanagerForwarder | None = None  # RAGWATCH_ALERTMANAGER_URLS
 
     # ---------------------------------------------------------------- the loops
@@ -418,7 +417,7 @@ class Notifier:
         except RedisError as exc:
             self._redis_failed("read silences", exc)
             return
-        self._redis_outage.recovered()  # read every tick: says at once when Redis is back
+        self._redis_trouble.answered()  # read every tick: says at once when Redis is back
 
     async def _observe_workers(self) -> None:
         """The workers' event-time watermark moves the clock when no alert does."""
@@ -438,7 +437,11 @@ class Notifier:
         try:
             await self._redis.set(self._groups_key, self.grouper.dumps())
         except RedisError as exc:
+            self._groups_unsaved = True  # tried again every second
             self._redis_failed("save groups", exc)
+            return
+        self._groups_unsaved = False
+        self._redis_trouble.wrote()
 
     async def _restore(self) -> None:
         """The groups saved in Redis; if there are none (a first start, or Redis lost
@@ -501,6 +504,9 @@ class Notifier:
     async def _keep_groups(self) -> None:
         """Save the groups again if Redis has lost them while the notifier runs (restarted
         empty, flushed): a notifier restarted later would not know what it paged for."""
+        if self._groups_unsaved:  # the last save failed: not lost, only not written yet
+            await self._save_groups()
+            return
         try:
             if not self.grouper.groups or await self._redis.exists(self._groups_key):
                 return
@@ -528,7 +534,9 @@ class Notifier:
             )
         except RedisError as exc:
             self._redis_failed("write status", exc)
+            return
+        self._redis_trouble.wrote()
 
     def _redis_failed(self, what: str, exc: Exception) -> None:
         self.counters.redis_errors += 1
-        self._redis_outage.failed(what, exc)  # the first at once, then one line per 30 s
+        self._redis_trouble.failed(what, exc)  # the first at once, then one line per 30 s

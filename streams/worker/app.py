@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from ragwatch.codec import encode
 from ragwatch.config import Settings, redact_url
 from ragwatch.kafka import KafkaClient
-from ragwatch.outage import OutageLog
+from ragwatch.outage import RedisTrouble
 from ragwatch.schema import (
     Alert,
     RequestsEnvelope,
@@ -86,6 +86,8 @@ class WorkerCounters:
     otlp_late_spans: int = 0
     otlp_evicted_traces: int = 0
     worker_id_clashes: int = 0  # status writes that found another process under our id
+    held_acks: int = 0  # messages read whose offsets wait for their snapshots
+    commit_stalls: int = 0  # times snapshots could not be written and commits stopped
 
 
 class Delivery(mode.Service):
@@ -101,7 +103,7 @@ class Delivery(mode.Service):
         self.counters = WorkerCounters()
         self.redis = async_client(settings.redis_url)
         self.redis_down_since: float | None = None
-        self._redis_outage = OutageLog(log, "Redis", redact_url(settings.redis_url))
+        self.redis_trouble = RedisTrouble(log, redact_url(settings.redis_url))
         self._resolved_while_down: set[str] = set()
         # transitions and the rewrite after an outage write the active-alert hash in turn:
         # a rewrite must not put back an alert whose resolution was written meanwhile
@@ -243,7 +245,7 @@ class Delivery(mode.Service):
         self.counters.redis_errors += 1
         if self.redis_down_since is None:
             self.redis_down_since = time.monotonic()
-        self._redis_outage.failed(what, exc)  # the first at once, then one line per 30 s
+        self.redis_trouble.failed(what, exc)  # the first at once, then one line per 30 s
 
     async def _recovered(self, pipes: Pipelines) -> None:
         """Redis answers again: rewrite this worker's active alerts (a restarted Redis is
@@ -253,7 +255,7 @@ class Delivery(mode.Service):
             active = pipes.engine.active
             await self.store.rewrite_active(active, self._resolved_while_down - set(active))
         self.store.forget_index()
-        self._redis_outage.recovered(
+        self.redis_trouble.wrote(
             f": rewrote {len(active)} active alert(s), removed "
             f"{len(self._resolved_while_down)} resolved"
         )

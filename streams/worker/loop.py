@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from ragwatch.chart_ids import owner_prefixes
 from ragwatch.config import Settings
 from ragwatch.errors import SchemaError
+from ragwatch.outage import RedisTrouble
 from ragwatch.schema import (
     DLQ_HEADER_OFFSET,
     DLQ_HEADER_PARTITION,
@@ -52,6 +53,7 @@ from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.acks import HeldAcks
 from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, largest, more_at_hand
 from ragwatch.streams.worker.marks import SweepMarks
+from ragwatch.streams.worker.stall import CommitStall
 from ragwatch.streams.worker.topics import InputTopic, Key, input_topics
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class Delivery(Protocol):
 
     closed: bool
     redis_down_since: float | None
+    redis_trouble: RedisTrouble  # why the last Redis command failed, for a stall's log line
 
     async def restore(self, pipes: Pipelines, domain: str, key: str) -> None: ...
     async def write_snapshots(
@@ -105,6 +108,7 @@ class WorkerLoop:
         self.recorder = SeriesRecorder(pipes.rules)
         pipes.tap(self.recorder.observe)
         self.held = HeldAcks()
+        self.stall = CommitStall(log)
         self.busy: Counter[Key] = Counter()  # messages of a key being processed and sent
         self.partitions: dict[Key, set[Any]] = {}  # (domain, key) -> the TPs it came on
         self.assigned_tps: set[Any] = set()
@@ -416,6 +420,8 @@ class WorkerLoop:
         await self.prune_gone()
         self._changed()
         self.sweep_marks()
+        self.counters.held_acks = len(self.held)
+        self.counters.commit_stalls = self.stall.stalls
         await self.delivery.write_status(self.pipes, *self.statuses_due(time.monotonic()))
         await self.delivery.write_series(self.recorder.take())
         now = time.monotonic()
@@ -500,11 +506,12 @@ class WorkerLoop:
             if not written:
                 self.held.give_back(taken)
         if not written:
+            self.stall.blocked(len(self.held), self.delivery.redis_trouble.last_error)
             return False
         for k in batch:
             self.snap_at[k] = now
             self.snap_due.discard(k)
-        await self.held.ack(taken)
+        self.stall.cleared(await self.held.ack(taken))
         return True
 
     async def prune_gone(self) -> None:

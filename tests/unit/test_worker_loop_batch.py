@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from ragwatch.codec import decode_gpu_wire as decode_gpu
 from ragwatch.codec import encode
 from ragwatch.config import Settings
 from ragwatch.gpu_wire import GpuMessage
+from ragwatch.outage import RedisTrouble
 from ragwatch.schema import (
     DLQ_HEADER_OFFSET,
     DLQ_HEADER_REASON,
@@ -123,6 +125,9 @@ class MemoryDelivery:
 
     closed: bool = False
     redis_down_since: float | None = None
+    redis_trouble: RedisTrouble = field(
+        default_factory=lambda: RedisTrouble(logging.getLogger("test"), "memory")
+    )
     restored: list[str] = field(default_factory=list)
     snapshots: list[set[str]] = field(default_factory=list)
     on_restore: Callable[[], Awaitable[None]] | None = None
