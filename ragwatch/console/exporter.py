@@ -6,6 +6,10 @@ turns it into gauges. :func:`families` does the conversion and is pure, so tests
 a status dict. ``ALERTS`` follows Prometheus: one series per pending or firing alert,
 value 1, with the alert's labels plus ``alertname``, ``alertstate`` and ``severity``.
 
+``ragwatch_redis_writable`` is not read but found by writing: :class:`RedisWrites` sets a
+test key every ``WRITE_PROBE_S`` (the worker and the notifier cannot report a Redis that
+refuses their writes through that Redis).
+
 Per-process series (label ``pid``) exist only for processes that have an active alert:
 pids are high-cardinality (every restart is a new one) and belong in Redis, not in a
 time-series database.
@@ -18,10 +22,13 @@ time-series database.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -37,6 +44,9 @@ METRICS: dict[str, str] = {
     "ragwatch_alerts": "Active alerts (value 1) with their labels, alertname, alertstate "
     "(pending, firing) and severity: Prometheus' ALERTS, in ragwatch's own namespace",
     "ragwatch_redis_up": "1 if the last read of Redis succeeded, else 0",
+    "ragwatch_redis_writable": "1 if Redis took serve's last test write (one every 2 s), 0 "
+    "if it refused it (out of memory, read-only replica, ACL); absent while Redis does not "
+    "answer",
     "ragwatch_gpu_memory_used_bytes": "GPU framebuffer memory in use",
     "ragwatch_gpu_memory_total_bytes": "GPU framebuffer memory in total",
     "ragwatch_gpu_memory_growth_bytes_per_second": "Robust (Theil-Sen) slope of GPU memory",
@@ -86,6 +96,16 @@ METRICS: dict[str, str] = {
     "topic (undecodable, invalid, clock ahead, processing error) since it started",
     "ragwatch_worker_dropped_samples_total": "Samples a worker dropped at a series cap "
     "(RAGWATCH_MAX_SERIES, or per host) since it started",
+}
+log = logging.getLogger(__name__)
+WRITE_PROBE_S = 2.0  # serve's test write, this often (RedisWrites); METRICS says it too
+PROBE_TTL_S = 10  # the test key expires this long after the last one
+# what a refused write's error class means, said in public (/healthz); Redis's words go
+# to the log only
+REFUSALS = {
+    "OutOfMemoryError": "OOM: used memory is above maxmemory and nothing may be evicted",
+    "ReadOnlyError": "READONLY: a read-only replica",
+    "NoPermissionError": "NOPERM: the ACL user may not write",
 }
 HISTOGRAMS = frozenset({"ragwatch_notifier_delivery_latency_seconds"})
 # what scrapers see: counter families are named without _total, their samples with it;
@@ -192,12 +212,16 @@ class _Families:
 
 
 def families(
-    status: Mapping[str, Any], last_points: Mapping[str, list[Any]] | None = None
+    status: Mapping[str, Any],
+    last_points: Mapping[str, list[Any]] | None = None,
+    writable: bool | None = None,
 ) -> Iterator[Metric]:
-    """Metric families from a :func:`~ragwatch.store.read_status` dict and the
-    newest points of alerted processes' series (for their leak score)."""
+    """Metric families from a :func:`~ragwatch.store.read_status` dict, the
+    newest points of alerted processes' series (for their leak score) and whether Redis
+    takes writes (None: not known, no ``ragwatch_redis_writable``)."""
     f = _Families()
     f.add("ragwatch_redis_up", {}, 1)
+    f.add("ragwatch_redis_writable", {}, None if writable is None else int(writable))
     alerts = [a for a in status.get("alerts") or [] if a.get("status") in ("pending", "firing")]
     for a in alerts:
         f.add("ragwatch_alerts", alert_labels(a), 1)
@@ -306,11 +330,13 @@ def _notifier(f: _Families, notifier: Mapping[str, Any]) -> None:
 
 
 class RedisCollector(Collector):
-    """Reads Redis on every scrape; if Redis does not answer, only ``ragwatch_redis_up 0``."""
+    """Reads Redis on every scrape; if Redis does not answer, only ``ragwatch_redis_up 0``.
+    ``ragwatch_redis_writable`` is what ``writes`` last found."""
 
-    def __init__(self, client: Any, prefix: str) -> None:
+    def __init__(self, client: Any, prefix: str, writes: RedisWrites | None = None) -> None:
         self.client = client
         self.prefix = prefix
+        self.writes = writes
 
     def collect(self) -> Iterator[Metric]:
         from redis.exceptions import RedisError
@@ -332,4 +358,98 @@ class RedisCollector(Collector):
             down.add_sample("ragwatch_redis_up", {}, 0.0)
             yield down
             return
-        yield from families(status, points)
+        yield from families(status, points, self.writes.ok if self.writes else None)
+
+
+# ---------------------------------------------------------------------------- writes
+
+
+@dataclass(frozen=True, slots=True)
+class Writable:
+    """What a test write found: ``ok`` None when Redis did not answer; ``reason`` says
+    why in public words (``/healthz``), ``detail`` in Redis's (the log)."""
+
+    ok: bool | None
+    reason: str = ""
+    detail: str = ""
+
+
+def refusal(exc: Exception) -> str:
+    """The public reason of a write Redis refused with ``exc``: a known kind, else the
+    error code Redis answered with (``MISCONF``...), else the error's class.
+
+    >>> from redis.exceptions import OutOfMemoryError, ResponseError
+    >>> refusal(OutOfMemoryError("command not allowed when used memory > 'maxmemory'."))
+    'OOM: used memory is above maxmemory and nothing may be evicted'
+    >>> refusal(ResponseError("MISCONF Redis is configured to save RDB snapshots, but..."))
+    'MISCONF'
+    >>> refusal(ResponseError("something else"))
+    'ResponseError'
+    """
+    known = REFUSALS.get(type(exc).__name__)
+    if known is not None:
+        return known
+    code = str(exc).partition(" ")[0]
+    return code if code.isalpha() and code.isupper() else type(exc).__name__
+
+
+class RedisWrites:
+    """Whether Redis takes writes, found by writing: a SET of ``<prefix>:serve:probe``
+    with a ``PROBE_TTL_S`` expiry every ``WRITE_PROBE_S`` (:meth:`run`). The worker and
+    the notifier cannot report a Redis that refuses their writes through it, and a PING
+    or a read succeeds on a Redis out of memory, a read-only replica or under an ACL
+    without write rights. Each change is logged once: a refusal and a Redis that does not
+    answer as warnings, the way back as info (the first probe is logged only when it
+    finds a problem).
+
+    ``client`` is a blocking ``redis.Redis`` (the probe runs in a worker thread);
+    ``where`` names Redis in the log (a URL without its password).
+    """
+
+    def __init__(self, client: Any, prefix: str, where: str) -> None:
+        self.client = client
+        self.key = f"{prefix}:serve:probe"
+        self.where = where
+        self.state: Writable | None = None  # None: not probed yet
+
+    @property
+    def ok(self) -> bool | None:
+        """Whether the last probe's write was taken; None before one or when Redis did
+        not answer."""
+        return None if self.state is None else self.state.ok
+
+    def probe(self) -> Writable:
+        """One test write (blocking)."""
+        from redis.exceptions import RedisError, ResponseError
+
+        try:
+            self.client.set(self.key, b"1", ex=PROBE_TTL_S)
+        except ResponseError as exc:
+            return Writable(False, refusal(exc), str(exc))
+        except RedisError as exc:
+            return Writable(None, type(exc).__name__, str(exc))
+        return Writable(True)
+
+    def update(self, new: Writable) -> None:
+        """Keep what a probe found; log it if it differs from what the last one found."""
+        old, self.state = self.state, new
+        if old is not None and (old.ok, old.reason) == (new.ok, new.reason):
+            return
+        if new.ok is False:
+            log.warning(
+                "redis at %s refuses writes (%s); workers and the notifier cannot store "
+                "alerts or state until it takes them. Redis says: %s",
+                self.where,
+                new.reason,
+                new.detail,
+            )
+        elif new.ok is None:
+            log.warning("redis at %s does not answer: %s", self.where, new.detail or new.reason)
+        elif old is not None:
+            log.info("redis at %s takes writes again", self.where)
+
+    async def run(self, every_s: float = WRITE_PROBE_S) -> None:
+        """Probe every ``every_s`` seconds until cancelled."""
+        while True:
+            self.update(await asyncio.to_thread(self.probe))
+            await asyncio.sleep(every_s)

@@ -371,9 +371,22 @@ def _page_paths() -> dict[str, Any]:
     """Health, metrics, this document, the pages and their files."""
     return {
         "/healthz": _op(
-            "Liveness: Redis answers a PING (never needs the token)",
+            "Health: Redis answers a PING and takes writes (never needs the token)",
+            _json(_ref("Health"), "Redis answers and takes writes"),
+            errors={
+                "503": _json(_ref("Health"), "Redis does not answer, or refuses writes: the reason")
+            },
+            public=True,
+        ),
+        "/readyz": _op(
+            "Readiness: Redis answers a PING, so the console can read it (no token)",
             _json(_ref("Health"), "Redis answers"),
             errors={"503": _json(_ref("Health"), "Redis does not answer: the reason")},
+            public=True,
+        ),
+        "/livez": _op(
+            "Liveness: the process answers HTTP; never reads Redis (no token)",
+            _json(_ref("Health"), "alive"),
             public=True,
         ),
         "/metrics": _op(

@@ -2,7 +2,9 @@
 
 Everything is read from Redis on each request (:mod:`ragwatch.store` knows the
 keys), with a blocking client in a worker thread, so the server holds no state of its own
-and any number of them can run. Routes (documented in :mod:`ragwatch.console.openapi`):
+and any number of them can run; it writes only a test key, to find a Redis that refuses
+writes (:class:`~ragwatch.console.exporter.RedisWrites`). Routes (documented in
+:mod:`ragwatch.console.openapi`):
 
 =========================  ==============================================================
 ``/api/v1/status``         what ``ragwatch status --json`` prints
@@ -14,7 +16,10 @@ and any number of them can run. Routes (documented in :mod:`ragwatch.console.ope
                            memory of a GPU or a process the GPU's total memory and
                            growth (:func:`memory_of`); 404 unknown
 ``/api/v1/silences``       silences (``?all=true`` with expired ones)
-``/healthz``               200 if Redis answers a PING, else 503 with the reason
+``/healthz``               200 if Redis answers a PING and takes writes, else 503 with
+                           the reason
+``/readyz``                200 if Redis answers a PING (the console can read), else 503
+``/livez``                 200 while the process answers (never reads Redis)
 ``/metrics``               Prometheus exposition (:mod:`ragwatch.console.exporter`)
 ``/openapi.json``          the OpenAPI 3.0 document
 ``/``, ``/static/...``     the live page, its script and the vendored uPlot
@@ -22,7 +27,7 @@ and any number of them can run. Routes (documented in :mod:`ragwatch.console.ope
                            for an unknown alert)
 =========================  ==============================================================
 
-With ``RAGWATCH_SERVE_TOKEN`` set, every route but ``/healthz``, the pages and their
+With ``RAGWATCH_SERVE_TOKEN`` set, every route but the three probes, the pages and their
 static files (no data in them) needs ``Authorization: Bearer <token>``, compared in
 constant time. A page takes the token once from ``?token=``, keeps it in
 ``sessionStorage`` and drops it from the address bar. The token is never logged: the
@@ -33,18 +38,24 @@ An alert's page is the same script in another mode: it draws what
 is the bare page, and the script reads the alert with the token it holds; opened open
 (no token set) or with the right token, the server reads the alert too, names it in the
 page and answers 404 when there is no such alert; a wrong token is a 401.
+
+Slow clients (slowloris) cannot starve the server: request heads and bodies have
+deadlines and connections a limit below the open-file limit
+(:mod:`ragwatch.console.guard`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import math
 import re
+import resource
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import cache
 from html import escape
 from pathlib import Path
@@ -59,7 +70,21 @@ from prometheus_client.registry import CollectorRegistry
 
 from ragwatch.chart_ids import alert_prefixes, alert_series, series_prefix
 from ragwatch.config import Settings, redact_url
-from ragwatch.console.exporter import METRIC_NAMES, METRICS, RedisCollector
+from ragwatch.console.exporter import (
+    METRIC_NAMES,
+    METRICS,
+    WRITE_PROBE_S,
+    RedisCollector,
+    RedisWrites,
+)
+from ragwatch.console.guard import (
+    BODY_TIMEOUT_S,
+    HEAD_TIMEOUT_S,
+    LISTEN_BACKLOG,
+    ConnectionGuard,
+    connection_limit,
+    guard_middleware,
+)
 from ragwatch.console.openapi import spec
 from ragwatch.errors import ConfigError
 from ragwatch.silences import decode_all
@@ -89,7 +114,7 @@ SERIES_ID_MAX = 512  # characters
 FINGERPRINT_MAX = 128  # characters
 ALERT_HISTORY_MAX = 100  # transitions of one alert per response
 HISTORY_CHUNK = 1000  # history entries read at a time
-PUBLIC_PATHS = frozenset({"/", "/healthz"})
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz", "/livez"})
 ALERT_PAGES = "/alerts/"  # token optional: without one, the bare page
 SERIES_KINDS = ("gpu", "process", "service", "engine")
 PAGE_CSP = (
@@ -102,6 +127,7 @@ CLIENT_KEY: web.AppKey[Any] = web.AppKey("redis")  # a blocking redis.Redis
 SETTINGS_KEY = web.AppKey("settings", Settings)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("clock")
+WRITES_KEY = web.AppKey("writes", RedisWrites)
 
 
 class BadRequest(ValueError):
@@ -371,16 +397,37 @@ async def silences(request: web.Request) -> web.Response:
     return _json({"silences": found})
 
 
-async def healthz(request: web.Request) -> web.Response:
+async def _redis_answers(request: web.Request) -> web.Response | None:
+    """None if Redis answers a PING, else the 503 naming the kind of failure."""
     from redis.exceptions import RedisError
 
     try:
         await asyncio.to_thread(request.app[CLIENT_KEY].ping)
-    except RedisError as exc:  # public: the kind of failure only, the details go to the log
-        log.warning(
-            "healthz: redis at %s: %s", redact_url(request.app[SETTINGS_KEY].redis_url), exc
-        )
+    except RedisError as exc:
         return _json({"status": "unavailable", "reason": f"redis: {type(exc).__name__}"}, 503)
+    return None
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """503 unless Redis answers a PING and took the last test write (:class:`RedisWrites`),
+    with the kind of failure only: Redis's words go to the log, once per change."""
+    if (down := await _redis_answers(request)) is not None:
+        return down
+    writable = request.app[WRITES_KEY].state
+    if writable is not None and writable.ok is False:
+        return _json(
+            {"status": "unavailable", "reason": f"redis refuses writes: {writable.reason}"}, 503
+        )
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 while Redis answers (the console can read it, even while it refuses writes)."""
+    return await _redis_answers(request) or _json({"status": "ok"})
+
+
+async def livez(request: web.Request) -> web.Response:
+    """200 while the process answers HTTP: never depends on Redis."""
     return _json({"status": "ok"})
 
 
@@ -522,23 +569,34 @@ class AccessLogger(AbstractAccessLogger):
 
 
 def build_app(
-    settings: Settings, client: Any, *, clock: Callable[[], float] = time.time
+    settings: Settings,
+    client: Any,
+    *,
+    clock: Callable[[], float] = time.time,
+    guard: ConnectionGuard | None = None,
 ) -> web.Application:
     """The aiohttp application over one blocking Redis client (``redis.Redis``); ``clock``
-    is the wall clock that decides which silences are active."""
+    is the wall clock that decides which silences are active; ``guard`` the listening
+    socket's. While it runs, Redis is probed for writes every ``WRITE_PROBE_S``."""
+    outer = [guard_middleware(guard)] if guard is not None else []
     app = web.Application(
-        middlewares=[errors_middleware, auth_middleware(settings.serve_token.get())],
+        middlewares=[*outer, errors_middleware, auth_middleware(settings.serve_token.get())],
         client_max_size=64 * 1024,  # GET only: no body worth reading
     )
+    writes = RedisWrites(client, settings.redis_prefix, redact_url(settings.redis_url))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RedisCollector(client, settings.redis_prefix))
+    registry.register(RedisCollector(client, settings.redis_prefix, writes))
     app[CLIENT_KEY] = client
     app[SETTINGS_KEY] = settings
     app[REGISTRY_KEY] = registry
     app[CLOCK_KEY] = clock
+    app[WRITES_KEY] = writes
+    app.cleanup_ctx.append(_probing)
     app.router.add_get("/", page)
     app.router.add_get(ALERT_PAGES + "{fingerprint}", alert_page)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/api/v1/status", status)
@@ -560,15 +618,35 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     return asyncio.run(_serve(settings, host, port))
 
 
+async def _probing(app: web.Application) -> AsyncIterator[None]:
+    """Probe Redis for writes while the app runs (an aiohttp cleanup context)."""
+    task = asyncio.create_task(app[WRITES_KEY].run(WRITE_PROBE_S))
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 async def _serve(settings: Settings, host: str, port: int) -> int:
     client = blocking_client(settings.redis_url, connect_s=3)
-    runner = web.AppRunner(build_app(settings, client), access_log_class=AccessLogger)
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    guard = ConnectionGuard(connection_limit(open_files), HEAD_TIMEOUT_S)
+    runner = web.AppRunner(
+        build_app(settings, client, guard=guard),
+        access_log_class=AccessLogger,
+        keepalive_timeout=HEAD_TIMEOUT_S,  # the next head after a response (see the guard)
+        lingering_time=BODY_TIMEOUT_S,
+    )
     withhold = WithholdRequestDetails()
     logging.getLogger("aiohttp.server").addFilter(withhold)
     await runner.setup()
+    listener: asyncio.AbstractServer | None = None
     try:
-        try:
-            await web.TCPSite(runner, host, port).start()
+        assert runner.server is not None  # set up
+        try:  # as web.TCPSite listens, with guarded protocols
+            listener = await asyncio.get_running_loop().create_server(
+                guard.factory(runner.server), host, port, backlog=LISTEN_BACKLOG
+            )
         except OSError as exc:
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         stop = asyncio.Event()
@@ -577,11 +655,16 @@ async def _serve(settings: Settings, host: str, port: int) -> int:
             loop.add_signal_handler(sig, stop.set)
         auth = "bearer token required" if settings.serve_token else "no token (open)"
         log.info("serving on http://%s:%d/ (API /api/v1, /metrics; %s)", host, port, auth)
+        log.info("at most %d connections (open-file limit %s); request heads within %gs, "
+                 "bodies within %gs", guard.limit, "unlimited" if open_files < 0 else open_files,
+                 HEAD_TIMEOUT_S, BODY_TIMEOUT_S)  # fmt: skip
         if not settings.serve_token and host not in ("127.0.0.1", "::1", "localhost"):
             log.warning("no RAGWATCH_SERVE_TOKEN: anyone who reaches %s reads the status", host)
         await stop.wait()
         log.info("stopping")
     finally:
+        if listener is not None:
+            listener.close()
         await runner.cleanup()
         client.close()
         logging.getLogger("aiohttp.server").removeFilter(withhold)

@@ -775,13 +775,17 @@ def test_serve_deployment_runs_serve_on_the_pods_address() -> None:
     assert not ref["valueFrom"]["secretKeyRef"].get("optional", False)
 
 
-@pytest.mark.parametrize("probe", ["readinessProbe", "livenessProbe"])
-def test_serve_probes_hit_healthz(probe: str) -> None:
+@pytest.mark.parametrize(
+    ("probe", "path"), [("readinessProbe", "/readyz"), ("livenessProbe", "/livez")]
+)
+def test_serve_probes_hit_readyz_and_livez(probe: str, path: str) -> None:
+    """Readiness follows Redis answering; liveness never reads Redis (a Redis that refuses
+    writes, which turns /healthz to 503, neither empties the Service nor restarts pods)."""
     from ragwatch.console.serve import PUBLIC_PATHS
 
     obj = workload("serve")
     get = main_container(obj)[probe]["httpGet"]
-    assert get["path"] == "/healthz"
+    assert get["path"] == path
     assert get["path"] in PUBLIC_PATHS, "probes carry no bearer token"
     assert container_port(obj, get["port"]) == serve_listen()[1]
     assert get.get("scheme", "HTTP") == "HTTP"
@@ -793,7 +797,7 @@ def test_serve_liveness_is_more_patient_than_readiness() -> None:
     def window(probe: dict[str, Any]) -> int:
         return int(probe.get("periodSeconds", 10)) * int(probe.get("failureThreshold", 3))
 
-    # /healthz fails while Redis is down; a restart does not bring Redis back
+    # a process that stops answering is restarted only after a while
     assert window(c["livenessProbe"]) >= max(window(c["readinessProbe"]), 60)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import subprocess
 from dataclasses import asdict
@@ -12,7 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ragwatch.console.exporter import METRIC_NAMES, families
+from ragwatch.console.exporter import METRIC_NAMES, PROBE_TTL_S, RedisWrites, families
 from ragwatch.streams.notifier.delivery_stats import ReceiverStats
 from tests.prometheus_tools import promtool
 
@@ -231,3 +232,84 @@ def test_promtool_finds_nothing_to_say_about_the_exposition() -> None:
         [promtool(), "check", "metrics"], input=text, capture_output=True, timeout=30
     )
     assert (out.returncode, out.stdout + out.stderr) == (0, b"")
+
+
+# ---------------------------------------------------------------------------- writes
+
+
+class Given(Collector):
+    def __init__(self, fams: Any) -> None:
+        self.fams = list(fams)
+
+    def collect(self) -> Any:
+        return iter(self.fams)
+
+
+def test_writability_is_a_gauge_beside_redis_up_and_absent_when_not_known() -> None:
+    for writable, value in ((True, 1.0), (False, 0.0)):
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Given(families({}, None, writable)))
+        text = generate_latest(registry).decode()
+        (fam,) = [f for f in text_string_to_metric_families(text) if f.name.endswith("writable")]
+        assert (fam.type, fam.samples[0].value) == ("gauge", value)
+        assert text.index("ragwatch_redis_up") < text.index("ragwatch_redis_writable")
+    assert "ragwatch_redis_writable" not in {m.name for m in families({}, None, None)}
+
+
+class Refusing:
+    """A Redis client whose SET raises what the test sets (None: takes the write)."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        self.sets: list[tuple[str, int]] = []
+
+    def set(self, key: str, value: bytes, ex: int) -> bool:
+        self.sets.append((key, ex))
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+def test_refused_writes_are_named_and_logged_once_per_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from redis.exceptions import (
+        ConnectionError,
+        NoPermissionError,
+        OutOfMemoryError,
+        ReadOnlyError,
+        ResponseError,
+    )
+
+    client = Refusing()
+    writes = RedisWrites(client, "rw", "redis://127.0.0.1:6379/0")
+    assert writes.ok is None  # not probed yet
+    script: list[tuple[Exception | None, bool | None, str]] = [
+        (None, True, ""),
+        (OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), False, "OOM: "),
+        (OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), False, "OOM: "),
+        (None, True, ""),
+        (ReadOnlyError("You can't write against a read only replica."), False, "READONLY: "),
+        (NoPermissionError("this user has no permissions"), False, "NOPERM: "),
+        (ResponseError("MISCONF Redis is configured to save RDB snapshots"), False, "MISCONF"),
+        (ConnectionError("Error 111 connecting"), None, "ConnectionError"),
+        (ConnectionError("Error 111 connecting"), None, "ConnectionError"),
+        (None, True, ""),
+        (None, True, ""),
+    ]
+    with caplog.at_level(logging.INFO, logger="ragwatch.console.exporter"):
+        for error, ok, reason in script:
+            client.error = error
+            writes.update(writes.probe())
+            assert writes.ok is ok and writes.state is not None
+            assert writes.state.reason.startswith(reason), writes.state
+    assert client.sets == [("rw:serve:probe", PROBE_TTL_S)] * len(script)
+    lines = [f"{r.levelname} {r.getMessage()}" for r in caplog.records]
+    assert len(lines) == 7, lines  # one per change, none for the first probe that finds it well
+    oom, back, readonly, noperm, misconf, down, again = lines
+    assert oom.startswith("WARNING redis at redis://127.0.0.1:6379/0 refuses writes (OOM: ")
+    assert "Redis says: command not allowed when used memory > 'maxmemory'." in oom
+    assert back == again == "INFO redis at redis://127.0.0.1:6379/0 takes writes again"
+    assert "(READONLY: a read-only replica)" in readonly and "(NOPERM: " in noperm
+    assert "(MISCONF)" in misconf
+    assert down == "WARNING redis at redis://127.0.0.1:6379/0 does not answer: Error 111 connecting"

@@ -74,7 +74,9 @@ def test_document_structure() -> None:
             if any(p["in"] == "query" for p in params):
                 assert "400" in op["responses"], where
             public = op.get("security") == []
-            assert public == (path in ("/", "/healthz", "/static/{path}")), where
+            assert public == (path in ("/", "/healthz", "/readyz", "/livez", "/static/{path}")), (
+                where
+            )
             assert public or "401" in op["responses"], where
 
 
