@@ -96,6 +96,10 @@ METRICS: dict[str, str] = {
     "topic (undecodable, invalid, clock ahead, processing error) since it started",
     "ragwatch_worker_dropped_samples_total": "Samples a worker dropped at a series cap "
     "(RAGWATCH_MAX_SERIES, or per host) since it started",
+    "ragwatch_worker_clock_jumps_back_samples_total": "GPU samples a worker refused: stamped "
+    "more than 5 minutes behind their host's newest (its clock went back)",
+    "ragwatch_worker_too_old_samples_total": "GPU samples a worker refused: stamped before "
+    "2000 or a day behind the fleet",
 }
 log = logging.getLogger(__name__)
 WRITE_PROBE_S = 2.0  # serve's test write, this often (RedisWrites); METRICS says it too
@@ -248,6 +252,12 @@ def families(
         f.add("ragwatch_worker_deadletter_messages_total", {"worker": wid}, w.get("deadletter"))
         dropped = (w.get("dropped_samples") or 0) + (w.get("dropped_host_cap") or 0)
         f.add("ragwatch_worker_dropped_samples_total", {"worker": wid}, dropped)
+        f.add(
+            "ragwatch_worker_clock_jumps_back_samples_total",
+            {"worker": wid},
+            w.get("clock_jumps_back"),
+        )
+        f.add("ragwatch_worker_too_old_samples_total", {"worker": wid}, w.get("too_old"))
     yield from f.metrics.values()
 
 

@@ -391,7 +391,9 @@ def workers_lines(status: Mapping[str, Any], now: float) -> list[Text]:
             + _t(
                 f"{wid}: messages={w.get('messages', 0)} deadletter={w.get('deadletter', 0)} "
                 f"series={w.get('series', 0)} transitions={w.get('transitions', 0)} "
-                f"duplicates={w.get('duplicates', 0)} redis_errors={w.get('redis_errors', 0)}"
+                f"duplicates={w.get('duplicates', 0)} "
+                f"clock_jumps_back={w.get('clock_jumps_back', 0)} "
+                f"too_old={w.get('too_old', 0)} redis_errors={w.get('redis_errors', 0)}"
                 + ("" if seen is None else f", last seen {_ago(now - seen)}")
             )
         )

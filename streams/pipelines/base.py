@@ -158,7 +158,9 @@ class SignalPipeline(Protocol):
 
     name: ClassVar[str]  # its part of a snapshot and a status entry: gpu, events, engines, ...
     domain: ClassVar[Domain]
-    swept: set[str]  # keys whose last series went silent and was swept (see Pipelines.gone)
+    # keys whose last series went silent and was swept, or whose input was refused with no
+    # series of theirs kept (a GPU host's stamps too old): see Pipelines.gone
+    swept: set[str]
     sweep_mark: float  # silent keys are swept against min(watermark, sweep_mark)
     tap: Tap | None  # told which keys moved on after each wave (the charts), if set
 

@@ -90,8 +90,10 @@ class Pipelines:
 
     def gone(self) -> tuple[set[str], set[str]]:
         """Hosts and services that went silent and were swept since the last call (and
-        are tracked no more): their state elsewhere (Redis) can go too. Those handed to
-        another worker (:meth:`forget`) are not gone."""
+        are tracked no more): their state elsewhere (Redis) can go too; and hosts that
+        are tracked nowhere and whose GPU envelopes were refused as too old (stamped
+        before 2000, or a day behind: :mod:`.gpu_clock`), so they get no status nor
+        snapshot. Those handed to another worker (:meth:`forget`) are not gone."""
         hosts, services = (self._gone(domain) for domain in DOMAINS)
         return hosts, services
 

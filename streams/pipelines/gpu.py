@@ -28,7 +28,11 @@ and charts (:mod:`.gpu_status`); the rules are gated by
 A series not seen for ``stale_s`` of event time (the process exited, the GPU vanished)
 is forgotten and its active alerts resolve. A host that goes silent altogether is swept
 the same way once the pipeline's event-time high-water mark is ``12 * stale_s`` past its
-last sample (the margin tolerates partitions that are consumed at different paces).
+last sample and past the mark when its last envelope arrived (the margin tolerates
+partitions that are consumed at different paces; a host that sends is not silent,
+whatever its stamps). Each envelope's stamp is judged first (:mod:`.gpu_clock`): one far
+behind its host's own newest (a clock jump back), before 2000 or a day behind the
+pipeline is refused whole and counted (``clock_jumps_back``, ``too_old``).
 Samples of new series beyond ``max_series`` (in all; with a shared ``budget``, the worker's
 series of every kind count), or ``max_series_per_host`` (one host whose processes churn
 through pids), are dropped and counted.
@@ -78,6 +82,7 @@ from ragwatch.streams.pipelines.base import (
 )
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.facts import host_facts
+from ragwatch.streams.pipelines.gpu_clock import HostClocks, Verdict
 from ragwatch.streams.pipelines.gpu_signals import (
     COLUMNS,
     F64,
@@ -123,6 +128,8 @@ class PipelineStats:
     dropped_host_cap: int = 0  # ... or under max_series_per_host (one host's pid churn)
     evicted_series: int = 0
     duplicates: int = 0  # samples not newer than their series' last one (a replay, a retry)
+    clock_jumps_back: int = 0  # samples refused: stamped far behind their host's newest
+    too_old: int = 0  # samples refused: stamped before 2000, or a day behind the pipeline
 
 
 class GpuPipeline:
@@ -157,8 +164,10 @@ class GpuPipeline:
         self.max_series_per_host = max_series_per_host
         self.budget = budget or SeriesBudget(max_series)
         self.budget.watch(self.__len__)
-        self.swept: set[str] = set()  # hosts whose last series went silent (see Pipelines.gone)
+        # hosts whose last series went silent, or refused as too old (see Pipelines.gone)
+        self.swept: set[str] = set()
         self.stale_s = stale_s
+        self.clocks = HostClocks(stale_s, newest=self._host_newest)  # judged: .gpu_clock
         self.index: RowIndex[SeriesKey] = RowIndex()
         self.bank = LeakBank(**(leak or {}))
         self._capacity = 0
@@ -244,13 +253,17 @@ class GpuPipeline:
         wave's hosts with the event time of their envelopes, its transitions, and the
         facts of the hosts whose alerts start firing in it (:meth:`facts`), for their
         hints. At most one step is pending at each hand-over."""
-        wave = self._wave
+        wave, judge, take = self._wave, self.clocks.judge, Verdict.TAKE
         try:
             for env in envs:
                 host = env.host
+                ts = float(env.ts)
+                verdict = judge(host, ts, self._watermark, self.sweep_mark)
+                if verdict is not take:  # its stamp is refused (.gpu_clock)
+                    self._refused(host, verdict, env.gpus)
+                    continue
                 if host in wave.hosts:
                     self._flush()
-                ts = float(env.ts)
                 self._gather(host, ts, env.gpus)
                 wave.after.append((host, ts))
                 yield from self._handed()
@@ -260,11 +273,7 @@ class GpuPipeline:
                     self._flush()
                     yield from self._handed()
                     self._last_sweep = self._watermark
-                    now = min(self._watermark, self.sweep_mark)
-                    swept: list[Transition] = []
-                    for h in self.index.owners():
-                        swept += self._evict(str(h), now, SILENT_HOST_FACTOR * self.stale_s)
-                    self._emit([], swept)
+                    self._emit([], self._sweep_silent())
                     yield from self._handed()
             self._flush()
             yield from self._handed()
@@ -276,6 +285,40 @@ class GpuPipeline:
             wave.clear()  # not the next batch's
             pending, self._steps = self._steps, []
             raise BatchFailed(pending) from exc
+
+    def _refused(self, host: str, verdict: Verdict, gpus: list[GpuSampleWire]) -> None:
+        """An envelope whose stamp is refused (:meth:`.gpu_clock.HostClocks.judge`): counted,
+        sample by sample; it moves nothing on. A host refused as too old with no series
+        is as good as swept (:meth:`.fleet.Pipelines.gone`: no status, no snapshot)."""
+        stats = self.stats
+        stats.envelopes += 1
+        stats.samples += len(gpus)
+        refused = len(gpus) + sum(len(g.procs) for g in gpus)
+        if verdict is Verdict.JUMP_BACK:
+            stats.clock_jumps_back += refused
+        else:
+            stats.too_old += refused
+            if not self.tracks(host):
+                self.swept.add(host)
+
+    def _host_newest(self, host: str) -> float | None:
+        """The event time of a host's newest series (None: it has none)."""
+        owned = self.index.owned(host)
+        if not owned:
+            return None
+        return float(self.index.last_seen[np.fromiter(owned, dtype=np.intp)].max())
+
+    def _sweep_silent(self) -> list[Transition]:
+        """Sweep the hosts silent for ``12 * stale_s`` (against the slowest partition's
+        mark): no series of theirs seen, and no envelope of theirs arrived, since."""
+        now = min(self._watermark, self.sweep_mark)
+        silent_s = SILENT_HOST_FACTOR * self.stale_s
+        swept: list[Transition] = []
+        for h in self.index.owners():
+            if not self.clocks.alive(str(h), now, silent_s):
+                swept += self._evict(str(h), now, silent_s)
+        self.clocks.swept(now, silent_s, self.tracks)
+        return swept
 
     def _handed(self) -> Iterator[Step]:
         pending, self._steps = self._steps, []
@@ -694,6 +737,7 @@ class GpuPipeline:
             self.labels[row] = self._keys[row] = self.where[row] = None
         self._oldest.pop(host, None)
         self._layouts.pop(host, None)
+        self.clocks.forget(host)
         return len(keyed)
 
     def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:

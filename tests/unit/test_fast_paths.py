@@ -306,7 +306,7 @@ def test_a_host_cannot_take_more_than_its_share_of_series() -> None:
             "v": 1,
             "kind": "gpu",
             "host": host,
-            "ts": 1.0,
+            "ts": 1_767_225_600.0,  # (the pipeline refuses stamps before 2000)
             "gpus": [{**gpu, "procs": procs[:n]}],
         }
         pipe.process_wire(gpu_wire.from_mapping(env))

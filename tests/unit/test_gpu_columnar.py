@@ -58,8 +58,8 @@ RULES = [
 @st.composite
 def streams(draw: st.DrawFn) -> list[GpuMessage]:
     """Envelopes of up to three hosts: memory that grows, jumps or stays, pids that come
-    and go, now and then a duplicate, a late envelope, a pid listed twice, a pod change,
-    a host falling silent for longer than the sweeps wait."""
+    and go, now and then a duplicate, a late envelope, one stamped far back, a pid listed
+    twice, a pod change, a host falling silent for longer than the sweeps wait."""
     hosts = [f"h{i}" for i in range(draw(st.integers(1, 3)))]
     n = draw(st.integers(20, 160))
     rate = {h: draw(st.sampled_from([0.0, 2e6, 8e6])) for h in hosts}  # bytes per second
@@ -70,12 +70,15 @@ def streams(draw: st.DrawFn) -> list[GpuMessage]:
             if silent[h] and silent[h][0] <= i < silent[h][1]:
                 continue
             ts = T0 + 10.0 * i
-            kind = draw(st.sampled_from(["ok"] * 12 + ["dup", "late", "twice", "pod", "jump"]))
+            kinds = ["ok"] * 12 + ["dup", "late", "back", "twice", "pod", "jump"]
+            kind = draw(st.sampled_from(kinds))
             if kind == "dup" and out:
                 out.append(out[-1])
                 continue
             if kind == "late":
                 ts -= 25.0
+            if kind == "back":  # beyond stale_s: its clock went back (for an envelope)
+                ts -= 300.0
             gpus = []
             for g in range(2):
                 used = int(20 * GB + rate[h] * 10.0 * i + (5 * GB if kind == "jump" else 0))
@@ -183,12 +186,13 @@ def test_the_status_of_many_hosts_is_the_status_of_each() -> None:
 def test_the_streams_exercise_every_path() -> None:
     """The property tests above are only as good as their streams: on a fixed one, alerts
     start, fire and resolve, a pod change resolves the old pod's alerts, silent hosts are
-    swept, duplicates and late envelopes are counted."""
+    swept, duplicates and late envelopes are counted, and those stamped far back refused."""
     envs = _fixed_stream()
     out, pipe = _run(envs, [7, 50, 51, 300])
     statuses = {k[2] for k in out}
     assert statuses >= {"pending", "firing", "resolved"}
     assert pipe.stats.duplicates > 0  # the late envelopes and the repeated ones
+    assert pipe.stats.clock_jumps_back > 0  # those stamped 300 s back
     assert pipe.stats.evicted_series > 0
 
 
@@ -211,7 +215,7 @@ def _fixed_stream() -> list[GpuMessage]:
                 "pod": "a" if i < 200 else "b",
                 "container": "c",
             }
-            ts = T0 + 10.0 * i - (25.0 if i % 37 == 0 else 0.0)
+            ts = T0 + 10.0 * i - (25.0 if i % 37 == 0 else 0.0) - (300.0 if i % 53 == 7 else 0.0)
             out.append(from_mapping({"host": h, "ts": ts, "gpus": [gpu]}))
             if i % 41 == 0:
                 out.append(out[-1])
@@ -278,7 +282,10 @@ def test_a_redelivered_envelope_of_the_pod_before_is_a_duplicate() -> None:
     evicted, key = p.stats.evicted_series, ("h", 0, "", -1)
     assert p.engine.active and p.estimate(key) is not None
     assert p.process_batch([envs[2]]) == []
-    assert p.stats.evicted_series == evicted and p.stats.duplicates >= 1
+    # (1970 s behind the host's newest, beyond stale_s: refused whole as its clock gone
+    # back, before its pod is read; a redelivery closer than that is a duplicate)
+    assert p.stats.evicted_series == evicted and p.stats.clock_jumps_back == 1
+    assert p.process_batch([envs[-3]]) == [] and p.stats.duplicates == 1
     nxt = _env("h", T0 + 2000, [_gpu(20 * GB + 8e6 * 2000, namespace="n", pod="b")])
     assert p.process_batch([nxt]) == [] and p.estimate(key) is not None
 

@@ -328,9 +328,10 @@ def test_replayed_old_envelope_changes_nothing() -> None:
         history.append(env)
     (before,) = pipe.engine.active.values()
     assert before.status == "firing"
-    assert pipe.process(history[len(history) // 2]) == []
+    assert pipe.process(history[len(history) // 2]) == []  # an hour behind: refused whole
     assert pipe.process(history[-1]) == []  # the newest again: a producer retry
-    assert pipe.stats.duplicates == 2 * 3  # the GPU and its two processes, twice
+    # the GPU and its two processes, each time
+    assert (pipe.stats.clock_jumps_back, pipe.stats.duplicates) == (3, 3)
     assert list(pipe.engine.active.values()) == [before]
     assert pipe.stats.samples == len(history) + 2
 
