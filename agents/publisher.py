@@ -25,6 +25,16 @@ place a duplicate can come from: a record purged while in flight may have been w
 the broker before its acknowledgement was lost, and the new producer (a new producer id)
 sends it again; such records are counted as ``resent``.
 
+Missing topics. A topic that does not exist (deleted, or a broker that restarted empty;
+the producer never creates topics) is named once, ``topic T is missing: ...``, and its
+records wait: while it is missing nothing is handed to the producer (records stay in
+order, the memory queue fills and spills to the spool) and the producer is offered them
+again every ``HOLD_S``; records the producer held for it come back and wait with the rest.
+A broker that answers while records for a missing topic wait is not a stalled producer:
+no rebuild. The first record delivered to it again says ``topic T is back``. (``ragwatch
+worker`` re-creates the topics it owns, as at start.) A fatal producer error, which
+confluent-kafka raises from ``poll()``, rebuilds the producer as a stall does.
+
 ``close()`` (SIGTERM, or ``with``) sends what it can within the timeout and writes the rest
 to the spool for the next start. When the interpreter exits normally, publishers not closed
 yet are closed with ``exit_timeout_s`` (5 s; None: not at exit), after every
@@ -48,7 +58,7 @@ import math
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +66,7 @@ from typing import Any
 from ragwatch.agents.shutdown import register_at_exit
 from ragwatch.agents.sinks import ListSink, Sink, StreamSink
 from ragwatch.agents.spool import Spool
+from ragwatch.kafka_admin import MissingTopics
 from ragwatch.logs import log_sometimes
 
 __all__ = ["KafkaPublisher", "ListSink", "PublishStats", "Sink", "StreamSink"]  # sinks: re-exported
@@ -80,6 +91,11 @@ PURGED = (PURGE_QUEUE, PURGE_INFLIGHT)
 # Refusals no retry can fix (MSG_SIZE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED, INVALID_RECORD):
 # dropped and counted. Everything else comes back and is re-sent.
 PERMANENT = (10, 29, 87)
+# The topic does not exist (_UNKNOWN_TOPIC, _UNKNOWN_PARTITION, UNKNOWN_TOPIC_OR_PART): its
+# records wait until it does, offered to the producer again every HOLD_S.
+UNKNOWN_TOPIC = (-188, -190, 3)
+HOLD_S = 1.0
+LOOK_S = 2.0  # after an outage, how often records waiting ask whether their topics exist
 
 Record = tuple[str, str, bytes]
 
@@ -138,6 +154,16 @@ class KafkaPublisher:
         self._spool_dropped = 0  # the spool's drops already counted in stats.dropped
         self._progress = False
         self._fatal = False
+        self._topics_in_flight: Counter[str] = Counter()  # handed to the producer, per topic
+        self._missing = MissingTopics(
+            log,
+            "%d record(s) wait for it (the memory queue, then the spool if there is one) "
+            "until it exists ('ragwatch worker' re-creates it)",
+            "sending its records",
+        )
+        self._hold_until = -math.inf  # nothing is produced before (a topic is missing)
+        self._awaited = False  # the last look found in-flight records' topics missing
+        self._next_look = -math.inf  # the next early look at the broker's topics
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closing = False
@@ -260,7 +286,13 @@ class KafkaPublisher:
 
     def _step(self) -> None:
         producer = self._ensure_producer()
-        producer.poll(0.02)  # serves delivery reports
+        try:
+            producer.poll(0.02)  # serves delivery reports
+        except Exception as exc:  # confluent-kafka raises a fatal error here, not in error_cb
+            if not _fatal(exc):
+                raise
+            log.error("kafka producer fatal error: %s; rebuilding the producer", exc.args[0])
+            self._fatal = True
         self._after_poll()
         self._feed(producer)
         self._check_stall()
@@ -299,6 +331,8 @@ class KafkaPublisher:
         return out
 
     def _feed(self, producer: Any) -> None:
+        if self._fatal or self._clock() < self._hold_until:
+            return
         waiting = self._in_flight > 0
         batch = self._take(self.max_in_flight - self._in_flight)
         if batch and not waiting:
@@ -311,12 +345,23 @@ class KafkaPublisher:
                 self._give_back(batch[i:])  # in order, what did not fit
                 break
             except Exception as exc:  # KafkaException: refused before it left (too large)
+                if _code(exc) in UNKNOWN_TOPIC:  # the producer knows the topic is missing
+                    self._give_back(batch[i:])
+                    self._topic_missing(topic)
+                    break
                 if not self._refused(exc, topic, key):
                     self._give_back(batch[i:])
                     break
                 self._in_flight -= 1
                 continue
             self.stats.produced += 1
+            self._topics_in_flight[topic] += 1
+
+    def _topic_missing(self, topic: str) -> None:
+        """Name ``topic`` once and offer nothing to the producer for ``HOLD_S``."""
+        self._hold_until = self._clock() + HOLD_S
+        if topic not in self._missing.missing:
+            self._missing.gone(topic, self.queued)
 
     def _give_back(self, records: list[Record]) -> None:
         with self._lock:
@@ -326,13 +371,16 @@ class KafkaPublisher:
     def _refused(self, exc: Exception, topic: str, key: str) -> bool:
         """A record ``produce`` refused: dropped and counted if no retry can fix it
         (True), else False (the caller gives it back to be sent again)."""
-        err: Any = exc.args[0] if exc.args else None
-        code = err.code() if hasattr(err, "code") else None
-        if code not in PERMANENT:
+        if _code(exc) not in PERMANENT:
             log.warning("produce failed, will be re-sent: %s", exc)
             return False
         self._lose(1)
-        log.error("record refused by the producer, dropped: %s (topic=%s key=%r)", err, topic, key)
+        log.error(
+            "record refused by the producer, dropped: %s (topic=%s key=%r)",
+            exc.args[0],
+            topic,
+            key,
+        )
         return True
 
     def _lose(self, n: int) -> None:
@@ -345,6 +393,7 @@ class KafkaPublisher:
         It leaves the in-flight count last, so :meth:`flush` (which watches it from
         another thread) never returns before the record is counted or taken back."""
         try:
+            self._topics_in_flight[msg.topic()] -= 1
             self._count_delivery(err, msg)
         finally:
             self._in_flight -= 1
@@ -353,6 +402,8 @@ class KafkaPublisher:
         if err is None:
             self.stats.delivered += 1
             self._progress = True
+            if self._missing.missing:
+                self._missing.back(msg.topic())
             return
         code = err.code()
         if code in PERMANENT:
@@ -368,6 +419,9 @@ class KafkaPublisher:
         self._reclaimed.append((msg.topic(), key.decode() if key else "", msg.value()))
         if code == PURGE_INFLIGHT:
             self._purged_in_flight += 1
+        elif code in UNKNOWN_TOPIC:  # named once instead of a line per record
+            self.stats.failed += 1
+            self._topic_missing(msg.topic())
         elif code != PURGE_QUEUE:
             self.stats.failed += 1
             log_sometimes(log, self.stats.failed, "delivery failed, will be re-sent: %s", err)
@@ -410,10 +464,21 @@ class KafkaPublisher:
             if self._futile == 0 or now - self._rebuilt_at >= self._patience():
                 self._rebuild(now)
             return
-        if not self._in_flight or now - self._last_progress < self._patience():
+        if not self._in_flight:
             return
         waited = now - self._last_progress
-        answers = self._broker_answers()
+        # after an outage (or while a topic is missing) the broker is asked every LOOK_S
+        # whether the records' topics exist: a broker that restarted empty lost them
+        early = (self._down_since is not None or self._awaited) and waited >= LOOK_S
+        if waited < self._patience() and not (early and now >= self._next_look):
+            return
+        self._next_look = now + LOOK_S
+        topics = self._broker_topics()
+        if topics is not None and self._awaiting_topics(topics, now):
+            return
+        if waited < self._patience():
+            return
+        answers = topics is not None
         silent, self._silent = self._silent, not answers
         if silent or not answers:
             # Down or frozen: librdkafka re-sends in-flight records itself (same producer id
@@ -438,6 +503,20 @@ class KafkaPublisher:
         )
         self._rebuild(now)
 
+    def _awaiting_topics(self, topics: set[str], now: float) -> bool:
+        """Whether records in flight wait for topics the broker lacks (each named once), or
+        did at the last look: not a stall. The producer holds them until the topics exist;
+        once they do, it gets LOOK_S to send them itself before it is judged."""
+        missing = sorted(t for t, n in self._topics_in_flight.items() if n > 0 and t not in topics)
+        awaited, self._awaited = self._awaited, bool(missing)
+        for t in missing:
+            self._missing.gone(t, self.queued)
+        if missing:
+            self._last_progress = now
+        elif awaited:
+            self._last_progress = now - self._patience() + LOOK_S
+        return bool(missing or awaited)
+
     def _rebuild(self, now: float) -> None:
         """Purge the producer, count the rebuild; the next step builds a new one."""
         purged = self._reclaim_in_flight()
@@ -455,12 +534,12 @@ class KafkaPublisher:
                 self._patience(),
             )
 
-    def _broker_answers(self) -> bool:
+    def _broker_topics(self) -> set[str] | None:
+        """The broker's topic names (one metadata request), None if it does not answer."""
         try:
-            self._producer.list_topics(timeout=1.0)
+            return set(self._producer.list_topics(timeout=1.0).topics)
         except Exception:
-            return False
-        return True
+            return None
 
     def _reclaim_in_flight(self, timeout_s: float = 5.0) -> int:
         """Purge the producer: every unacknowledged record comes back through its delivery
@@ -475,6 +554,7 @@ class KafkaPublisher:
             log.error("%d record(s) never reported back after a purge", self._in_flight)
             self._lose(self._in_flight)
             self._in_flight = 0
+        self._topics_in_flight.clear()
         purged, self._purged_in_flight = self._purged_in_flight, 0
         return purged
 
@@ -513,6 +593,18 @@ class KafkaPublisher:
                 spool.dir,
                 len(spool),
             )
+
+
+def _code(exc: BaseException) -> int | None:
+    """The librdkafka error code of a KafkaException (None for anything else)."""
+    err: Any = exc.args[0] if exc.args else None
+    return err.code() if hasattr(err, "code") else None
+
+
+def _fatal(exc: BaseException) -> bool:
+    """Whether ``exc`` is a KafkaException carrying a fatal error."""
+    err: Any = exc.args[0] if exc.args else None
+    return bool(hasattr(err, "fatal") and err.fatal())
 
 
 def _counters(s: PublishStats) -> str:

@@ -40,6 +40,7 @@ from ragwatch.codec import decode_as
 from ragwatch.config import Settings, redact_url
 from ragwatch.errors import ConfigError, SchemaError
 from ragwatch.kafka import KafkaClient
+from ragwatch.kafka_admin import TOPIC_CHECK_S, MissingTopics, topic_ids
 from ragwatch.outage import RedisTrouble
 from ragwatch.schema import Alert
 from ragwatch.silences import Silence, decode_all
@@ -161,6 +162,7 @@ class Notifier:
         self._sending: dict[str, asyncio.Task[None]] = {}  # receiver -> its send in flight
         self._done: set[str] = set()  # notifications sent since the last outbox read
         self._groups_unsaved = False  # the last save of the groups failed
+        self._consumer: Any = None  # the alerts topic's aiokafka consumer, once started
         self.forward: AlertmanagerForwarder | None = None  # RAGWATCH_ALERTMANAGER_URLS
 
     # ---------------------------------------------------------------- the loops
@@ -200,6 +202,8 @@ class Notifier:
             # what the outbox holds goes out at once: a restarted notifier does not wait
             # for its consumer group (seconds) or a broker that is down
             sender = asyncio.create_task(self._send_loop(stop))
+            watcher = asyncio.create_task(self._watch_topic(stop))
+            cleanup.callback(watcher.cancel)
             try:
                 consumer = AIOKafkaConsumer(
                     self.settings.topic("alerts"),
@@ -215,11 +219,56 @@ class Notifier:
                 )
                 await consumer.start()
                 cleanup.push_async_callback(consumer.stop)
+                self._consumer = consumer
                 await self._consume_loop(consumer, stop)
             finally:
                 stop.set()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(sender, 10.0)
+
+    async def _watch_topic(self, stop: asyncio.Event) -> None:
+        """Say once when the alerts topic goes missing (a broker restarted empty, a topic
+        deleted) and once when it is back: nothing is paged meanwhile, and without this
+        line nothing would say why. A worker re-creates the topics it owns; the notifier
+        then reads the new topic from its start (:meth:`_rewind`)."""
+        topic = self.settings.topic("alerts")
+        said = MissingTopics(
+            log, "nothing is paged until a worker creates it again", "reading it from its start"
+        )
+        known: str | None = None  # the topic's id when last seen
+        while not stop.is_set():
+            try:
+                ids = await asyncio.to_thread(topic_ids, self.settings, [topic], command="notify")
+            except ConfigError:  # the broker does not answer: the consumer says so
+                ids = {}
+            if topic in ids:
+                now = ids[topic]
+                _, back = said.update([topic], [] if now is not None else [topic])
+                if back or (now and known and now != known):
+                    if not back:
+                        log.warning("topic %s was re-created since the last check", topic)
+                    await self._rewind(topic)
+                known = now or known
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), TOPIC_CHECK_S)
+
+    async def _rewind(self, topic: str) -> None:
+        """Read a re-created topic from offset 0: the consumer would resume it at the old
+        topic's committed offset and skip as many alerts as it had read before (what it
+        reads again is deduplicated by the outbox)."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        tps = [tp for tp in consumer.assignment() if tp.topic == topic]
+        if not tps:  # not assigned yet: the group starts it from the earliest offset
+            return
+        from aiokafka.errors import KafkaError
+
+        try:
+            await consumer.seek_to_beginning(*tps)
+            await consumer.commit({tp: 0 for tp in tps})
+        except KafkaError as exc:  # a rebalance meanwhile: the next owner reads from 0
+            log.warning("notify: could not rewind the re-created %s: %s", topic, exc)
 
     async def _consume_loop(self, consumer: Any, stop: asyncio.Event) -> None:
         last_watermark = last_status = 0.0

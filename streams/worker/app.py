@@ -7,7 +7,9 @@ No app exists at import time: :func:`build_app` creates one from :class:`Setting
 registers the processors. Topics carry raw bytes; :mod:`ragwatch.codec` decodes them. A
 message that fails validation goes to ``ragwatch.deadletter`` (value = the original bytes,
 headers = source topic, partition, offset and the reason) and is counted; it never stops
-the partition.
+the partition. Every ``TOPIC_CHECK_S`` the worker checks that its topics exist; one that
+vanished (a broker restarted empty) is named once and re-created, and its partitions are
+read from offset 0 (:mod:`ragwatch.streams.worker.topics`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from redis.exceptions import RedisError
 from ragwatch.codec import encode
 from ragwatch.config import Settings, redact_url
 from ragwatch.kafka import KafkaClient
+from ragwatch.kafka_admin import TOPIC_CHECK_S
 from ragwatch.outage import RedisTrouble
 from ragwatch.schema import (
     Alert,
@@ -46,9 +49,12 @@ from ragwatch.streams.worker.snapshot import (
     load_host,
     load_service,
 )
+from ragwatch.streams.worker.topics import TopicKeeper, read_renewed_from_start
 from ragwatch.streams.worker.transport import RagwatchApp
 
 log = logging.getLogger(__name__)
+
+REBALANCE_CHECK_S = 2.0  # the topic check at an assignment waits at most this long
 
 
 def faust_credentials(settings: Settings) -> Any:
@@ -341,6 +347,17 @@ def register_processors(
     async def forget_revoked(app: Any, assigned_now: set[Any], **kwargs: Any) -> None:
         await loop.assigned(assigned_now)
 
+    keeper = TopicKeeper(settings)
+    # a broker restarted empty means a new assignment: before Faust seeks to the committed
+    # offsets, the partitions of topics re-created lately get offset 0
+    renewed_s = max(60.0, 3 * settings.kafka_session_timeout)
+
+    @app.on_rebalance_complete.connect  # type: ignore[untyped-decorator, arg-type]
+    async def read_renewed(app: Any, **kwargs: Any) -> None:
+        await read_renewed_from_start(
+            app.consumer, keeper, within_s=renewed_s, timeout_s=REBALANCE_CHECK_S
+        )
+
     @app.on_before_shutdown.connect  # type: ignore[untyped-decorator, arg-type]
     async def snapshot_everything(app: Any, **kwargs: Any) -> None:
         await loop.stop()
@@ -350,6 +367,10 @@ def register_processors(
         if relay is not None:
             await relay.tick()
         await loop.tick()
+
+    @app.timer(TOPIC_CHECK_S)  # type: ignore[untyped-decorator]
+    async def keep_topics() -> None:
+        await keeper.check()
 
     return loop
 

@@ -23,6 +23,7 @@ from ragwatch.agents.publisher import PURGE_INFLIGHT, KafkaPublisher
 from ragwatch.agents.spool import Spool
 
 TOPIC = "ragwatch.gpu"
+UNKNOWN_TOPIC = -188  # librdkafka's _UNKNOWN_TOPIC
 
 
 class Clock:
@@ -50,8 +51,8 @@ class Msg:
 
 
 class Err:
-    def __init__(self, code: int) -> None:
-        self._code = code
+    def __init__(self, code: int, fatal: bool = False) -> None:
+        self._code, self._fatal = code, fatal
 
     def code(self) -> int:
         return self._code
@@ -60,7 +61,11 @@ class Err:
         return f"error {self._code}"
 
     def fatal(self) -> bool:
-        return False
+        return self._fatal
+
+
+class KafkaException(Exception):
+    """confluent_kafka.KafkaException: its first argument is the error."""
 
 
 class Broker:
@@ -69,10 +74,13 @@ class Broker:
     def __init__(self) -> None:
         self.answers = True
         self.acks = True
+        self.topics = {TOPIC}  # the topics it has
         self.stored: list[bytes] = []
         self.producers: list[Producer] = []
         self.metadata_requests = 0
         self.polls = 0
+        self.fatal = False  # the next poll raises a fatal error (a restarted broker that
+        # does not know the idempotent producer: UNKNOWN_PRODUCER_ID)
 
     def producer(self, conf: dict[str, Any]) -> Producer:
         p = Producer(self)
@@ -93,14 +101,19 @@ class Producer:
         self.purged: list[tuple[Msg, Callable[..., None]]] = []
 
     def produce(self, topic: str, value: bytes, key: str, on_delivery: Callable[..., None]) -> None:
+        if topic not in self.broker.topics:  # librdkafka, once it knows the topic is missing
+            raise KafkaException(Err(UNKNOWN_TOPIC))
         self.pending.append((Msg(topic, key, value), on_delivery))
 
     def poll(self, timeout: float) -> int:
         self.broker.polls += 1
+        if self.broker.fatal:
+            self.broker.fatal = False
+            raise KafkaException(Err(59, fatal=True))
         done, self.purged = self.purged, []
         for msg, cb in done:
             cb(Err(PURGE_INFLIGHT), msg)
-        if self.broker.acks:
+        if self.broker.acks and all(m.topic() in self.broker.topics for m, _ in self.pending):
             acked, self.pending = self.pending, []
             for msg, cb in acked:
                 self.broker.stored.append(msg.value())
@@ -113,11 +126,18 @@ class Producer:
     def purge(self, in_queue: bool, in_flight: bool, blocking: bool) -> None:
         self.purged, self.pending = self.purged + self.pending, []
 
-    def list_topics(self, timeout: float) -> object:
+    def list_topics(self, timeout: float) -> Metadata:
         self.broker.metadata_requests += 1
         if not self.broker.answers:
             raise RuntimeError("KafkaError{code=_TRANSPORT}: timed out")
-        return object()
+        return Metadata({t: object() for t in self.broker.topics})
+
+
+class Metadata:
+    """What list_topics returns: the broker's topics by name."""
+
+    def __init__(self, topics: dict[str, object]) -> None:
+        self.topics = topics
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0) -> None:
@@ -219,6 +239,87 @@ def test_a_producer_stuck_while_the_broker_answers_is_rebuilt_with_backoff() -> 
     wait_for(lambda: broker.in_flight == 1)
     assert after(10.0) == 5
     pub.close(0)
+
+
+def missing_lines(caplog: pytest.LogCaptureFixture, topic: str) -> tuple[int, int]:
+    """How many lines said ``topic`` is missing, and how many that it is back."""
+    messages = [r.getMessage() for r in caplog.records]
+    return (
+        sum(m.startswith(f"topic {topic} is missing") for m in messages),
+        sum(m.startswith(f"topic {topic} is back") for m in messages),
+    )
+
+
+def test_records_for_a_missing_topic_wait_in_order_and_the_topic_is_named_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The producer refuses a topic it knows is missing: its records wait (the memory
+    queue, then the spool), are offered again every HOLD_S, and go out in order once the
+    topic exists; one line names it, one says it is back; nothing is dropped, no rebuild."""
+    broker, clock = Broker(), Clock()
+    broker.topics = set()
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 20)
+    pub = publisher(broker, clock, queue_max=3, spool=spool)
+    for i in range(10):
+        pub.write(TOPIC, "h1", b"%d" % i)
+    wait_for(lambda: missing_lines(caplog, TOPIC) == (1, 0))
+    for _ in range(5):  # offered again each HOLD_S, named only once
+        clock.now += 1.0
+        polls = broker.polls
+        wait_for(lambda p=polls: broker.polls >= p + 2)
+    assert missing_lines(caplog, TOPIC) == (1, 0)
+    assert pub.queued == 10 and pub.stats.spooled > 0 and broker.stored == []
+    broker.topics = {TOPIC}
+    clock.now += 1.0
+    assert pub.flush(10) == 0
+    pub.close(10)
+    assert broker.stored == [b"%d" % i for i in range(10)]
+    assert (pub.stats.dropped, pub.stats.recoveries) == (0, 0)
+    assert missing_lines(caplog, TOPIC) == (1, 1)
+    assert rebuilt_logs(caplog) == []
+
+
+def test_a_topic_that_vanishes_under_records_in_flight_is_named_not_a_stall(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Records in flight when their topic disappears (a broker restarted empty): the stall
+    check finds the broker answering without the topic, names it and keeps waiting instead
+    of rebuilding the producer; when it exists again the records are delivered."""
+    broker, clock = Broker(), Clock()
+    broker.acks = False
+    pub = publisher(broker, clock)
+    pub.write(TOPIC, "h1", b"a")
+    wait_for(lambda: broker.in_flight == 1)
+    broker.topics = set()  # gone while the producer holds the record
+    for _ in range(6):  # 60 s of stall checks: the topic is still missing
+        clock.now += 10.0
+        requests = broker.metadata_requests
+        wait_for(lambda r=requests: broker.metadata_requests > r)
+    assert missing_lines(caplog, TOPIC) == (1, 0)
+    assert pub.stats.recoveries == 0 and rebuilt_logs(caplog) == []
+    broker.topics, broker.acks = {TOPIC}, True
+    assert pub.flush(10) == 0
+    pub.close(10)
+    assert broker.stored == [b"a"] and pub.stats.dropped == 0
+    assert missing_lines(caplog, TOPIC) == (1, 1)
+
+
+def test_a_fatal_error_raised_by_poll_rebuilds_the_producer_and_loses_nothing() -> None:
+    """confluent-kafka raises a fatal error (UNKNOWN_PRODUCER_ID from a broker restarted
+    empty) from poll() instead of passing it to error_cb: the sender thread survives, the
+    producer is rebuilt and its records are sent again."""
+    broker, clock = Broker(), Clock()
+    broker.acks = False
+    pub = publisher(broker, clock)
+    pub.write(TOPIC, "h1", b"a")
+    wait_for(lambda: broker.in_flight == 1)
+    broker.fatal = True
+    wait_for(lambda: len(broker.producers) == 2)
+    broker.acks = True
+    assert pub.flush(10) == 0
+    pub.close(10)
+    assert broker.stored == [b"a"]
+    assert (pub.stats.recoveries, pub.stats.dropped) == (1, 0)
 
 
 def test_spool_failures_never_raise_into_write_and_are_counted_as_dropped(
