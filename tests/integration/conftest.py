@@ -192,6 +192,21 @@ def make_settings() -> Callable[[dict[str, str]], Settings]:
     return make
 
 
+def hook_notify_env(
+    env: dict[str, str], tmp_path: Path, url: str, extra: str = ""
+) -> dict[str, str]:
+    """``env`` with a notify file of one webhook receiver at ``url``: one group per alert,
+    sent at once (no group wait), repeated daily; ``extra`` is more of the file's YAML
+    (``inhibit_rules: ...``)."""
+    path = tmp_path / "notify.yaml"
+    path.write_text(
+        f"receivers: [{{name: hook, type: webhook, url: '{url}'}}]\n"
+        "route: {receiver: hook, group_by: ['...'], group_wait: 0s, group_interval: 1m,"
+        " repeat_interval: 24h}\n" + extra
+    )
+    return {**env, "RAGWATCH_NOTIFY_FILE": str(path)}
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` (or its
     result, evaluated at the time of failure)."""

@@ -23,22 +23,14 @@ from ragwatch.config import Settings
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.schema import Alert
 from ragwatch.store import read_notifier
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import hook_notify_env, wait_until
 
 T0 = 1_767_225_600.0
 
-NOTIFY_YAML = """\
-receivers:
-  - {{name: hook, type: webhook, url: "{url}"}}
-route:
-  receiver: hook
-  group_by: ['...']
-  group_wait: 0s
-  group_interval: 1m
-  repeat_interval: 24h
+INHIBIT = """\
 inhibit_rules:
-  - source_matchers: {{alertname: "=~Gpu.*"}}
-    target_matchers: {{alertname: GpuMemoryLeak}}
+  - source_matchers: {alertname: "=~Gpu.*"}
+    target_matchers: {alertname: GpuMemoryLeak}
     equal: [host]
 """
 
@@ -85,8 +77,7 @@ def test_two_leaks_on_one_host_matching_both_sides_are_both_delivered(
     make_settings: Callable[[dict[str, str]], Settings],
     redis_client: redis.Redis,
 ) -> None:
-    (tmp_path / "notify.yaml").write_text(NOTIFY_YAML.format(url=receiver.url))
-    env = {**rw_env, "RAGWATCH_NOTIFY_FILE": str(tmp_path / "notify.yaml")}
+    env = hook_notify_env(rw_env, tmp_path, receiver.url, INHIBIT)
     settings = make_settings(env)
     notifier = start_ragwatch(["notify"], env)
 

@@ -27,6 +27,7 @@ from ragwatch.store import Keys
 from tests.fakes import FakeServer
 from tests.integration.conftest import (
     SENTINEL,
+    hook_notify_env,
     hosts_reached,
     stack_env,
     wait_until,
@@ -81,12 +82,7 @@ def test_a_broker_restarted_empty_is_named_recreated_and_the_agent_reaches_the_w
     keys = Keys(env["RAGWATCH_REDIS_PREFIX"])
     client = redis.Redis.from_url(env["RAGWATCH_REDIS_URL"], socket_timeout=5)
     hook = FakeServer().__enter__()
-    notify_file = tmp_path / "notify.yaml"
-    notify_file.write_text(
-        f"receivers: [{{name: hook, type: webhook, url: '{hook.url}'}}]\n"
-        "route: {receiver: hook, group_by: ['...'], group_wait: 0s}\n"
-    )
-    env = {**env, "RAGWATCH_NOTIFY_FILE": str(notify_file)}
+    env = hook_notify_env(env, tmp_path, hook.url)
     alerts = settings.topic("alerts")
     worker = start_ragwatch(["worker"], env)
     notifier = start_ragwatch(["notify"], env)

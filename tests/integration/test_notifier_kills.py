@@ -21,7 +21,7 @@ import redis
 from ragwatch.config import Settings
 from ragwatch.store import Keys
 from tests.fakes import Received, SlowServer
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import hook_notify_env, wait_until
 from tests.integration.test_notify import T0, alert, publish
 
 ALERTS = 200
@@ -43,20 +43,7 @@ def test_kill_9_at_random_points_loses_nothing_and_repeats_only_the_send_in_flig
 ) -> None:
     rng = random.Random(32)
     with SlowServer(delay_s=0.1) as hook:
-        cfg = tmp_path / "notify.yaml"
-        cfg.write_text(
-            f"""
-receivers:
-  - {{name: hook, type: webhook, url: "{hook.url}"}}
-route:
-  receiver: hook
-  group_by: ['...']
-  group_wait: 0s
-  group_interval: 1m
-  repeat_interval: 24h
-"""
-        )
-        env = {**rw_env, "RAGWATCH_NOTIFY_FILE": str(cfg)}
+        env = hook_notify_env(rw_env, tmp_path, hook.url)
         settings = make_settings(env)
         publish(
             settings, *(alert("GpuMemoryLeak", "firing", T0, host=f"h{i}") for i in range(ALERTS))

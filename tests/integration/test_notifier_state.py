@@ -14,7 +14,7 @@ import redis
 from ragwatch.config import Settings
 from ragwatch.store import Keys
 from tests.fakes import FakeServer
-from tests.integration.conftest import wait_until
+from tests.integration.conftest import hook_notify_env, wait_until
 from tests.integration.test_notify import T0, alert, publish
 
 
@@ -34,15 +34,7 @@ def test_a_resolution_is_delivered_after_redis_lost_the_notifiers_state(
     prefix = rw_env["RAGWATCH_REDIS_PREFIX"]
     groups = f"{Keys(prefix).notifier}:groups"
     with FakeServer() as hook:
-        cfg = tmp_path / "notify.yaml"
-        cfg.write_text(
-            f"""
-receivers:
-  - {{name: hook, type: webhook, url: "{hook.url}"}}
-route: {{receiver: hook, group_by: ['...'], group_wait: 0s, repeat_interval: 24h}}
-"""
-        )
-        env = {**rw_env, "RAGWATCH_NOTIFY_FILE": str(cfg)}
+        env = hook_notify_env(rw_env, tmp_path, hook.url)
         settings = make_settings(env)
         notifier = start_ragwatch(["notify"], env)
         publish(settings, alert("GpuMemoryLeak", "firing", T0 + 600, host="h1"))
