@@ -18,7 +18,13 @@ from typing import Any
 
 from ragwatch import __version__, extras
 from ragwatch.commands import agent as agent_command
-from ragwatch.commands.argtypes import fraction, port, positive_duration, positive_int
+from ragwatch.commands.argtypes import (
+    fraction,
+    port,
+    positive_duration,
+    positive_int,
+    worker_count,
+)
 from ragwatch.commands.helptext import HelpFormatter, command, settings_epilog
 from ragwatch.config import Settings, env_names
 from ragwatch.errors import ConfigError
@@ -218,6 +224,13 @@ def _add_demo_parsers(sub: Any) -> None:
         default=None,
         help="give up after this long (default: 150s; 300s for healthy, which plays 3 days)",
     )
+    d.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        help="workers in one consumer group, 1..8 (default 1): the partitions of the "
+        "topics are shared among them, as in production",
+    )
     dev = command(
         sub,
         "dev",
@@ -367,7 +380,12 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, environ: Mapping[str,
     from ragwatch.commands.demo import run_demo
 
     return run_demo(
-        settings, environ, scenario=args.scenario, as_json=args.json, timeout_s=args.timeout
+        settings,
+        environ,
+        scenario=args.scenario,
+        as_json=args.json,
+        timeout_s=args.timeout,
+        workers=args.workers,
     )
 
 

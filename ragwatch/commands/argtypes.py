@@ -67,6 +67,14 @@ def positive_int(v: str) -> int:
     return n
 
 
+def worker_count(v: str) -> int:
+    """How many workers a demo starts: 1..8."""
+    n = positive_int(v)
+    if n > 8:
+        raise argparse.ArgumentTypeError(f"must be at most 8, got {v!r}")
+    return n
+
+
 def nonnegative_int(v: str) -> int:
     n = int(_number(v, int))
     if n < 0:

@@ -27,11 +27,14 @@ class Children:
         self.run_dir, self.env = run_dir, dict(env)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, *args: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``python -m ragwatch ARGS`` as ``name`` (``env``: settings of its own)."""
         with open(self.run_dir / f"{name}.log", "wb") as out:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "ragwatch", *args],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -136,6 +136,7 @@ def run_demo(
     as_json: bool = False,
     timeout_s: float | None = None,
     out: TextIO | None = None,
+    workers: int = 1,
 ) -> int:
     from ragwatch.kafka_admin import check_kafka, ensure_topics
 
@@ -150,8 +151,8 @@ def run_demo(
     run_dir = Path(tempfile.mkdtemp(prefix=f"ragwatch-demo-{run_id}-"))
     stack = EmbeddedStack(run_dir / "stack")
     told = story(scenario)
-    if timeout_s is None:
-        timeout_s = TIMEOUT_S.get(scenario, 150.0)
+    if timeout_s is None:  # each worker more: a rebalance or two (seconds each)
+        timeout_s = TIMEOUT_S.get(scenario, 150.0) + 20.0 * (workers - 1)
     receiver = WebhookReceiver().start()
     slack = WebhookReceiver().start()
     pager = WebhookReceiver().start()
@@ -173,7 +174,7 @@ def run_demo(
             f"Slack-like {slack.url}, PagerDuty-like {pager.url}"
         )
         children = Children(run_dir, env)
-        children.start("worker", "worker")
+        _start_workers(children, workers, run_dir)
         children.start("notify", "notify")
         start, hours = _start_agent(children, told)
         watch = Watch(
@@ -203,6 +204,23 @@ def run_demo(
             shutil.rmtree(run_dir, ignore_errors=True)
         else:
             say(f"logs kept in {run_dir}")
+
+
+def _start_workers(children: Children, workers: int, run_dir: Path) -> None:
+    """``workers`` workers in one consumer group (the demo's app id), each with its own id
+    and state dir; one is called ``worker`` as before."""
+    if workers == 1:
+        children.start("worker", "worker")
+        return
+    for i in range(1, workers + 1):
+        children.start(
+            f"worker-{i}",
+            "worker",
+            env={
+                "RAGWATCH_WORKER_ID": f"demo-worker-{i}",
+                "RAGWATCH_STATE_DIR": str(run_dir / f"worker-{i}"),
+            },
+        )
 
 
 def _start(duration: str) -> float:

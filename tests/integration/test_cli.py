@@ -38,8 +38,10 @@ def our_processes() -> set[int]:
 
 
 def test_demo_catches_the_leak_and_leaves_nothing_running(stack: EmbeddedStack) -> None:
+    """With two workers in one consumer group (the partitions shared, as in production):
+    the leak pages, and every process the demo started is gone after it."""
     before = our_processes()
-    out = ragwatch("demo", "--json", env={}, timeout=200)
+    out = ragwatch("demo", "--json", "--workers", "2", env={}, timeout=200)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "starting embedded kafka + redis" in out.stderr
     alerts = [json.loads(line) for line in out.stdout.splitlines()]

@@ -34,6 +34,8 @@ REJECTED = [
     (["serve", "--port", "70000"], "--port", "1..65535"),
     (["silence", "add", "--match", "a=b", "--comment", "c", "--duration", "0"], "--duration", ">"),
     (["demo", "--timeout", "0"], "--timeout", "must be > 0"),
+    (["demo", "--workers", "0"], "--workers", "must be at least 1"),
+    (["demo", "--workers", "9"], "--workers", "must be at most 8"),
     (["replay", "f.jsonl", "--threshold", "0"], "--threshold", "(0, 1]"),
     (["replay", "f.jsonl", "--threshold", "1.5"], "--threshold", "(0, 1]"),
     (["record", "--out", "x.jsonl", "--duration", "0"], "--duration", "must be > 0"),
