@@ -160,6 +160,7 @@ class Outbox:
                 queued = await self.client.hget(self.keys.outbox_items, n.key)
                 if queued is not None:  # queued before (a replay): it orders its group too
                     first_at = Entry.from_json(queued).first_at
+                    await self._schedule(n, first_at)
                     self._in_redis[n.key] = (n.group_key, first_at)
                 return False
             async with self.client.pipeline(transaction=True) as p:
@@ -172,6 +173,20 @@ class Outbox:
             self._mem_due[n.key] = self._clock()
             self._fallback("a new notification", exc)
         return True
+
+    async def _schedule(self, n: Notification, first_at: float) -> None:
+        """Make sure a stored notification is scheduled and in its group's order: a
+        process killed between storing it and scheduling it (two round trips) left it
+        stored and never due; its alert's offset was not committed, so the replay that
+        puts it again lands here. Nothing changes for one already scheduled (NX)."""
+        async with self.client.pipeline(transaction=True) as p:
+            p.zadd(self.keys.outbox_due, {n.key: self._clock()}, nx=True)
+            p.zadd(self._order(n.group_key), {n.key: first_at}, nx=True)
+            added = await p.execute()
+        if added[0]:
+            log.warning(
+                "outbox: notification %s was stored but not scheduled: scheduled now", n.key
+            )
 
     async def _flush(self) -> None:
         """Write what the memory fallback holds to Redis (raises RedisError if it can't)."""

@@ -130,3 +130,31 @@ async def test_while_redis_is_away_a_resolution_waits_for_its_firing_notificatio
     finally:
         await live.aclose()
         await away.aclose()
+
+
+async def test_a_notification_stored_but_not_scheduled_is_scheduled_when_put_again(
+    rw_env: dict[str, str],
+) -> None:
+    """A notifier killed between storing a notification and scheduling it (two round
+    trips) left it stored and never due; the replay of its alert puts it again (its offset
+    was not committed), and then it is scheduled (found by the random kills of
+    test_notifier_kills.py: a notification never sent)."""
+    client = aioredis.from_url(rw_env["RAGWATCH_REDIS_URL"])
+    now = [1000.0]
+    keys = Keys(rw_env["RAGWATCH_REDIS_PREFIX"])
+    outbox = Outbox(client, keys, clock=lambda: now[0])
+    try:
+        n = Notification.of("hook", {"host": "h1"}, [_alert("h1", "firing")])
+        assert await outbox.put(n)
+        await client.zrem(keys.outbox_due, n.key)  # as if killed before scheduling it
+        await client.zrem(f"{keys.outbox_order}:{n.group_key}", n.key)
+        assert await outbox.due() == []
+        assert not await outbox.put(n)  # the replay: already stored, not a new one
+        (e,) = await outbox.due()
+        assert e.notification.key == n.key
+        await outbox.delivered(e)
+        assert not await outbox.put(n)  # delivered: not again
+        now[0] += 10
+        assert await outbox.due() == []
+    finally:
+        await client.aclose()
