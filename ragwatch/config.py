@@ -38,7 +38,7 @@ RETIRED = {
     "(ragwatch 0.2); a worker meeting one starts that host or service afresh",
 }
 log = logging.getLogger(__name__)
-TOPICS = ("gpu", "requests", "events", "metrics", "alerts", "deadletter")
+TOPICS = ("gpu", "requests", "events", "metrics", "alerts", "deadletter", "facts")
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:(\d{1,5})$")
@@ -392,6 +392,13 @@ class Settings:
         "seconds: processing one message (or one batch of GPU messages) for longer holds "
         "every partition of the worker; it is logged and counted (slow_messages); 1 ms..30 min "
         "(longer than the longest session timeout, the worker has left its group anyway)",
+    )
+    hint_wait: float = _setting(
+        10.0,
+        values.seconds(0.0, 300.0),
+        "seconds a worker waits, at most, before it sends an alert whose hint needs another "
+        "worker's facts (a host's GPUs, the services on it) until that worker has read up "
+        "to the alert's time; 0: never wait (a hint may then miss the other side), 0..300 s",
     )
     snapshot_interval: float = _setting(
         10.0,

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 5.0
 TOPIC_CHECK_S = 10.0  # how often a worker or a notifier asks whether its topics exist
+# the facts topic (streams/worker/facts_feed.py): one partition, so a worker's progress is
+# read after the facts it published before; compacted, the newest record of each key kept
+FACTS_PARTITIONS = 1
+FACTS_CONFIG = {"cleanup.policy": "compact"}
 _ALL_BROKERS_DOWN = -187  # librdkafka's summary error, no reason of its own
 _UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PART
 _AFTER = re.compile(r"\s*\(after \d+ms in state \w+\)$")
@@ -201,8 +205,14 @@ def ensure_topics(
     wanted = [t for t in topic_names(settings, names) if t not in existing]
     if not wanted:
         return []
+    facts = settings.topic("facts")
     futures = admin.client.create_topics(
-        [NewTopic(t, settings.topic_partitions, 1) for t in wanted],
+        [
+            NewTopic(t, FACTS_PARTITIONS, 1, config=FACTS_CONFIG)
+            if t == facts
+            else NewTopic(t, settings.topic_partitions, 1)
+            for t in wanted
+        ],
         operation_timeout=timeout_s,
         request_timeout=timeout_s,
     )

@@ -608,6 +608,19 @@ class InstanceFacts:
     outlier_label: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerProgress:
+    """How far a worker has read the telemetry it owns, as it tells the other workers on
+    the facts topic (:mod:`ragwatch.facts_wire`): the event time of the newest GPU
+    envelope of its hosts and of the newest request envelope of its services (None: it
+    owns none of that kind now). A hint that needs the other side's facts at an alert's
+    time waits for the workers behind it (``RAGWATCH_HINT_WAIT``)."""
+
+    worker: str
+    host_ts: float | None = None
+    service_ts: float | None = None
+
+
 AttrValue = str | int | float | bool
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from ragwatch.codec import gpu_wire
 from ragwatch.gpu_wire import GpuMessage
@@ -54,7 +54,7 @@ from ragwatch.streams.pipelines.base import (
 )
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.events import EventPipeline
-from ragwatch.streams.pipelines.facts import Captured
+from ragwatch.streams.pipelines.facts import Captured, Summary
 from ragwatch.streams.pipelines.gpu import GpuPipeline
 from ragwatch.streams.pipelines.hints import Correlator
 from ragwatch.streams.pipelines.metrics import MetricsPipeline
@@ -65,9 +65,14 @@ class Pipelines:
     """The GPU, request, event and metrics pipelines of one worker, one engine, one
     correlator."""
 
-    def __init__(self, rules: list[Rule], *, max_series: int = 100_000) -> None:
+    def __init__(
+        self, rules: list[Rule], *, max_series: int = 100_000, remote: Remote | None = None
+    ) -> None:
         """``max_series``: the worker's series budget, GPU, request and engine series in
-        all (each pipeline also caps its own kind at it)."""
+        all (each pipeline also caps its own kind at it). ``remote``: the facts other
+        workers publish (the facts topic's table), for the hosts and services this one
+        does not own; with it, each alert that starts firing and joins the other side is
+        noted (:meth:`take_joins`), so the worker can wait for that side to catch up."""
         self.rules = rules
         self.engine = AlertEngine()
         self.budget = budget = SeriesBudget(max_series)
@@ -77,6 +82,8 @@ class Pipelines:
         self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series, budget=budget)
         self.correlator = Correlator(rules, self.engine)
         self.live = Live(self.gpus, self.requests)
+        self.remote = remote
+        self.joins: list[Join] = []
         self.pipelines: tuple[SignalPipeline, ...] = (
             self.gpus,
             self.events,
@@ -132,8 +139,12 @@ class Pipelines:
             p.tap = tap
 
     def hint(self, alert: Alert) -> str:
-        """The hint ``alert`` would get now, from the facts the pipelines publish."""
-        return self.correlator.hint(alert, self.live)
+        """The hint ``alert`` would get now, from the facts the pipelines publish (and the
+        other workers', as of its time)."""
+        if self.remote is None:
+            return self.correlator.hint(alert, self.live)
+        remote = self.remote.as_of(self.correlator.at(alert))
+        return self.correlator.hint(alert, Live(self.gpus, self.requests, remote))
 
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
         return self.gpu_wire(gpu_wire(env))
@@ -161,8 +172,47 @@ class Pipelines:
     def _annotate(
         self, transitions: list[Transition], step: Step | None = None
     ) -> list[Transition]:
-        facts = self.live if step is None else Captured(self.live, step.hosts, step.instances)
-        return self.correlator.annotate(transitions, facts)
+        hosts, instances = (step.hosts, step.instances) if step is not None else ({}, {})
+        if self.remote is None:
+            facts = Captured(self.live, hosts, instances) if step is not None else self.live
+            return self.correlator.annotate(transitions, facts)
+        out = []
+        for t in transitions:
+            if t.fires:  # its hint reads the other workers' facts as of its time
+                at = self.correlator.at(t.alert)
+                live = Live(self.gpus, self.requests, self.remote.as_of(at))
+                facts = Captured(live, hosts, instances)
+                t = replace(t, alert=self.correlator.explain(t.alert, facts))
+                if (join := self._join(t.alert, facts)) is not None:
+                    self.joins.append(join)
+            out.append(t)
+        return out
+
+    def _join(self, alert: Alert, facts: Summary) -> Join | None:
+        """What of the other side ``alert``'s hint reads that another worker may hold (a
+        worker never waits for itself: Faust hands one agent's messages only after the
+        other's are taken, so its GPU agent waiting for its request agent would wait in
+        vain)."""
+        need = self.correlator.joins(alert, facts)
+        if need is None or (need[0] == "host" and self.gpus.tracks(need[1])):
+            return None
+        return Join(alert.fingerprint, need[0], need[1], self.correlator.at(alert), facts)
+
+    def take_joins(self) -> list[Join]:
+        """The joins noted since the last call (see ``remote``)."""
+        joins, self.joins = self.joins, []
+        return joins
+
+    def rehint(self, transitions: list[Transition], joins: Sequence[Join]) -> list[Transition]:
+        """``transitions`` with the alerts of ``joins`` explained again (the other side
+        has caught up since), each from the facts its own side had when it fired."""
+        by = {j.fingerprint: j for j in joins}
+        return [
+            replace(t, alert=self.correlator.explain(t.alert, by[t.alert.fingerprint].facts))
+            if t.fires and t.alert.fingerprint in by
+            else t
+            for t in transitions
+        ]
 
     def _request_step(self, step: Step) -> Step:
         return replace(step, transitions=self._annotate(step.transitions, step))
@@ -248,18 +298,49 @@ class Run:
         return self.pipes.gpu_batch(envs) if self.gpu else self.pipes.request_batch(envs)
 
 
+class Remote(Protocol):
+    """The facts other workers publish (the facts topic's table,
+    :class:`~ragwatch.streams.worker.facts_table.FactsTable`), as of an event time."""
+
+    def as_of(self, at: float) -> Summary: ...
+
+
+class Join(NamedTuple):
+    """An alert that started firing whose hint reads the other side (``domain``: the GPU
+    telemetry of ``host``, or the services on it), at event time ``at``, with the facts
+    its own side had then."""
+
+    fingerprint: str
+    domain: Domain
+    host: str
+    at: float
+    facts: Summary
+
+
 class Live:
     """The facts the GPU and request pipelines publish as they are now (a
-    :class:`~.facts.Summary`)."""
+    :class:`~.facts.Summary`); with ``remote`` (the facts every worker published, this
+    one's too, as of an alert's time), those first and the pipelines' for what it lacks:
+    a pipeline's state may have moved on hours past the alert while its hint waited."""
 
-    def __init__(self, gpus: GpuPipeline, requests: RequestPipeline) -> None:
-        self.gpus, self.requests = gpus, requests
+    def __init__(
+        self, gpus: GpuPipeline, requests: RequestPipeline, remote: Summary | None = None
+    ) -> None:
+        self.gpus, self.requests, self.remote = gpus, requests, remote
 
     def host(self, host: str) -> HostFacts:
-        return self.gpus.facts(host)
+        found = self.remote.host(host) if self.remote is not None else None
+        return found if found is not None and found.ts is not None else self.gpus.facts(host)
 
     def instance(self, service: str, instance: str) -> InstanceFacts | None:
-        return self.requests.facts(service, instance)
+        found = self.remote.instance(service, instance) if self.remote is not None else None
+        return found if found is not None else self.requests.facts(service, instance)
 
     def instances_on(self, host: str) -> list[InstanceFacts]:
-        return self.requests.facts_on(host)
+        own = self.requests.facts_on(host)
+        if self.remote is None:
+            return own
+        published = self.remote.instances_on(host)
+        seen = {(f.service, f.instance) for f in published}
+        rest = [f for f in own if (f.service, f.instance) not in seen]
+        return sorted(published + rest, key=lambda f: (f.service, f.instance))

@@ -62,6 +62,7 @@ from dataclasses import replace
 from ragwatch.schema import Alert, InstanceFacts, LeakFact, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
+from ragwatch.streams.pipelines.base import Domain
 from ragwatch.streams.pipelines.facts import Summary
 
 EVENT_RULE_SERIES = "event"
@@ -126,10 +127,26 @@ class Correlator:
         rule = self._rules.get(alert.rule)
         own = {c.signal for c in rule.conditions} if rule else set()
         own |= {_SAME[x] for x in own if x in _SAME}
-        at = alert.at if alert.at is not None else alert.starts_at
+        at = self.at(alert)
         if "instance" in labels and "service" in labels:
             return self._service_hint(labels, own, at, facts)
         return self._host_hint(alert, rule.series if rule else "", own, at, facts)
+
+    @staticmethod
+    def at(alert: Alert) -> float:
+        """The event time an alert's hint is about."""
+        return alert.at if alert.at is not None else alert.starts_at
+
+    def joins(self, alert: Alert, facts: Summary) -> tuple[Domain, str] | None:
+        """The other side ``alert``'s hint reads: ("host", h) the GPU facts of host h (a
+        service alert, its instance on h), ("service", h) the service instances on h (an
+        alert of host h); None: neither (the instance's host is unknown)."""
+        labels = alert.labels
+        if "instance" in labels and "service" in labels:
+            s = facts.instance(labels["service"], labels["instance"])
+            return ("host", s.host) if s is not None and s.host else None
+        host = labels.get("host")
+        return ("service", host) if host else None
 
     def _gpu_lag(self, host: str, at: float, facts: Summary) -> str | None:
         """Why the host's GPU facts cannot be joined with an alert at ``at`` (None: they
@@ -176,10 +193,12 @@ class Correlator:
         elif leaks := facts.host(host).leaks:
             suspicion = f"suspect a leak in pid {leaks[0].pid} degrading {instance}"
         elif "retriever_p99_ratio" in own:
-            suspicion = (
-                f"GPU memory on {host} is steady: suspect the retriever (the vector index or "
-                "its store)"
+            memory = (
+                f"GPU memory on {host} is steady"
+                if facts.host(host).ts is not None
+                else f"no GPU telemetry of {host} is at hand"
             )
+            suspicion = f"{memory}: suspect the retriever (the vector index or its store)"
         elif "new_outlier_cluster" in own and s is not None and s.outlier_label:
             suspicion = f"suspect a change in the traffic mix ({s.outlier_label} requests)"
         else:

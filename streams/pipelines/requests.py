@@ -384,6 +384,11 @@ class RequestPipeline:
         view = self.series.get((service, instance))
         return instance_facts(view) if view is not None else None
 
+    def facts_of(self, service: str) -> list[InstanceFacts]:
+        """The facts of every instance of ``service``, in instance order."""
+        series = self.series
+        return [instance_facts(series[(service, i)]) for i, _ in self._instances(service)]
+
     def facts_on(self, host: str) -> list[InstanceFacts]:
         """The facts of every instance whose requests name ``host``, in key order."""
         views = sorted(self.series.items())

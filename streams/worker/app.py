@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from ragwatch.codec import encode
 from ragwatch.config import Settings, redact_url
 from ragwatch.kafka import KafkaClient
-from ragwatch.kafka_admin import TOPIC_CHECK_S
+from ragwatch.kafka_admin import FACTS_PARTITIONS, TOPIC_CHECK_S
 from ragwatch.outage import RedisTrouble
 from ragwatch.schema import (
     Alert,
@@ -40,6 +40,8 @@ from ragwatch.schema import (
 from ragwatch.store import RedisState, async_client
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.facts_feed import FactsFeed, FactsReader
+from ragwatch.streams.worker.facts_table import FactsTable
 from ragwatch.streams.worker.loop import WorkerLoop
 from ragwatch.streams.worker.relay import TraceRelay
 from ragwatch.streams.worker.snapshot import (
@@ -297,7 +299,9 @@ def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
     delivery = Delivery(settings, worker_id)
     app.service(delivery)  # type: ignore[arg-type]  # faust starts instances too
     rules = load_rules(settings.rules_file)
-    register_processors(app, settings, Pipelines(rules, max_series=settings.max_series), delivery)
+    table = FactsTable(worker_id)  # the other workers' facts, for the hints
+    pipes = Pipelines(rules, max_series=settings.max_series, remote=table)
+    register_processors(app, settings, pipes, delivery, table)
     return app
 
 
@@ -317,11 +321,25 @@ def register_processors(
     settings: Settings,
     pipes: Pipelines,
     delivery: Delivery,
+    table: FactsTable,
 ) -> WorkerLoop:
     """One Faust agent per input topic, all feeding one :class:`WorkerLoop`; its tick on
-    a 1-second timer, its rebalance and stop on Faust's signals."""
+    a 1-second timer, its rebalance and stop on Faust's signals; the facts topic read
+    into ``table`` (a thread) and published to (:mod:`.facts_feed`)."""
     alerts_topic = _topic(app, settings, "alerts")
     dlq_topic = _topic(app, settings, "deadletter")
+    facts_name = settings.topic("facts")
+    facts_topic = app.topic(
+        facts_name, key_type=bytes, value_type=bytes, key_serializer="raw",
+        value_serializer="raw", partitions=FACTS_PARTITIONS, compacting=True,
+    )  # fmt: skip
+
+    async def send_facts(key: bytes, value: bytes | None) -> None:
+        sent = facts_topic.as_future_message(key=key, value=value)
+        sent.add_done_callback(_facts_sent)  # (Faust logs a failure: a topic missing)
+        await facts_topic.publish_message(sent)
+
+    feed = FactsFeed(delivery.worker_id, pipes, table, send_facts, wait_s=settings.hint_wait)
 
     async def send_alert(t: Transition) -> None:
         await delivery.send(t, alerts_topic)
@@ -336,6 +354,7 @@ def register_processors(
         delivery.counters,
         send_alert=send_alert,
         send_dead_letter=send_dead_letter,
+        facts=feed,
     )
     for kind in loop.topics:
         app.agent(_topic(app, settings, kind), name=f"ragwatch.{kind}-processor")(
@@ -358,9 +377,18 @@ def register_processors(
             app.consumer, keeper, within_s=renewed_s, timeout_s=REBALANCE_CHECK_S
         )
 
+    readers: list[FactsReader] = []
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def read_facts() -> None:
+        kafka = KafkaClient.of(settings).librdkafka()
+        readers.append(FactsReader(kafka, facts_name, table, asyncio.get_running_loop()).start())
+
     @app.on_before_shutdown.connect  # type: ignore[untyped-decorator, arg-type]
     async def snapshot_everything(app: Any, **kwargs: Any) -> None:
         await loop.stop()
+        for reader in readers:
+            await asyncio.to_thread(reader.stop)
 
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def write_status() -> None:
@@ -373,6 +401,14 @@ def register_processors(
         await keeper.check()
 
     return loop
+
+
+def _facts_sent(sent: Any) -> None:
+    """A facts record was sent, or could not be (the topic is missing until the next
+    check re-creates it): its exception is taken here, so it is not logged again as
+    never retrieved; the next record of its key says the same, newer."""
+    if not sent.cancelled():
+        sent.exception()
 
 
 def _agent(loop: WorkerLoop, kind: str) -> Callable[[Any], Awaitable[None]]:

@@ -33,7 +33,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from ragwatch.chart_ids import owner_prefixes
@@ -47,11 +47,12 @@ from ragwatch.schema import (
     DLQ_HEADER_TOPIC,
     Transition,
 )
-from ragwatch.streams.pipelines.base import BatchFailed, Domain
+from ragwatch.streams.pipelines.base import BatchFailed, ChartReader, Domain
 from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.acks import HeldAcks
 from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, largest, more_at_hand
+from ragwatch.streams.worker.facts_feed import FactsFeed
 from ragwatch.streams.worker.marks import SweepMarks
 from ragwatch.streams.worker.stall import CommitStall
 from ragwatch.streams.worker.topics import InputTopic, Key, input_topics
@@ -61,6 +62,10 @@ log = logging.getLogger(__name__)
 # A partition nothing was read from for this long (wall seconds) does not hold back the
 # silence sweeps: its hosts stopped sending, or it has none.
 IDLE_PARTITION_S = 30.0
+# For this long after an assignment a worker that has read nothing of its GPU or request
+# partitions yet tells the others (and its own hints) it is at their start: Faust's
+# first fetch comes within it if they hold anything (empty ones hold hints this long).
+ASSIGNED_S = 3.0
 
 
 class Delivery(Protocol):
@@ -96,7 +101,10 @@ class WorkerLoop:
         *,
         send_alert: SendAlert,
         send_dead_letter: SendDeadLetter,
+        facts: FactsFeed | None = None,
     ) -> None:
+        """``facts``: the worker's side of the facts topic (None: hints see this worker's
+        state only, as in a test of one worker)."""
         self.settings = settings
         self.pipes = pipes
         self.delivery = delivery
@@ -106,7 +114,10 @@ class WorkerLoop:
         self.dirty: dict[str, set[str]] = {kind: set() for kind in self.topics}
         self.known: dict[Domain, set[str]] = {"host": set(), "service": set()}
         self.recorder = SeriesRecorder(pipes.rules)
-        pipes.tap(self.recorder.observe)
+        self.facts = facts
+        self.done_up_to: dict[str, float] = {}  # gpu, requests -> event time processed
+        self.assigned_at = -math.inf
+        pipes.tap(self._observe)
         self.held = HeldAcks()
         self.stall = CommitStall(log)
         self.busy: Counter[Key] = Counter()  # messages of a key being processed and sent
@@ -128,6 +139,41 @@ class WorkerLoop:
         for t in self.topics.values():
             if t.sweeper is not None:
                 t.sweeper.sweep_mark = -math.inf  # no silence sweeps before the first marks
+
+    def _observe(self, reader: ChartReader, moved: Sequence[tuple[str, float]]) -> None:
+        """A pipeline's keys moved on: their charts, and their facts for the other workers."""
+        self.recorder.observe(reader, moved)
+        if self.facts is not None:
+            self.facts.observe(reader, moved)
+
+    async def _send(self, transitions: list[Transition]) -> None:
+        """Send ``transitions`` in order, their hints completed with the other workers'
+        facts first (:meth:`.facts_feed.FactsFeed.settle`)."""
+        if self.facts is not None:
+            transitions = await self.facts.settle(transitions, self.read_up_to())
+        for t in transitions:
+            await self._send_alert(t)
+
+    def read_up_to(self) -> tuple[float | None, float | None]:
+        """How far this worker has processed its GPU and its request telemetry (the event
+        time of the slowest partition of each, as of its last batch; 0 while its first
+        batch is processed); None: it reads none lately."""
+        return self._up_to("gpu"), self._up_to("requests")
+
+    def _up_to(self, kind: str) -> float | None:
+        topic = self.settings.topic(kind)
+        if self.marks.mark(topic) is not None:
+            return self.done_up_to.get(kind, 0.0)
+        # nothing read lately: idle, unless its partitions were just assigned (what they
+        # hold is read next: a catch-up would otherwise race the other side's hints)
+        young = time.monotonic() - self.assigned_at < ASSIGNED_S
+        mine = any(tp.topic == topic for tp in self.assigned_tps)
+        return 0.0 if young and mine and kind not in self.done_up_to else None
+
+    def _processed_up_to(self, kind: str) -> None:
+        """A batch of ``kind`` was processed (its facts are published next)."""
+        if kind in ("gpu", "requests"):
+            self.done_up_to[kind] = self.marks.mark(self.settings.topic(kind)) or 0.0
 
     # -- one message -------------------------------------------------------------------
 
@@ -174,8 +220,7 @@ class WorkerLoop:
                 await self.held.release([h])
                 return
             self.dirty[topic.kind].add(k)
-            for t in transitions:
-                await self._send_alert(t)
+            await self._send(transitions)
             self.held.hold(key, h)
         finally:
             self.busy[key] -= 1
@@ -191,6 +236,8 @@ class WorkerLoop:
         reads = await self._reads(topic, stream, events)
         if not reads:
             return
+        if topic.kind not in self.done_up_to and self.facts is not None:
+            await self.facts.heartbeat(self.read_up_to())  # reading began: others wait
         keys = [r.key for r in reads]
         self.busy.update(keys)  # no snapshot of them until their transitions are sent
         try:
@@ -251,8 +298,8 @@ class WorkerLoop:
         took = time.perf_counter() - started
         for r in done:
             self.dirty[topic.kind].add(r.key[1])
-        for t in transitions:
-            await self._send_alert(t)
+        self._processed_up_to(topic.kind)
+        await self._send(transitions)
         for r in done:
             if r.key[1] in self.known[r.key[0]]:
                 self.held.hold(r.key, r.held)
@@ -368,7 +415,10 @@ class WorkerLoop:
         come back here, they are restored from the snapshot again, not from stale memory."""
         lost = self.assigned_tps - set(assigned_now)
         self.assigned_tps = set(assigned_now)
+        self.assigned_at = time.monotonic()
         self.rebalances += 1
+        if self.facts is not None:  # what it reads now, before any of it is read
+            await self.facts.heartbeat(self.read_up_to())
         # Faust reads every partition it keeps again from its committed offset: those
         # messages get their places in the queues again
         n = self.held.reset()
@@ -391,6 +441,8 @@ class WorkerLoop:
         """Everything the loop keeps about ``keys`` (not their pipelines' state)."""
         for key in keys:
             domain, k = key
+            if self.facts is not None:
+                self.facts.forget(domain, k)
             self.known[domain].discard(k)
             self.partitions.pop(key, None)
             self.snap_due.discard(key)
@@ -418,6 +470,8 @@ class WorkerLoop:
         if self.delivery.closed:
             return
         await self.prune_gone()
+        if self.facts is not None:
+            await self.facts.heartbeat(self.read_up_to())
         self._changed()
         self.sweep_marks()
         self.counters.held_acks = len(self.held)
@@ -521,6 +575,8 @@ class WorkerLoop:
         if not hosts and not services:
             return
         keys: list[Key] = [("host", h) for h in hosts] + [("service", s) for s in services]
+        if self.facts is not None:  # (before they are forgotten there)
+            await self.facts.gone(hosts, services)
         self._forget(keys)
         await self.held.ack(self.held.take(keys))
         prefixes = owner_prefixes(hosts, services)

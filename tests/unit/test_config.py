@@ -183,6 +183,7 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_OTLP_TOPIC", "", "otlp_topic", ""),
     ("RAGWATCH_OTLP_ENCODING", "OTLP_JSON", "otlp_encoding", "otlp_json"),
     ("RAGWATCH_OTLP_GRACE", "5", "otlp_grace", 5.0),
+    ("RAGWATCH_HINT_WAIT", "2.5", "hint_wait", 2.5),
     (
         "RAGWATCH_OTLP_STAGE_PATTERNS",
         "retriever=^vector_search;reranker=rerank$",
@@ -321,6 +322,7 @@ BAD: list[tuple[str, str]] = [
     ("RAGWATCH_SERVE_HOST", "http://0.0.0.0"),
     ("RAGWATCH_STATUS_INTERVAL", "1h"),
     ("RAGWATCH_OTLP_TOPIC", "spans/otlp"),
+    ("RAGWATCH_HINT_WAIT", "301"),
 ]
 
 # variables that take any value: secrets, and files checked when they are read
@@ -429,8 +431,10 @@ def test_topic_prefix_is_prepended_verbatim(name: str) -> None:
     assert s.topic(name) == f"prod-eu.ragwatch.{name}"
 
 
-def test_all_six_topics_exist() -> None:
-    assert set(TOPICS) == {"gpu", "requests", "events", "metrics", "alerts", "deadletter"}
+def test_all_seven_topics_exist() -> None:
+    assert set(TOPICS) == {
+        "gpu", "requests", "events", "metrics", "alerts", "deadletter", "facts"
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["alert", "GPU", "", "ragwatch.gpu"])

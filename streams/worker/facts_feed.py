@@ -1,0 +1,268 @@
+"""The worker's side of the facts topic: what it publishes, what it reads, and the wait.
+
+With several workers a host's GPU telemetry and the requests of the services on it are
+usually consumed by different workers, and a hint joins both (:mod:`..pipelines.hints`).
+So every worker
+
+- publishes the facts of what it owns on ``ragwatch.facts`` (:class:`FactsFeed`): a
+  host's (:class:`~ragwatch.schema.HostFacts`) once per ``period_s`` of its event time and
+  whenever one of its alerts starts firing, an instance's
+  (:class:`~ragwatch.schema.InstanceFacts`) at each of its bucket closes, and its own
+  progress (:class:`~ragwatch.schema.WorkerProgress`) after them, every ``progress_s`` of
+  event time and at least every ``heartbeat_s`` of wall time;
+- reads the whole topic into a :class:`~.facts_table.FactsTable` (:class:`FactsReader`, a
+  thread), which its pipelines ask for what they do not hold;
+- before it sends an alert that starts firing and whose hint reads the other side, waits
+  until the live workers that own telemetry of that side have read it up to the alert's
+  event time (less ``slack_s``), at most ``wait_s`` of wall time, then explains the alert
+  again (:meth:`FactsFeed.settle`). Its own facts are published before it waits, so two
+  workers waiting on each other never both wait: the one behind finds the other ahead.
+
+The topic has one partition: a worker's progress is read after the facts it published
+before it, which is what makes "this worker has read up to T" mean "its facts of T are
+in the table". It is compacted: a worker that starts reads the newest facts of each key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ragwatch.facts_wire import FactsRecord, encode_facts, facts_key
+from ragwatch.schema import InstanceFacts, Transition, WorkerProgress
+from ragwatch.streams.pipelines.base import ChartReader, Domain, owns
+from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.worker.facts_table import FactsTable
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[bytes, bytes | None], Awaitable[None]]  # key, value (None: a tombstone)
+# how far a worker has read its GPU and its request telemetry: the event time of the
+# slowest partition of each that it is reading (read from lately); None: it reads none
+# (owns none, or they are idle: nothing of theirs is to come, so none is waited for)
+ReadUpTo = tuple[float | None, float | None]
+
+PERIOD_S = 60.0  # a host's facts, once per minute of its event time
+PROGRESS_S = 15.0  # a worker's progress, every 15 s of its event time
+HEARTBEAT_S = 5.0  # and every 5 s of wall time (so the others know it is alive)
+SLACK_S = 60.0  # a hint takes the other side's facts up to a minute older than its alert
+POLL_S = 0.05  # how often a waiting hint looks at the table
+
+
+class FactsFeed:
+    """What a worker publishes on the facts topic, and the wait of hints that read it."""
+
+    def __init__(
+        self,
+        me: str,
+        pipes: Pipelines,
+        table: FactsTable,
+        send: Send,
+        *,
+        wait_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.me, self.pipes, self.table, self._send = me, pipes, table, send
+        self.wait_s, self._clock = wait_s, clock
+        self._due: list[FactsRecord] = []  # taken as their keys moved, to publish
+        self._host_period: dict[str, float] = {}  # host -> the period last published
+        self._bucket: dict[tuple[str, str], float | None] = {}  # instance -> its bucket end
+        self._progress: tuple[tuple[float, ...], float] = ((), -math.inf)  # (periods, wall)
+        self.published = 0
+        self.waited = 0  # hints that waited for another worker
+        self.incomplete = 0  # hints sent after wait_s without the other side
+
+    def observe(self, reader: ChartReader, moved: Sequence[tuple[str, float]]) -> None:
+        """A pipeline's keys moved on (a pipeline's tap, after each wave of a batch): the
+        facts of those that moved into a new period (hosts) or closed a bucket
+        (instances) are taken now, as of this wave, to be published after the batch."""
+        if reader.name == "gpu":
+            for host, ts in moved:
+                period = ts // PERIOD_S
+                if self._host_period.get(host) != period:
+                    self._host_period[host] = period
+                    self._due.append(self.pipes.gpus.facts(host))
+        elif reader.name == "requests":
+            for service, _ in moved:
+                self._due += self._instances(service)
+
+    # -- publishing -------------------------------------------------------------------
+
+    def due(self, read: ReadUpTo, transitions: Iterable[Transition] = ()) -> list[FactsRecord]:
+        """The records to publish now: the facts taken as their keys moved on
+        (:meth:`observe`), those of the hosts whose alerts start firing, then the
+        worker's progress if it moved on or a heartbeat is due."""
+        firing = sorted(
+            {
+                t.alert.labels["host"]
+                for t in transitions
+                if t.fires
+                and "host" in t.alert.labels
+                and owns("host", t.alert.labels["host"], t.alert.labels)
+            }
+        )
+        out, self._due = self._due, []
+        out += [self.pipes.gpus.facts(host) for host in firing]
+        progress = self._progress_due(read, bool(out))
+        return out + ([progress] if progress is not None else [])
+
+    def _instances(self, service: str) -> list[InstanceFacts]:
+        out = []
+        for f in self.pipes.requests.facts_of(service):
+            key = (f.service, f.instance)
+            if f.bucket_end is not None and self._bucket.get(key) != f.bucket_end:
+                self._bucket[key] = f.bucket_end
+                out.append(f)
+        return out
+
+    def _progress_due(self, read: ReadUpTo, published: bool) -> WorkerProgress | None:
+        periods = tuple(-math.inf if ts is None else ts // PROGRESS_S for ts in read)
+        now = self._clock()
+        if not published and periods == self._progress[0] and now - self._progress[1] < HEARTBEAT_S:
+            return None
+        self._progress = (periods, now)
+        return WorkerProgress(self.me, *read)
+
+    async def publish(self, read: ReadUpTo, transitions: Iterable[Transition] = ()) -> int:
+        """Publish what is due (:meth:`due`); how many records."""
+        records = self.due(read, transitions)
+        for rec in records:
+            await self._send(facts_key(rec), encode_facts(rec, by=self.me))
+        self.published += len(records)
+        return len(records)
+
+    async def gone(self, hosts: Iterable[str], services: Iterable[str]) -> None:
+        """Hosts and services that went silent and were swept: their keys are deleted
+        from the topic (tombstones)."""
+        for host in hosts:
+            self._host_period.pop(host, None)
+            await self._send(f"h/{host}".encode(), None)
+        lost = set(services)
+        for key in [k for k in self._bucket if k[0] in lost]:
+            del self._bucket[key]
+            await self._send(f"i/{key[0]}/{key[1]}".encode(), None)
+
+    def forget(self, domain: Domain, key: str) -> None:
+        """``key`` went to another worker: it publishes its facts from now on."""
+        if domain == "host":
+            self._host_period.pop(key, None)
+        else:
+            for k in [k for k in self._bucket if k[0] == key]:
+                del self._bucket[k]
+
+    # -- the wait ---------------------------------------------------------------------
+
+    async def settle(self, transitions: list[Transition], read: ReadUpTo) -> list[Transition]:
+        """``transitions`` ready to send: own facts published first (and ``read``, how
+        far this worker has read), then each alert that starts firing and reads the other
+        side explained once the workers that own that side have read up to its time (at
+        most ``wait_s`` for all of them)."""
+        await self.publish(read, transitions)
+        joins = self.pipes.take_joins()
+        if not joins:
+            return transitions
+        deadline = self._clock() + self.wait_s
+        for j in joins:
+            behind = self.table.behind(j.domain, j.at - SLACK_S)
+            log.debug(
+                "hint of alert %s (%s of %s at %.0f): behind %s; progress %s",
+                j.fingerprint,
+                j.domain,
+                j.host,
+                j.at,
+                behind,
+                self.table.progress,
+            )
+            if behind:
+                self.waited += 1
+            while behind and self._clock() < deadline:
+                await asyncio.sleep(POLL_S)
+                behind = self.table.behind(j.domain, j.at - SLACK_S)
+            if behind:
+                self.incomplete += 1
+                log.warning(
+                    "hint of alert %s sent without the %s telemetry of worker(s) %s: not read "
+                    "up to its time after %.0f s (RAGWATCH_HINT_WAIT)",
+                    j.fingerprint, "GPU" if j.domain == "host" else "request",
+                    ", ".join(behind), self.wait_s,
+                )  # fmt: skip
+        return self.pipes.rehint(transitions, joins)
+
+    async def heartbeat(self, read: ReadUpTo) -> None:
+        """Every tick: the worker's progress, if a heartbeat is due."""
+        await self.publish(read)
+
+
+class FactsReader:
+    """Reads the facts topic from its start into a table, in a thread (confluent-kafka,
+    the partition assigned by hand: no group is joined, nothing committed); the records
+    are handed to the table on the worker's event loop."""
+
+    def __init__(
+        self,
+        kafka: Mapping[str, Any],
+        topic: str,
+        table: FactsTable,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.kafka, self.topic, self.table, self.loop = dict(kafka), topic, table, loop
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="facts-reader", daemon=True)
+        self._missing = False
+
+    def start(self) -> FactsReader:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+        consumer = Consumer(
+            {
+                **self.kafka,
+                "group.id": "ragwatch-facts-reader",  # never joined: assigned by hand
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        try:
+            while not self._stop.is_set():
+                msgs = consumer.consume(500, self.poll_s)
+                records = []
+                for m in msgs:
+                    err = m.error()
+                    if err is None:
+                        records.append((m.key(), m.value()))
+                    elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        self._say_missing()
+                    else:
+                        log.warning("facts topic %s: %s", self.topic, err)
+                if records:
+                    if self._missing:
+                        log.info("facts topic %s: reading again", self.topic)
+                        self._missing = False
+                    self.loop.call_soon_threadsafe(self.table.apply, records)
+        except RuntimeError:  # the event loop closed under it: the worker is stopping
+            pass
+        finally:
+            consumer.close()
+
+    def _say_missing(self) -> None:
+        if not self._missing:
+            log.warning("facts topic %s is missing: hints see this worker's facts only", self.topic)
+        self._missing = True
