@@ -619,6 +619,7 @@ class WorkerProgress:
     worker: str
     host_ts: float | None = None
     service_ts: float | None = None
+    seq: int = 0  # counts the worker's progress records: it knows when it reads its own
 
 
 AttrValue = str | int | float | bool

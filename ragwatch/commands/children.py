@@ -43,7 +43,22 @@ class Children:
         return self.procs[name]
 
     def dead(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() is not None and n != "agent"]
+        """The children that exited (the agent ends when its telemetry does), but not a
+        worker of several while another is running: its partitions go to the others (a
+        fleet outlives a worker; ``fallen`` names it)."""
+        gone = [n for n, p in self.procs.items() if p.poll() is not None and n != "agent"]
+        workers = [n for n in self.procs if n.startswith("worker-")]
+        if any(self.procs[n].poll() is None for n in workers):
+            gone = [n for n in gone if not n.startswith("worker-")]
+        return gone
+
+    def fallen(self) -> list[tuple[str, int]]:
+        """The workers of several that exited, with their exit codes (-9: killed)."""
+        return [
+            (n, code)
+            for n, p in self.procs.items()
+            if n.startswith("worker-") and (code := p.poll()) is not None
+        ]
 
     def agent_done(self) -> bool:
         return "agent" in self.procs and self.procs["agent"].poll() is not None

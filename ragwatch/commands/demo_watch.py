@@ -41,6 +41,7 @@ class Children(Protocol):
     """The demo's subprocesses, as the watch needs them."""
 
     def dead(self) -> list[str]: ...
+    def fallen(self) -> list[tuple[str, int]]: ...
     def log_tail(self, name: str, chars: int = 1500) -> str: ...
     def agent_done(self) -> bool: ...
     def agent_delivered(self) -> int | None: ...
@@ -120,6 +121,7 @@ class Watch:
         self.t0 = clock()
         self.seen = 0  # webhook bodies printed
         self.met: dict[str, str] = {}  # expectation -> fingerprint
+        self.fallen: set[str] = set()  # workers of several that exited, said once
         self.alerts = 0  # firing alerts seen
         self.explained: dict[str, str] = {}  # fingerprint -> why it fires
         self.unexpected: dict[str, str] = {}  # fingerprint -> the alert, for the report
@@ -192,6 +194,7 @@ class Watch:
             if dead := children.dead():
                 say(f"{dead[0]} exited early; last log lines:\n{children.log_tail(dead[0])}")
                 return False
+            self._fallen(children)
             self.poll()
             if expected and len(self.met) == len(expected):
                 return self._stored(deadline)
@@ -217,6 +220,14 @@ class Watch:
             f"simulated days ({self.messages:,} messages processed)"
         )
         return False
+
+    def _fallen(self, children: Children) -> None:
+        """Say once of each worker of several that exited: the others carry on."""
+        for name, code in children.fallen():
+            if name not in self.fallen:
+                self.fallen.add(name)
+                how = "was killed" if code == -9 else f"exited ({code})"
+                say(f"{name} {how}: the other workers take its partitions over")
 
     def _stored(self, deadline: float) -> bool:
         while not set(self.met.values()) <= redis_fired(self.settings):

@@ -103,6 +103,16 @@ _SIGNIFICANCE = {
 }
 
 
+# every signal of an instance a hint reads (what the facts topic carries of an instance:
+# tests/unit/test_catalog.py holds it to what this module reads)
+HINT_SIGNALS = frozenset(
+    {signal for signal, _, _ in _SYMPTOMS}
+    | set(_SIGNIFICANCE.values())
+    | {"new_outlier_cluster", "outlier_ratio", "rps", "rps_deviation", "tokens_per_request",
+       "tpr_deviation"}
+)  # fmt: skip
+
+
 class Correlator:
     """Explains firing alerts with the published facts of their host and services."""
 

@@ -31,12 +31,14 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ragwatch.facts_wire import FactsRecord, encode_facts, facts_key
 from ragwatch.schema import InstanceFacts, Transition, WorkerProgress
 from ragwatch.streams.pipelines.base import ChartReader, Domain, owns
 from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.hints import HINT_SIGNALS
 from ragwatch.streams.worker.facts_table import FactsTable
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,9 @@ PROGRESS_S = 15.0  # a worker's progress, every 15 s of its event time
 HEARTBEAT_S = 5.0  # and every 5 s of wall time (so the others know it is alive)
 SLACK_S = 60.0  # a hint takes the other side's facts up to a minute older than its alert
 POLL_S = 0.05  # how often a waiting hint looks at the table
+# after an assignment, the others' first progress comes within this (their heartbeat at
+# the same rebalance): hints wait for it before they trust "no one is behind"
+ASSIGNED_S = 3.0
 
 
 class FactsFeed:
@@ -74,6 +79,8 @@ class FactsFeed:
         self._bucket: dict[tuple[str, str], float | None] = {}  # instance -> its bucket end
         self._progress: tuple[tuple[float, ...], float] = ((), -math.inf)  # (periods, wall)
         self.published = 0
+        self._seq = 0  # progress records sent
+        self._assigned_at = -math.inf
         self.waited = 0  # hints that waited for another worker
         self.incomplete = 0  # hints sent after wait_s without the other side
 
@@ -117,7 +124,8 @@ class FactsFeed:
             key = (f.service, f.instance)
             if f.bucket_end is not None and self._bucket.get(key) != f.bucket_end:
                 self._bucket[key] = f.bucket_end
-                out.append(f)
+                sig = f.signals  # what hints read of it, no more (the table keeps hours)
+                out.append(replace(f, signals={k: sig[k] for k in HINT_SIGNALS if k in sig}))
         return out
 
     def _progress_due(self, read: ReadUpTo, published: bool) -> WorkerProgress | None:
@@ -126,7 +134,8 @@ class FactsFeed:
         if not published and periods == self._progress[0] and now - self._progress[1] < HEARTBEAT_S:
             return None
         self._progress = (periods, now)
-        return WorkerProgress(self.me, *read)
+        self._seq += 1
+        return WorkerProgress(self.me, *read, seq=self._seq)
 
     async def publish(self, read: ReadUpTo, transitions: Iterable[Transition] = ()) -> int:
         """Publish what is due (:meth:`due`); how many records."""
@@ -157,16 +166,21 @@ class FactsFeed:
 
     # -- the wait ---------------------------------------------------------------------
 
-    async def settle(self, transitions: list[Transition], read: ReadUpTo) -> list[Transition]:
+    async def settle(
+        self, transitions: list[Transition], read: ReadUpTo, *, wait: bool = True
+    ) -> list[Transition]:
         """``transitions`` ready to send: own facts published first (and ``read``, how
         far this worker has read), then each alert that starts firing and reads the other
         side explained once the workers that own that side have read up to its time (at
-        most ``wait_s`` for all of them)."""
+        most ``wait_s`` for all of them). ``wait`` False: explained with what the table
+        has now (a device event's alert: the GPU agent resolves it as the host's GPU
+        time moves on, and a firing held here would be sent after its resolution)."""
         await self.publish(read, transitions)
         joins = self.pipes.take_joins()
-        if not joins:
-            return transitions
+        if not joins or not wait:
+            return self.pipes.rehint(transitions, joins)
         deadline = self._clock() + self.wait_s
+        await self._caught_up(deadline)
         for j in joins:
             behind = self.table.behind(j.domain, j.at - SLACK_S)
             log.debug(
@@ -192,6 +206,21 @@ class FactsFeed:
                     ", ".join(behind), self.wait_s,
                 )  # fmt: skip
         return self.pipes.rehint(transitions, joins)
+
+    def assigned(self) -> None:
+        """The worker was given partitions: the others were too, and say so in the next
+        moments; until then (``ASSIGNED_S``) the table does not know whom to wait for."""
+        self._assigned_at = self._clock()
+
+    async def _caught_up(self, deadline: float) -> None:
+        """Until the table has read this worker's newest progress (so every record sent
+        before it, the others' too) and ``ASSIGNED_S`` passed since an assignment."""
+        while self._clock() < deadline:
+            mine = self.table.progress.get(self.me)
+            read = mine is not None and mine[0].seq >= self._seq
+            if read and self._clock() >= self._assigned_at + ASSIGNED_S:
+                return
+            await asyncio.sleep(POLL_S)
 
     async def heartbeat(self, read: ReadUpTo) -> None:
         """Every tick: the worker's progress, if a heartbeat is due."""

@@ -46,7 +46,8 @@ Domain = Literal["host", "service"]
 
 ALIVE_S = 30.0  # a worker whose progress has not come for this long is not waited for
 HOST_HISTORY = 240  # a host's facts as they changed: 4 h of a leak named every minute
-INSTANCE_HISTORY = 60  # an instance's facts, one a bucket: an hour of 1-minute buckets
+INSTANCE_HISTORY = 240  # an instance's, one a bucket: 4 h of 1-minute buckets (~0.5 KiB
+# each: what hints read of it)
 
 
 class FactsTable:

@@ -52,7 +52,7 @@ from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.acks import HeldAcks
 from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, largest, more_at_hand
-from ragwatch.streams.worker.facts_feed import FactsFeed
+from ragwatch.streams.worker.facts_feed import ASSIGNED_S, FactsFeed
 from ragwatch.streams.worker.marks import SweepMarks
 from ragwatch.streams.worker.stall import CommitStall
 from ragwatch.streams.worker.topics import InputTopic, Key, input_topics
@@ -62,10 +62,6 @@ log = logging.getLogger(__name__)
 # A partition nothing was read from for this long (wall seconds) does not hold back the
 # silence sweeps: its hosts stopped sending, or it has none.
 IDLE_PARTITION_S = 30.0
-# For this long after an assignment a worker that has read nothing of its GPU or request
-# partitions yet tells the others (and its own hints) it is at their start: Faust's
-# first fetch comes within it if they hold anything (empty ones hold hints this long).
-ASSIGNED_S = 3.0
 
 
 class Delivery(Protocol):
@@ -117,6 +113,7 @@ class WorkerLoop:
         self.facts = facts
         self.done_up_to: dict[str, float] = {}  # gpu, requests -> event time processed
         self.assigned_at = -math.inf
+        self.unread: set[Any] = set()  # partitions assigned last and not read since
         pipes.tap(self._observe)
         self.held = HeldAcks()
         self.stall = CommitStall(log)
@@ -146,11 +143,12 @@ class WorkerLoop:
         if self.facts is not None:
             self.facts.observe(reader, moved)
 
-    async def _send(self, transitions: list[Transition]) -> None:
+    async def _send(self, transitions: list[Transition], *, wait: bool = True) -> None:
         """Send ``transitions`` in order, their hints completed with the other workers'
-        facts first (:meth:`.facts_feed.FactsFeed.settle`)."""
+        facts first (:meth:`.facts_feed.FactsFeed.settle`; ``wait`` False: with what is at
+        hand, for a topic whose alerts another agent may resolve meanwhile)."""
         if self.facts is not None:
-            transitions = await self.facts.settle(transitions, self.read_up_to())
+            transitions = await self.facts.settle(transitions, self.read_up_to(), wait=wait)
         for t in transitions:
             await self._send_alert(t)
 
@@ -162,13 +160,15 @@ class WorkerLoop:
 
     def _up_to(self, kind: str) -> float | None:
         topic = self.settings.topic(kind)
-        if self.marks.mark(topic) is not None:
-            return self.done_up_to.get(kind, 0.0)
-        # nothing read lately: idle, unless its partitions were just assigned (what they
-        # hold is read next: a catch-up would otherwise race the other side's hints)
+        # a partition just assigned and not read yet: what it holds is read next (its
+        # new owner may be far behind the others; its hosts' facts are the old owner's);
+        # Faust's first fetch comes within ASSIGNED_S if it holds anything
         young = time.monotonic() - self.assigned_at < ASSIGNED_S
-        mine = any(tp.topic == topic for tp in self.assigned_tps)
-        return 0.0 if young and mine and kind not in self.done_up_to else None
+        if young and any(tp.topic == topic for tp in self.unread):
+            return 0.0
+        if self.marks.mark(topic) is None:
+            return None  # nothing read lately: idle, none of it to wait for
+        return self.done_up_to.get(kind, 0.0)
 
     def _processed_up_to(self, kind: str) -> None:
         """A batch of ``kind`` was processed (its facts are published next)."""
@@ -220,7 +220,9 @@ class WorkerLoop:
                 await self.held.release([h])
                 return
             self.dirty[topic.kind].add(k)
-            await self._send(transitions)
+            # device events' alerts are resolved by the GPU agent (their host's GPU time):
+            # not held for hints, so a firing is never sent after its resolution
+            await self._send(transitions, wait=topic.kind != "events")
             self.held.hold(key, h)
         finally:
             self.busy[key] -= 1
@@ -236,8 +238,8 @@ class WorkerLoop:
         reads = await self._reads(topic, stream, events)
         if not reads:
             return
-        if topic.kind not in self.done_up_to and self.facts is not None:
-            await self.facts.heartbeat(self.read_up_to())  # reading began: others wait
+        if self.facts is not None:  # reading a partition began: the others wait for it
+            await self.facts.heartbeat(self.read_up_to())
         keys = [r.key for r in reads]
         self.busy.update(keys)  # no snapshot of them until their transitions are sent
         try:
@@ -364,6 +366,7 @@ class WorkerLoop:
             await self.dead_letter(msg, reason + f"(RAGWATCH_MAX_CLOCK_SKEW={skew:g})", raw)
             return None
         self.marks.read(msg.topic, msg.partition, ts)
+        self.unread.discard(msg.tp)
         return env
 
     async def _processed(
@@ -414,10 +417,12 @@ class WorkerLoop:
         acks. The new owner restores their snapshots and reads what came after; if they
         come back here, they are restored from the snapshot again, not from stale memory."""
         lost = self.assigned_tps - set(assigned_now)
+        self.unread = set(assigned_now) - self.assigned_tps
         self.assigned_tps = set(assigned_now)
         self.assigned_at = time.monotonic()
         self.rebalances += 1
         if self.facts is not None:  # what it reads now, before any of it is read
+            self.facts.assigned()
             await self.facts.heartbeat(self.read_up_to())
         # Faust reads every partition it keeps again from its committed offset: those
         # messages get their places in the queues again

@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ragwatch.embedded import EmbeddedStack, pid_alive
+from tests.integration.conftest import clean_environ, wait_until
 from tests.integration.conftest import run_ragwatch as ragwatch
 
 OURS = re.compile(rb"tansu|redis-server|-m\x00ragwatch\x00(worker|agent)")
@@ -346,3 +351,75 @@ def test_demo_all_pages_every_fault_with_its_culprit(stack: EmbeddedStack) -> No
             "pagerduty_resolves",
         ),
     )
+
+
+def test_demo_with_three_workers_joins_hints_and_outlives_a_killed_worker(
+    stack: EmbeddedStack,
+) -> None:
+    """``demo --scenario all --workers 3`` (six partitions: gpu-node-01 and rag-api land
+    on different ones): the hints join both sides through the facts topic; the worker
+    that raised the leak is killed (-9) after it, and the others take its partitions
+    over: every fault still pages once, every page with its hint."""
+    before = our_processes()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragwatch", "demo", "--scenario", "all", "--json",
+         "--workers", "3"],
+        env={**clean_environ(), "RAGWATCH_TOPIC_PARTITIONS": "6"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        run_dir = Path(wait_until(lambda: _run_dir(err), 60, lambda: "".join(err)))
+        leak = wait_until(lambda: _raised_by(run_dir, "GpuMemoryLeak"), 120, lambda: "".join(err))
+        os.kill(_pid_of(run_dir, leak), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=260)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(5)
+    said = "".join(err)
+    assert proc.returncode == 0, said[-3000:]
+    assert f"[demo] {leak} was killed: the other workers take its partitions over" in said
+    firing = [a for a in map(json.loads, out.splitlines()) if a["status"] == "firing"]
+    fingerprints = [a["fingerprint"] for a in firing]
+    assert len(fingerprints) == len(set(fingerprints)), firing  # each paged once
+    hints = {a["labels"]["alertname"]: a["annotations"]["hint"] for a in firing}
+    assert {"GpuMemoryLeak", "RetrievalSlowdown", "GpuOomKill"} <= hints.keys(), hints
+    assert all(hints.values()), hints
+    # the leak's hint names the degraded instance on its host (the request side), and
+    # the retrieval alert's judges the host's GPU memory (the GPU side)
+    assert re.search(r"while rag-api-1 on the same host shows .*: suspect", hints["GpuMemoryLeak"])
+    assert re.search(
+        r"GPU memory on gpu-node-01 is steady|memory \+[\d.]+ GB/h in pid 4011",
+        hints["RetrievalSlowdown"],
+    ), hints["RetrievalSlowdown"]
+    # after the kill, a hint still joins the host's GPUs
+    assert "pid 4011" in hints["GpuOomKill"], hints["GpuOomKill"]
+    assert our_processes() == before
+
+
+def _run_dir(err: list[str]) -> str | None:
+    found = re.search(r"starting embedded kafka \+ redis in (\S+)/stack", "".join(err))
+    return found.group(1) if found else None
+
+
+def _raised_by(run_dir: Path, rule: str) -> str | None:
+    """The worker (worker-N) whose log says ``rule`` started firing."""
+    for log in sorted(run_dir.glob("worker-*.log")):
+        if re.search(rf"alert {rule} \w+ -> firing", log.read_text(errors="replace")):
+            return log.stem
+    return None
+
+
+def _pid_of(run_dir: Path, name: str) -> int:
+    """The pid of the demo's ``worker-N`` (``RAGWATCH_STATE_DIR`` ends in its name)."""
+    want = f"RAGWATCH_STATE_DIR={run_dir / name}".encode()
+    for pid in our_processes():
+        try:
+            if want in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no process of {name}")

@@ -152,3 +152,5 @@ def test_the_hints_read_catalogued_signals() -> None:
     read |= set(hints._SIGNIFICANCE) | set(hints._SIGNIFICANCE.values())
     catalogued = set().union(*map(set, SERIES_SIGNALS.values()))
     assert len(read) >= 10 and read <= catalogued, read - catalogued
+    # and the facts topic carries each of them (what it carries of an instance)
+    assert read <= hints.HINT_SIGNALS, read - hints.HINT_SIGNALS

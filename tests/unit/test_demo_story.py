@@ -232,6 +232,9 @@ class _Fleet:
     def dead(self) -> list[str]:
         return []
 
+    def fallen(self) -> list[tuple[str, int]]:
+        return []
+
     def log_tail(self, name: str, chars: int = 1500) -> str:
         return ""
 
