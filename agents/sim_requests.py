@@ -84,7 +84,8 @@ OUTLIER_CONTEXT, OUTLIER_OUTPUT = (12000.0, 40.0), (20.0, 2.0)
 LEAK_PER_10MIN, LEAK_FLOOR = 0.01, 0.5
 OOM_BURST_S, OOM_ERROR_P = 90.0, 0.8
 DEPLOY_SLOWDOWN, RELOAD_SLOWDOWN, RELOAD_S = 1.05, 1.5, 120.0
-FAULT_KINDS = ("throughput", "retrieval", "outliers", "slowdown")
+FAULT_KINDS = ("throughput", "retrieval", "outliers", "slowdown", "drift")
+DRIFT_RAMP_S = 4 * 3600.0  # a drift reaches its full size (3x at severity 1) in 4 hours
 WEEK = 7 * DAY
 MONDAY = 4 * DAY  # 1970-01-05T00:00:00Z, a Monday (day 0 was a Thursday)
 
@@ -95,7 +96,9 @@ class Fault:
 
     ``kind``: ``throughput`` (tokens/request and QPS down, decode slower), ``retrieval``
     (a share of retrievals stall), ``outliers`` (a cluster of unusual requests) or
-    ``slowdown`` (tokens/s and QPS -1 % per 10 min, as under the GPU leak). ``severity``
+    ``slowdown`` (tokens/s and QPS -1 % per 10 min, as under the GPU leak) or ``drift``
+    (every retrieval slower by degrees, to 3x over ``DRIFT_RAMP_S``: a replica whose
+    index grows unchecked, slowly enough that its own baseline follows). ``severity``
     scales the effect (1.0: the magnitudes of the module docstring). Times are event-time
     seconds after ``start_ts``; ``duration_s`` None lasts to the end.
     """
@@ -218,6 +221,7 @@ class _State:
     decode_ms: float
     slowdown: float  # all stages (deploy)
     llm_slowdown: float  # the LLM stage (model reload)
+    retriever_factor: float  # the retriever stage (a drift)
     queue_ms: float
     error_p: float
     oom: bool
@@ -354,6 +358,7 @@ class RequestSimulator:
                 leak_s %= period
             speed = max(LEAK_FLOOR, (1 - LEAK_PER_10MIN) ** (leak_s / 600))
             qps, decode = qps * speed, decode / speed
+        drift = 1.0
         for f in inst.faults:
             if not f.active(el):
                 continue
@@ -366,6 +371,8 @@ class RequestSimulator:
                 slow_p = min(1.0, slow_p + SLOW_RETRIEVAL_P * sev)
             elif f.kind == "outliers":
                 outliers += cfg.outliers_per_min * sev / 60
+            elif f.kind == "drift":
+                drift *= 1 + 2 * sev * min(1.0, (el - f.start_s) / DRIFT_RAMP_S)
             else:  # slowdown
                 rate = min(0.5, LEAK_PER_10MIN * sev)
                 speed = max(LEAK_FLOOR, (1 - rate) ** ((el - f.start_s) / 600))
@@ -375,6 +382,7 @@ class RequestSimulator:
             output_mean=OUTPUT[0] * tokens,
             decode_ms=DECODE_MS_PER_TOKEN * decode,
             slowdown=slowdown,
+            retriever_factor=drift,
             llm_slowdown=RELOAD_SLOWDOWN if reload else 1.0,
             queue_ms=QUEUE_MS * load * load,
             error_p=OOM_ERROR_P if oom else error_p,
@@ -436,7 +444,7 @@ class RequestSimulator:
             if st.oom:  # the LLM backend is gone: the call fails fast
                 prefill = 3.0
         llm = (prefill + decode * out) * s * st.llm_slowdown
-        retriever, reranker = retriever * s, reranker * s
+        retriever, reranker = retriever * s * st.retriever_factor, reranker * s
         ttft = queue + retriever + reranker + (prefill + decode) * s * st.llm_slowdown
         ttft_ms = round(ttft, 1) if out else None
         return RequestRecord(

@@ -103,6 +103,10 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     # 1 while a serving baseline holds a deviation back at the same hour as a day or two
     # before, no higher (detectors/recurrence.py)
     "decode_recurring", "ttft_net_p95_recurring", "queue_p95_recurring",
+    # against the other instances of its service: their median, the ratio to it, and 1
+    # while deviant (streams/pipelines/replica_signals.py)
+    *(f"replica_{name}_{field}" for name in ("retriever", "e2e", "decode", "tpr", "errors")
+      for field in ("peers", "ratio", "deviant")),
 )  # fmt: skip
 # a cumulative count of the evidence behind a series' signals, for keep_firing_requests
 EVIDENCE_SIGNAL = {"service": "requests_total"}

@@ -60,13 +60,13 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 GpuMemoryLeak GpuMemoryLeakSlow GpuOomKill GpuXidCritical
 >>> for sid in sorted(points)[3:12]:  # an instance's: each default rule on its chart
 ...     print(sid, *points[sid][0]["rules"])
-service:rag-api:rag-api-0:decode_tps DecodeSpeedDrop
-service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation
-service:rag-api:rag-api-0:errors ErrorRateHigh
+service:rag-api:rag-api-0:decode_tps DecodeSpeedDrop ReplicaDecodeOutlier
+service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation ReplicaLatencyOutlier
+service:rag-api:rag-api-0:errors ErrorRateHigh ReplicaErrorsOutlier
 service:rag-api:rag-api-0:outliers RequestOutlierCluster
 service:rag-api:rag-api-0:queue_p95 QueueWaitHigh
-service:rag-api:rag-api-0:retriever_p99 RetrievalSlowdown
-service:rag-api:rag-api-0:tokens_per_req TokensPerRequestDrop
+service:rag-api:rag-api-0:retriever_p99 RetrievalSlowdown ReplicaRetrievalOutlier
+service:rag-api:rag-api-0:tokens_per_req TokensPerRequestDrop ReplicaTokensOutlier
 service:rag-api:rag-api-0:tokens_per_s ThroughputDrop
 service:rag-api:rag-api-0:ttft_net_p95 TtftDeviation
 >>> rec.observe(pipes.gpus, [("gpu-node-01", env.ts)]); rec.take()  # nothing new since
@@ -180,6 +180,8 @@ def charts_for(rule: Rule) -> tuple[Chart, ...]:
         next((c for c in own if signal in c.signals), None)
         or next((c for c in own if expected in c.signals), None)
         or next((c for c in own if signal in c.about), None)
+        # what it reports (a replica rule reads replica_*_deviant, reports the latency)
+        or next((c for c in own if rule.value_signal in c.signals), None)
     )
     if found is not None:
         return (found,)

@@ -149,6 +149,7 @@ from ragwatch.streams.pipelines.base import (
 from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir, drop_before
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.facts import instance_facts
+from ragwatch.streams.pipelines.replica_signals import compare, reads_peers
 from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
 from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS, SeriesKey, ServiceRows
 
@@ -332,7 +333,10 @@ class RequestPipeline:
             raise ValueError("need reservoir, tail_requests and min_baseline >= 1")
         if not (0 < rate_min <= rate_target and rate_max_s >= bucket_s):
             raise ValueError("need 0 < rate_min <= rate_target and rate_max_s >= bucket_s")
-        self.rules = [r for r in rules if r.series == SERIES]
+        mine = [r for r in rules if r.series == SERIES]
+        # the rules on an instance against its peers go with the sweep (_replicas)
+        self.replica_rules = [r for r in mine if reads_peers(r)]
+        self.rules = [r for r in mine if not reads_peers(r)]
         self.engine = engine or AlertEngine()
         self.bucket_s, self.grace_s, self.stale_s = float(bucket_s), float(grace_s), stale_s
         self.gap_s = float(gap_s)
@@ -418,6 +422,7 @@ class RequestPipeline:
                 if self._watermark - self._last_sweep >= self.bucket_s:
                     yield self._step(moved, self._flush())
                     swept = self._sweep()
+                    swept += self._replicas()
                     if swept:
                         yield self._step(moved, swept)
             yield self._step(moved, self._flush())
@@ -685,6 +690,28 @@ class RequestPipeline:
 
     def tracks(self, service: str) -> bool:
         return service in self._services
+
+    def _replicas(self) -> list[Transition]:
+        """With each sweep (a bucket of event time; every close of the envelopes before
+        it is done then, however they were batched): each service's instances against one
+        another (:func:`.replica_signals.compare`), and the rules that read it on each
+        instance compared, at its newest bucket's end."""
+        st, out = self.rows, []
+        ends = st.col["bucket_end"]
+        for service in sorted(self._services):
+            named = self._instances(service)
+            judged = compare(st.signals, SIGNAL_AT.__getitem__, ends, [r for _, r in named],
+                             self.bucket_s)  # fmt: skip
+            for instance, row in named:
+                if row not in judged or not self.replica_rules:
+                    continue
+                signals = st.signal_dict(row)
+                labels = {"service": service, "instance": instance}
+                for rule in self.replica_rules:
+                    t = self.engine.evaluate(rule, labels, signals, float(ends[row]))
+                    if t is not None:
+                        out.append(t)
+        return out
 
     def _instances(self, service: str) -> list[tuple[str, int]]:
         svc = self._services.get(service)

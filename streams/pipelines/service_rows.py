@@ -39,6 +39,7 @@ from ragwatch.detectors.recurrence import HOLD_COLUMNS
 from ragwatch.detectors.seasonal import SeasonalBank, SeasonalBaseline
 from ragwatch.detectors.tails import TailWindow
 from ragwatch.streams.pipelines.buckets import Bucket
+from ragwatch.streams.pipelines.replica_signals import REPLICA_SIGNALS
 from ragwatch.streams.pipelines.rows import RowIndex
 
 F64 = npt.NDArray[np.float64]
@@ -85,6 +86,8 @@ SIGNALS: tuple[str, ...] = (
     "queue_p95_held_s", "queue_p95_relearned_at", "queue_p95_relearned_from",
     "queue_p95_recurring",
     "window_errors", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
+    # against the other instances of the service (streams/pipelines/replica_signals.py)
+    *REPLICA_SIGNALS,
 )  # fmt: skip
 SIGNAL_AT = {name: i for i, name in enumerate(SIGNALS)}
 FAMILIES = ("rps", "tpr", "tps")  # the traffic baselines' families (relearned_at/from)

@@ -157,6 +157,7 @@ def test_charts_only_for_the_rules_that_want_them() -> None:
     _, default, _ = recorded("outliers", 1.0)
     charted = {sid.rsplit(":", 1)[1] for sid in default if sid.startswith("service:")}
     assert charted == main | wanted | {"outliers"}
-    drop = ("RequestOutlierCluster", "ErrorRateHigh", "QueueWaitHigh", "TtftDeviation")
+    drop = ("RequestOutlierCluster", "ErrorRateHigh", "QueueWaitHigh", "TtftDeviation",
+            "ReplicaErrorsOutlier")  # fmt: skip
     _, bare, _ = recorded("outliers", 1.0, drop)
     assert {sid.rsplit(":", 1)[1] for sid in bare if sid.startswith("service:")} == main
