@@ -396,11 +396,28 @@ def register_processors(
             await relay.tick()
         await loop.tick()
 
+    @app.timer(1.0)  # type: ignore[untyped-decorator]
+    async def empty_partitions() -> None:
+        for tp in list(loop.unread):  # assigned, not read yet: anything to read there?
+            if await _read_out(app.consumer, tp):
+                loop.unread.discard(tp)
+
     @app.timer(TOPIC_CHECK_S)  # type: ignore[untyped-decorator]
     async def keep_topics() -> None:
         await keeper.check()
 
     return loop
+
+
+async def _read_out(consumer: Any, tp: Any) -> bool:
+    """Whether ``tp`` has nothing to read (its position at its high watermark): an empty
+    partition does not hold hints (``WorkerLoop.unread``). Unknown: not yet."""
+    try:
+        high = consumer.highwater(tp)
+        position = await consumer.position(tp)
+    except Exception:  # not assigned any more, or not fetched yet
+        return False
+    return high is not None and position is not None and position >= high
 
 
 def _facts_sent(sent: Any) -> None:

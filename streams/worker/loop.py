@@ -52,7 +52,7 @@ from ragwatch.streams.pipelines.charts import SeriesRecorder
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.worker.acks import HeldAcks
 from ragwatch.streams.worker.batches import MAX_BATCH, Read, describe, largest, more_at_hand
-from ragwatch.streams.worker.facts_feed import ASSIGNED_S, FactsFeed
+from ragwatch.streams.worker.facts_feed import FactsFeed
 from ragwatch.streams.worker.marks import SweepMarks
 from ragwatch.streams.worker.stall import CommitStall
 from ragwatch.streams.worker.topics import InputTopic, Key, input_topics
@@ -113,7 +113,9 @@ class WorkerLoop:
         self.facts = facts
         self.done_up_to: dict[str, float] = {}  # gpu, requests -> event time processed
         self.assigned_at = -math.inf
-        self.unread: set[Any] = set()  # partitions assigned last and not read since
+        # partitions assigned last, not read since and not known to be empty (the app
+        # drops those at their high watermark): hints wait for them (read_up_to)
+        self.unread: set[Any] = set()
         pipes.tap(self._observe)
         self.held = HeldAcks()
         self.stall = CommitStall(log)
@@ -160,10 +162,11 @@ class WorkerLoop:
 
     def _up_to(self, kind: str) -> float | None:
         topic = self.settings.topic(kind)
-        # a partition just assigned and not read yet: what it holds is read next (its
-        # new owner may be far behind the others; its hosts' facts are the old owner's);
-        # Faust's first fetch comes within ASSIGNED_S if it holds anything
-        young = time.monotonic() - self.assigned_at < ASSIGNED_S
+        # a partition assigned lately and not read yet: what it holds is read next (its
+        # new owner may be far behind the others; its hosts' facts are the old owner's;
+        # this worker's other agent may have raced ahead of it through a backlog); one
+        # the app finds empty is dropped from ``unread``
+        young = time.monotonic() - self.assigned_at < IDLE_PARTITION_S
         if young and any(tp.topic == topic for tp in self.unread):
             return 0.0
         if self.marks.mark(topic) is None:
