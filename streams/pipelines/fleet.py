@@ -319,9 +319,8 @@ class Join(NamedTuple):
 
 class Live:
     """The facts the GPU and request pipelines publish as they are now (a
-    :class:`~.facts.Summary`); with ``remote`` (the facts every worker published, this
-    one's too, as of an alert's time), those first and the pipelines' for what it lacks:
-    a pipeline's state may have moved on hours past the alert while its hint waited."""
+    :class:`~.facts.Summary`); with ``remote`` (the facts the other workers published, as
+    of an alert's time), those of the hosts and instances the pipelines do not hold."""
 
     def __init__(
         self, gpus: GpuPipeline, requests: RequestPipeline, remote: Summary | None = None
@@ -329,18 +328,19 @@ class Live:
         self.gpus, self.requests, self.remote = gpus, requests, remote
 
     def host(self, host: str) -> HostFacts:
-        found = self.remote.host(host) if self.remote is not None else None
-        return found if found is not None and found.ts is not None else self.gpus.facts(host)
+        own = self.gpus.facts(host)
+        return own if own.ts is not None or self.remote is None else self.remote.host(host)
 
     def instance(self, service: str, instance: str) -> InstanceFacts | None:
-        found = self.remote.instance(service, instance) if self.remote is not None else None
-        return found if found is not None else self.requests.facts(service, instance)
+        own = self.requests.facts(service, instance)
+        if own is not None or self.remote is None:
+            return own
+        return self.remote.instance(service, instance)
 
     def instances_on(self, host: str) -> list[InstanceFacts]:
         own = self.requests.facts_on(host)
         if self.remote is None:
             return own
-        published = self.remote.instances_on(host)
-        seen = {(f.service, f.instance) for f in published}
-        rest = [f for f in own if (f.service, f.instance) not in seen]
-        return sorted(published + rest, key=lambda f: (f.service, f.instance))
+        mine = {(f.service, f.instance) for f in own}
+        theirs = [f for f in self.remote.instances_on(host) if (f.service, f.instance) not in mine]
+        return sorted(own + theirs, key=lambda f: (f.service, f.instance))

@@ -120,18 +120,17 @@ class FactsTable:
     # -- progress ---------------------------------------------------------------------
 
     def behind(self, domain: Domain, at: float) -> list[str]:
-        """The live workers that read telemetry of ``domain`` and have not processed it
-        up to event time ``at``: their facts of that time are still to come. This worker
-        is one of them for request telemetry (its request agent runs beside its GPU
-        agent, at its own pace), never for GPU telemetry: a request alert of a host this
-        worker reads finds its GPU facts at hand, and were its request agent to wait for
-        its GPU agent while that one waits for it, both would wait ``wait_s``."""
+        """The live workers (not this one) that read telemetry of ``domain`` and have not
+        processed it up to event time ``at``: their facts of that time are still to come.
+        A worker never waits for itself: Faust feeds its agents through one conductor,
+        which stops feeding both while one's queue is full, so one agent waiting for the
+        other can wait in vain; its own other side is read from its pipelines as they are
+        (as with one worker before the facts topic)."""
         now = self._clock()
         out = []
         for worker, (p, seen) in sorted(self.progress.items()):
             ts = p.host_ts if domain == "host" else p.service_ts
-            other = worker != self.me or domain == "service"
-            if other and ts is not None and ts < at and now - seen <= self.alive_s:
+            if worker != self.me and ts is not None and ts < at and now - seen <= self.alive_s:
                 out.append(worker)
         return out
 
