@@ -183,15 +183,6 @@ class FactsFeed:
         await self._caught_up(deadline)
         for j in joins:
             behind = self.table.behind(j.domain, j.at - SLACK_S)
-            log.debug(
-                "hint of alert %s (%s of %s at %.0f): behind %s; progress %s",
-                j.fingerprint,
-                j.domain,
-                j.host,
-                j.at,
-                behind,
-                self.table.progress,
-            )
             if behind:
                 self.waited += 1
             while behind and self._clock() < deadline:
