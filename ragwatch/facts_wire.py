@@ -40,13 +40,39 @@ _decoder = msgspec.json.Decoder(_Wire)
 _encoder = msgspec.json.Encoder()
 
 
+def host_key(host: str) -> bytes:
+    return f"h/{host}".encode()
+
+
+def instance_key(service: str, instance: str) -> bytes:
+    return f"i/{service}/{instance}".encode()
+
+
+def worker_key(worker: str) -> bytes:
+    return f"w/{worker}".encode()
+
+
 def facts_key(record: FactsRecord) -> bytes:
     """The record's key on the facts topic (compaction keeps the newest per key)."""
     if isinstance(record, HostFacts):
-        return f"h/{record.host}".encode()
+        return host_key(record.host)
     if isinstance(record, InstanceFacts):
-        return f"i/{record.service}/{record.instance}".encode()
-    return f"w/{record.worker}".encode()
+        return instance_key(record.service, record.instance)
+    return worker_key(record.worker)
+
+
+def key_parts(key: bytes) -> tuple[str, str, str]:
+    """(kind, name, instance) of a key: ("h", host, ""), ("i", service, instance) or
+    ("w", worker, "") (a tombstone names what is gone by its key alone).
+
+    >>> key_parts(instance_key("rag-api", "rag-api-1")), key_parts(host_key("h1"))
+    (('i', 'rag-api', 'rag-api-1'), ('h', 'h1', ''))
+    """
+    kind, _, name = key.decode(errors="replace").partition("/")
+    if kind == "i":
+        service, _, instance = name.partition("/")
+        return kind, service, instance
+    return kind, name, ""
 
 
 def encode_facts(record: FactsRecord, *, by: str) -> bytes:

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ragwatch.facts_wire import FactsRecord, encode_facts, facts_key
+from ragwatch.facts_wire import FactsRecord, encode_facts, facts_key, host_key, instance_key
 from ragwatch.schema import InstanceFacts, Transition, WorkerProgress
 from ragwatch.streams.pipelines.base import ChartReader, Domain, owns
 from ragwatch.streams.pipelines.fleet import Pipelines
@@ -150,11 +150,11 @@ class FactsFeed:
         from the topic (tombstones)."""
         for host in hosts:
             self._host_period.pop(host, None)
-            await self._send(f"h/{host}".encode(), None)
+            await self._send(host_key(host), None)
         lost = set(services)
         for key in [k for k in self._bucket if k[0] in lost]:
             del self._bucket[key]
-            await self._send(f"i/{key[0]}/{key[1]}".encode(), None)
+            await self._send(instance_key(*key), None)
 
     def forget(self, domain: Domain, key: str) -> None:
         """``key`` went to another worker: it publishes its facts from now on."""

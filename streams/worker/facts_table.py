@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from ragwatch.errors import SchemaError
-from ragwatch.facts_wire import decode_facts
+from ragwatch.facts_wire import decode_facts, key_parts
 from ragwatch.schema import HostFacts, InstanceFacts, WorkerProgress
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class FactsTable:
         for key, value in records:
             self.records += 1
             if value is None:
-                self._drop(key.decode(errors="replace") if key else "")
+                self._drop(*key_parts(key or b""))
                 continue
             try:
                 by, rec = decode_facts(value)
@@ -96,12 +96,11 @@ class FactsTable:
         else:
             self.progress[rec.worker] = (rec, self._clock())
 
-    def _drop(self, key: str) -> None:
-        kind, _, name = key.partition("/")
+    def _drop(self, kind: str, name: str, instance: str) -> None:
         if kind == "h":
             self.hosts.pop(name, None)
         elif kind == "i":
-            service, _, instance = name.partition("/")
+            service = name
             old = self.instances.pop((service, instance), None)
             if old and old[-1].host is not None:
                 self._on.get(old[-1].host or "", set()).discard((service, instance))
