@@ -684,6 +684,11 @@ class GpuPipeline:
         """What ``host``'s GPUs say now, for hints (:func:`.facts.host_facts`)."""
         return host_facts(host, self.host_series(host))
 
+    def facts_of(self, hosts: Iterable[str]) -> list[HostFacts]:
+        """:meth:`facts` of many hosts, their signals computed together (:meth:`views`):
+        what the worker publishes of the hosts a wave moved into a new minute."""
+        return [host_facts(h, series) for h, series in self.views(hosts).items()]
+
     def host_series(self, host: str) -> dict[SeriesKey, SeriesView]:
         """Every series of ``host``, by key (their signals computed together when read)."""
         return self.views([host])[host]

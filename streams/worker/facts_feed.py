@@ -89,11 +89,14 @@ class FactsFeed:
         facts of those that moved into a new period (hosts) or closed a bucket
         (instances) are taken now, as of this wave, to be published after the batch."""
         if reader.name == "gpu":
+            due = []
             for host, ts in moved:
                 period = ts // PERIOD_S
                 if self._host_period.get(host) != period:
                     self._host_period[host] = period
-                    self._due.append(self.pipes.gpus.facts(host))
+                    due.append(host)
+            if due:
+                self._due += self.pipes.gpus.facts_of(due)
         elif reader.name == "requests":
             for service, _ in moved:
                 self._due += self._instances(service)
@@ -114,7 +117,7 @@ class FactsFeed:
             }
         )
         out, self._due = self._due, []
-        out += [self.pipes.gpus.facts(host) for host in firing]
+        out += self.pipes.gpus.facts_of(firing) if firing else []
         progress = self._progress_due(read, bool(out))
         return out + ([progress] if progress is not None else [])
 
