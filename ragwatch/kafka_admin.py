@@ -189,6 +189,11 @@ class MissingTopics:
         return gone, back
 
 
+def partitions_of(settings: Settings, topic: str) -> int:
+    """How many partitions ragwatch creates ``topic`` with (a full name)."""
+    return FACTS_PARTITIONS if topic == settings.topic("facts") else settings.topic_partitions
+
+
 def ensure_topics(
     settings: Settings,
     names: tuple[str, ...] = TOPICS,
@@ -208,9 +213,7 @@ def ensure_topics(
     facts = settings.topic("facts")
     futures = admin.client.create_topics(
         [
-            NewTopic(t, FACTS_PARTITIONS, 1, config=FACTS_CONFIG)
-            if t == facts
-            else NewTopic(t, settings.topic_partitions, 1)
+            NewTopic(t, partitions_of(settings, t), 1, config=FACTS_CONFIG if t == facts else {})
             for t in wanted
         ],
         operation_timeout=timeout_s,

@@ -37,6 +37,7 @@ from ragwatch.kafka_admin import (
     CHECK_TIMEOUT_S,
     MissingTopics,
     ensure_topics,
+    partitions_of,
     topic_ids,
     topic_names,
 )
@@ -179,11 +180,15 @@ class TopicKeeper:
             self._create_failed = True
             return []
         self._create_failed = False
-        parts = self.settings.topic_partitions
         return [
             t
             for t in missing
-            if self.topics.back(t, f"re-created ({parts} partitions)" if t in created else None)
+            if self.topics.back(
+                t,
+                f"re-created ({partitions_of(self.settings, t)} partitions)"
+                if t in created
+                else None,
+            )
         ]
 
 
