@@ -141,10 +141,13 @@ class Pipelines:
     def hint(self, alert: Alert) -> str:
         """The hint ``alert`` would get now, from the facts the pipelines publish (and the
         other workers', as of its time)."""
+        return self.correlator.hint(alert, self._live_at(self.correlator.at(alert)))
+
+    def _live_at(self, at: float) -> Live:
+        """The pipelines' facts now, and the other workers' as of event time ``at``."""
         if self.remote is None:
-            return self.correlator.hint(alert, self.live)
-        remote = self.remote.as_of(self.correlator.at(alert))
-        return self.correlator.hint(alert, Live(self.gpus, self.requests, remote))
+            return self.live
+        return Live(self.gpus, self.requests, self.remote.as_of(at))
 
     def gpu(self, env: GpuEnvelope) -> list[Transition]:
         return self.gpu_wire(gpu_wire(env))
@@ -179,8 +182,7 @@ class Pipelines:
         out = []
         for t in transitions:
             if t.fires:  # its hint reads the other workers' facts as of its time
-                at = self.correlator.at(t.alert)
-                live = Live(self.gpus, self.requests, self.remote.as_of(at))
+                live = self._live_at(self.correlator.at(t.alert))
                 facts = Captured(live, hosts, instances)
                 t = replace(t, alert=self.correlator.explain(t.alert, facts))
                 if (join := self._join(t.alert, facts)) is not None:
