@@ -16,7 +16,7 @@ envelopes before it is done, however they were batched, so the comparison is the
 
 The signals are ``replica_<name>_peers`` (the median), ``replica_<name>_ratio`` and
 ``replica_<name>_deviant`` (1 or 0; NaN: not judged). They are stateless: how long an
-instance stays deviant is the rules' ``for:`` (``ReplicaOutlier`` in the default rules),
+instance stays deviant is the rules' ``for:`` (``Replica*Outlier`` in the default rules),
 never this module's. The instances of a service are consumed by one worker (requests are
 keyed by service), so their comparison needs nothing from another worker.
 

@@ -702,8 +702,8 @@ class RequestPipeline:
             named = self._instances(service)
             judged = compare(st.signals, SIGNAL_AT.__getitem__, ends, [r for _, r in named],
                              self.bucket_s)  # fmt: skip
-            for instance, row in named:
-                if row not in judged or not self.replica_rules:
+            for instance, row in named if self.replica_rules else ():
+                if row not in judged:
                     continue
                 signals = st.signal_dict(row)
                 labels = {"service": service, "instance": instance}
