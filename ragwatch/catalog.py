@@ -48,6 +48,12 @@ SERIES_SIGNALS: dict[str, tuple[str, ...]] = {
         "mem_copy_util",
         "temp_c",
         "power_w",
+        # against its like GPUs, as last compared (streams/pipelines/gpu_peers.py)
+        *(
+            f"replica_gpu_{name}_{field}"
+            for name in ("mem", "util", "power", "temp")
+            for field in ("value", "peers", "ratio", "deviant")
+        ),
     ),
 }
 # Baselines that hold through a fault and may, after holding long enough, accept a new level

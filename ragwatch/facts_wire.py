@@ -12,9 +12,9 @@ record without a value (a tombstone) says the key is gone.
 >>> from ragwatch.schema import HostFacts
 >>> key, value = facts_key(HostFacts("h1", 60.0)), encode_facts(HostFacts("h1", 60.0), by="w1")
 >>> key, value
-(b'h/h1', b'{"v":1,"by":"w1","host":{"host":"h1","ts":60.0,"leaks":[],"full":[]}}')
+(b'h/h1', b'{"v":1,"by":"w1","host":{"host":"h1","ts":60.0,"leaks":[],"full":[],"gpus":[]}}')
 >>> decode_facts(value)
-('w1', HostFacts(host='h1', ts=60.0, leaks=(), full=()))
+('w1', HostFacts(host='h1', ts=60.0, leaks=(), full=(), gpus=()))
 """
 
 from __future__ import annotations

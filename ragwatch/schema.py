@@ -582,16 +582,35 @@ class LeakFact:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFact:
+    """A GPU as its like GPUs on other hosts compare with it
+    (:mod:`ragwatch.streams.pipelines.gpu_peers`): its member name (``host/gpu``, with
+    ``/mig`` for a MIG instance), its group (model and pod template; only GPUs allocated
+    to a pod have one), the event time of its newest sample and the signals compared, as
+    smoothed for the comparison (None: not known)."""
+
+    member: str
+    group: str
+    ts: float
+    leak_gb_per_hour: float | None = None
+    gpu_util: float | None = None
+    watts_per_util: float | None = None  # power per percent of utilisation, while busy
+    temp_c: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class HostFacts:
     """What a host's GPU telemetry says about it at one moment, for the hints of alerts
     on it and on the services it runs: its leaking processes (steepest first), its GPUs
-    near full (``(gpu, used ratio)`` in GPU order), and the event time of its newest
-    sample (None: no GPU series of it is held)."""
+    near full (``(gpu, used ratio)`` in GPU order), the event time of its newest sample
+    (None: no GPU series of it is held), and its GPUs that have like GPUs to compare
+    with (in GPU order)."""
 
     host: str
     ts: float | None = None
     leaks: tuple[LeakFact, ...] = ()
     full: tuple[tuple[str, float], ...] = ()
+    gpus: tuple[GpuFact, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ragwatch.detectors.leak import GB
-from ragwatch.schema import HostFacts, InstanceFacts, LeakFact
+from ragwatch.schema import GpuFact, HostFacts, InstanceFacts, LeakFact
 from ragwatch.streams.pipelines.base import GpuSeriesState, InstanceState
+from ragwatch.streams.pipelines.gpu_peers import group_of, member_of
 
 LEAK_MIN_BYTES = 0.25 * GB  # grown over the leak window, steadily
 LEAK_MIN_STEADINESS = 0.7
@@ -55,16 +56,38 @@ def host_facts(host: str, series: Mapping[tuple[str, int, str, int], GpuSeriesSt
     if not series:
         return HostFacts(host)
     leaks = [leak for key, s in series.items() if key[3] >= 0 and (leak := _leak(s)) is not None]
-    full = []
+    full, gpus = [], []
     for key, s in sorted(series.items()):
+        if key[3] >= 0:
+            continue
         ratio = s.signals.get("fb_used_ratio")
-        if key[3] < 0 and ratio is not None and ratio >= GPU_FULL_RATIO:
+        if ratio is not None and ratio >= GPU_FULL_RATIO:
             full.append((s.labels["gpu"], ratio))
+        if (fact := _gpu(s)) is not None:
+            gpus.append(fact)
     return HostFacts(
         host,
         max(s.last_ts for s in series.values()),
         tuple(sorted(leaks, key=lambda lk: -lk.gb_per_hour)),
         tuple(full),
+        tuple(gpus),
+    )
+
+
+def _gpu(s: GpuSeriesState) -> GpuFact | None:
+    """A GPU series as its like GPUs compare with it (None: it has no group)."""
+    group = group_of(s.labels)
+    if group is None:
+        return None
+    sig = s.signals
+    return GpuFact(
+        member_of(s.labels),
+        group,
+        s.last_ts,
+        sig.get("replica_gpu_mem_value"),  # as smoothed for the comparison (.gpu_peers)
+        sig.get("replica_gpu_util_value"),
+        sig.get("replica_gpu_power_value"),
+        sig.get("replica_gpu_temp_value"),
     )
 
 

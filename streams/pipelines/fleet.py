@@ -34,6 +34,7 @@ from ragwatch.schema import (
     Envelope,
     EventEnvelope,
     GpuEnvelope,
+    GpuFact,
     HostFacts,
     InstanceFacts,
     MetricsEnvelope,
@@ -83,6 +84,8 @@ class Pipelines:
         self.correlator = Correlator(rules, self.engine)
         self.live = Live(self.gpus, self.requests)
         self.remote = remote
+        if remote is not None:  # like GPUs on the other workers' hosts (.gpu_peers)
+            self.gpus.peers.source = RemotePeers(remote)
         self.joins: list[Join] = []
         self.pipelines: tuple[SignalPipeline, ...] = (
             self.gpus,
@@ -305,6 +308,25 @@ class Remote(Protocol):
     :class:`~ragwatch.streams.worker.facts_table.FactsTable`), as of an event time."""
 
     def as_of(self, at: float) -> Summary: ...
+
+    def gpus_at(self, at: float) -> list[tuple[str, GpuFact]]: ...
+
+    def behind(self, domain: Domain, at: float) -> list[str]: ...
+
+
+class RemotePeers:
+    """The like GPUs of the hosts other workers own, as they published them (the GPU
+    pipeline's :class:`~.gpu_peers.PeerSource`): a minute is ready once no live worker
+    that reads GPU telemetry is behind it."""
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+
+    def gpus_at(self, at: float) -> list[tuple[str, GpuFact]]:
+        return self.remote.gpus_at(at)
+
+    def ready(self, at: float) -> bool:
+        return not self.remote.behind("host", at)
 
 
 class Join(NamedTuple):

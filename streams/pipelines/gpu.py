@@ -83,6 +83,7 @@ from ragwatch.streams.pipelines.base import (
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.facts import host_facts
 from ragwatch.streams.pipelines.gpu_clock import HostClocks, Verdict
+from ragwatch.streams.pipelines.gpu_peers import LikeGpus, reads_peers
 from ragwatch.streams.pipelines.gpu_signals import (
     COLUMNS,
     F64,
@@ -157,7 +158,12 @@ class GpuPipeline:
     ) -> None:
         """``leak``: the leak detector's parameters (:class:`~ragwatch.detectors.leak.
         LeakDetector`'s; its defaults if None)."""
-        self.rules = {s: [r for r in rules if r.series == s] for s in ("gpu", "process")}
+        # the rules on a GPU against its like GPUs go with their comparison (.gpu_peers)
+        self.peer_rules = [r for r in rules if r.series == "gpu" and reads_peers(r)]
+        self.rules = {
+            s: [r for r in rules if r.series == s and r not in self.peer_rules]
+            for s in ("gpu", "process")
+        }
         self.every_sample = every_sample
         self.engine = engine or AlertEngine()
         self.max_series = max_series
@@ -186,6 +192,7 @@ class GpuPipeline:
         self.tap: Tap | None = None
         self._steps: list[Step] = []  # the waves of this batch done so far
         self.stats = PipelineStats()
+        self.peers = LikeGpus(self)  # its GPUs against their like GPUs (.gpu_peers)
 
     def __len__(self) -> int:
         """The series tracked."""
@@ -205,7 +212,7 @@ class GpuPipeline:
             if old:
                 a[:old] = getattr(self, name)
             setattr(self, name, a)
-        for name in ("is_gpu", "watch"):
+        for name in ("is_gpu", "watch", "peer_watch"):
             b = np.zeros(capacity, dtype=np.bool_)
             if old:
                 b[:old] = getattr(self, name)
@@ -231,6 +238,7 @@ class GpuPipeline:
     residual_block: F64  # the hour (ts // 3600) of its last sample
     is_gpu: npt.NDArray[np.bool_]
     watch: npt.NDArray[np.bool_]  # an alert of the row may be active: evaluate its rules
+    peer_watch: npt.NDArray[np.bool_]  # ... of its rules against its like GPUs
 
     # ------------------------------------------------------------------ processing
 
@@ -262,6 +270,11 @@ class GpuPipeline:
                 if verdict is not take:  # its stamp is refused (.gpu_clock)
                     self._refused(host, verdict, env.gpus)
                     continue
+                if self.peers.due(ts):
+                    self._flush()  # the minute is compared after the samples before it
+                    yield from self._handed()
+                    self._emit([], self.peers.take(ts))
+                    yield from self._handed()
                 if host in wave.hosts:
                     self._flush()
                 self._gather(host, ts, env.gpus)
@@ -276,6 +289,9 @@ class GpuPipeline:
                     self._emit([], self._sweep_silent())
                     yield from self._handed()
             self._flush()
+            yield from self._handed()
+            # the other workers' facts of minutes waiting came
+            self._emit([], self.peers.compare_ready())
             yield from self._handed()
         except GeneratorExit:  # whoever drove it failed: the rest of the batch is not done
             wave.clear()
@@ -534,10 +550,10 @@ class GpuPipeline:
             return
         picked.sort(key=lambda p: p.at)
         dicts = self.signal_dicts(np.array([p.row for p in picked], dtype=np.intp))
-        fired = gating.evaluate(self.engine, picked, dicts, self._row_keys, ts, self.watch)
+        fired = gating.evaluate(self.engine, picked, dicts, self.row_keys, ts, self.watch)
         out += [tr for _, tr in fired]
 
-    def _row_keys(self, row: int, rules: Sequence[Rule]) -> dict[str, tuple[dict[str, str], str]]:
+    def row_keys(self, row: int, rules: Sequence[Rule]) -> dict[str, tuple[dict[str, str], str]]:
         """The alert labels and fingerprint of each of ``rules`` on ``row`` (cached)."""
         keys = self._keys[row]
         if keys is None:
@@ -632,14 +648,17 @@ class GpuPipeline:
         for name in COLUMNS:
             getattr(self, name)[row] = np.nan
         self.is_gpu[row] = gpu
-        self.watch[row] = False
+        self.watch[row] = self.peer_watch[row] = False
         self.labels[row] = labels
+        if gpu:
+            self.peers.add(row, labels)
         self._keys[row] = self.where[row] = None
         return row
 
     def _drop(self, key: SeriesKey) -> tuple[dict[str, str], dict[str, Any]]:
         """Stop tracking one series; its labels and alert keys."""
         row = self.index.remove(key)
+        self.peers.grouped.pop(row, None)
         self._layouts.pop(key[0], None)
         labels, keys = self.labels[row], self._keys[row]
         self.labels[row] = self._keys[row] = self.where[row] = None
@@ -649,7 +668,8 @@ class GpuPipeline:
     def _reassigned(self, row: int, key: SeriesKey, ts: float) -> list[Transition]:
         """A GPU now allocated to another pod: a new workload, so a new series (a fresh
         baseline), and the old one's alerts resolved as gone."""
-        fps = [fp for _, fp in self._row_keys(row, self.rules["gpu"]).values()]
+        rules = self.rules["gpu"] + self.peer_rules
+        fps = [fp for _, fp in self.row_keys(row, rules).values()]
         labels, _ = self._drop(key)
         note = f"the device was allocated to pod {labels.get('pod', '?')}, now to another"
         return self.engine.clear_fingerprints(fps, ts, note)

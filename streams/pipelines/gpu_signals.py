@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.leak import GB
+from ragwatch.streams.pipelines.gpu_peers import PEER_SIGNALS
 
 if TYPE_CHECKING:
     from ragwatch.streams.pipelines.gpu import GpuPipeline
@@ -64,7 +65,9 @@ GPU_SIGNALS = (
     "mem_copy_util",
     "temp_c",
     "power_w",
+    *PEER_SIGNALS,  # the GPU against its like GPUs, as last compared (.gpu_peers)
 )
+PEER_SET = frozenset(PEER_SIGNALS)
 PROCESS_SIGNALS = (*LEAK_SIGNALS, "gpu_mem_bytes", "rss_bytes")
 GPU_SIGNAL_SET, PROCESS_SIGNAL_SET = frozenset(GPU_SIGNALS), frozenset(PROCESS_SIGNALS)
 # the raw columns of a row (NaN where a value is not known), as a snapshot holds them
@@ -84,6 +87,8 @@ COLUMNS = (
     "residual_lo",
     "residual_lo_before",
     "residual_block",
+    # a GPU's last comparison with its like GPUs (.gpu_peers; NaN: not compared)
+    *PEER_SIGNALS,
 )
 
 
@@ -200,6 +205,10 @@ class SignalArrays(Mapping[str, F64]):
         if v is None:
             if name not in self._names:
                 raise KeyError(name)
+            if name in PEER_SET:  # held as compared, not computed
+                held: F64 = getattr(self._p, name)[self._r]
+                self._done[name] = held
+                return held
             with np.errstate(all="ignore"):
                 v = self._done[name] = getattr(self, "_" + name)()
         return v
@@ -343,6 +352,7 @@ def row_signals(pipe: GpuPipeline, row: int) -> dict[str, float | None]:
             float(pipe.mem_copy_util[row]),
             float(pipe.temp_c[row]),
             float(pipe.power_w[row]),
+            *(float(getattr(pipe, name)[row]) for name in PEER_SIGNALS),
         ]
         names: tuple[str, ...] = GPU_SIGNALS
     else:

@@ -83,7 +83,7 @@ def _adopt_rows(pipe: GpuPipeline, host: str, state: dict[str, Any]) -> int:
     if rows:
         picked = np.array(order, dtype=np.intp)
         pipe.bank.load(np.array(rows, dtype=np.intp), probe.dump(picked))
-        pipe.watch[rows] = True  # the engine may restore its alerts next
+        pipe.watch[rows] = pipe.peer_watch[rows] = True  # the engine may restore its alerts
     return len(rows)
 
 

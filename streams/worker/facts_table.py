@@ -34,18 +34,27 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from ragwatch.errors import SchemaError
 from ragwatch.facts_wire import decode_facts, key_parts
-from ragwatch.schema import HostFacts, InstanceFacts, WorkerProgress
+from ragwatch.schema import GpuFact, HostFacts, InstanceFacts, WorkerProgress
+from ragwatch.streams.pipelines.gpu_peers import COMPARED
 
 log = logging.getLogger(__name__)
+F64 = npt.NDArray[np.float64]
 
 Domain = Literal["host", "service"]
 
 ALIVE_S = 30.0  # a worker whose progress has not come for this long is not waited for
 HOST_HISTORY = 240  # a host's facts as they changed: 4 h of a leak named every minute
+# a host's GPUs as their like GPUs compare them (GpuFact), kept apart and in arrays: an
+# hour of minutes (a worker more than an hour ahead of another is compared without it)
+GPU_HISTORY = 60
 INSTANCE_HISTORY = 240  # an instance's, one a bucket: 4 h of 1-minute buckets (~0.5 KiB
 # each: what hints read of it)
 
@@ -58,6 +67,7 @@ class FactsTable:
     ) -> None:
         self.me, self.alive_s, self._clock = me, alive_s, clock
         self.hosts: dict[str, deque[HostFacts]] = {}  # each as it changed, oldest first
+        self.gpus: dict[str, deque[GpuRecord]] = {}  # its GPUs' GpuFacts, oldest first
         self.instances: dict[tuple[str, str], deque[InstanceFacts]] = {}
         self._on: dict[str, set[tuple[str, str]]] = {}  # host -> its instances
         self.progress: dict[str, tuple[WorkerProgress, float]] = {}  # worker -> (it, when)
@@ -84,6 +94,10 @@ class FactsTable:
 
     def _put(self, rec: HostFacts | InstanceFacts | WorkerProgress, by: str) -> None:
         if isinstance(rec, HostFacts):
+            if rec.gpus or rec.host in self.gpus:
+                history = self.gpus.setdefault(rec.host, deque(maxlen=GPU_HISTORY))
+                _add(history, GpuRecord.of(rec, history[-1] if history else None))
+            rec = replace(rec, gpus=())  # hints do not read them: 4 h of them is not kept
             _add(self.hosts.setdefault(rec.host, deque(maxlen=HOST_HISTORY)), rec)
         elif isinstance(rec, InstanceFacts):
             key = (rec.service, rec.instance)
@@ -99,6 +113,7 @@ class FactsTable:
     def _drop(self, kind: str, name: str, instance: str) -> None:
         if kind == "h":
             self.hosts.pop(name, None)
+            self.gpus.pop(name, None)
         elif kind == "i":
             service = name
             old = self.instances.pop((service, instance), None)
@@ -115,6 +130,17 @@ class FactsTable:
         that reads ahead of another does not answer an older alert's hint with facts from
         its own present. Read when asked: records that come meanwhile are seen."""
         return AsOf(self, at)
+
+    def gpus_at(self, at: float) -> list[tuple[str, GpuFact]]:
+        """Every published GPU that has like GPUs to compare with (a group), as of event
+        time ``at``: (host, fact), by host (:mod:`..pipelines.gpu_peers`). Hosts whose
+        newest record has none are passed over."""
+        out: list[tuple[str, GpuFact]] = []
+        for host, history in sorted(self.gpus.items()):
+            found: GpuRecord | None = _at(history, at)
+            if found is not None and found.ts is not None and found.ts <= at:
+                out += [(host, f) for f in found.facts()]
+        return out
 
     # -- progress ---------------------------------------------------------------------
 
@@ -143,8 +169,47 @@ def _add(history: deque[Any], rec: Any) -> None:
     history.append(rec)
 
 
-def _ts(rec: HostFacts | InstanceFacts) -> float | None:
-    return rec.ts if isinstance(rec, HostFacts) else rec.bucket_end
+def _ts(rec: HostFacts | InstanceFacts | GpuRecord) -> float | None:
+    return rec.bucket_end if isinstance(rec, InstanceFacts) else rec.ts
+
+
+class GpuRecord:
+    """A host's :class:`~ragwatch.schema.GpuFact` s of one record in arrays: the names of
+    its GPUs and their groups (the previous record's tuples when unchanged, so an hour of
+    them holds the strings once) and a row of values per GPU."""
+
+    __slots__ = ("groups", "members", "ts", "values")
+
+    def __init__(
+        self, ts: float | None, members: tuple[str, ...], groups: tuple[str, ...], values: F64
+    ) -> None:
+        self.ts, self.members, self.groups, self.values = ts, members, groups, values
+
+    @classmethod
+    def of(cls, rec: HostFacts, before: GpuRecord | None) -> GpuRecord:
+        members = tuple(f.member for f in rec.gpus)
+        groups = tuple(f.group for f in rec.gpus)
+        if before is not None and before.members == members and before.groups == groups:
+            members, groups = before.members, before.groups
+        values = np.array(
+            [[f.ts, *(math.nan if v is None else v for v in _compared(f))] for f in rec.gpus],
+            dtype=np.float64,
+        ).reshape(len(rec.gpus), 1 + len(COMPARED_FIELDS))
+        return cls(rec.ts, members, groups, values)
+
+    def facts(self) -> list[GpuFact]:
+        rows = self.values.tolist()
+        return [
+            GpuFact(m, g, row[0], *(None if math.isnan(v) else v for v in row[1:]))
+            for m, g, row in zip(self.members, self.groups, rows, strict=True)
+        ]
+
+
+COMPARED_FIELDS = tuple(COMPARED)  # GpuFact's fields after ts, in this order
+
+
+def _compared(fact: GpuFact) -> tuple[float | None, ...]:
+    return tuple(getattr(fact, name) for name in COMPARED_FIELDS)
 
 
 def _at(history: deque[Any] | None, at: float) -> Any:

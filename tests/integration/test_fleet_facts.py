@@ -76,7 +76,7 @@ class Worker:
             return (0.0, None) if self.side == "gpu" else (None, 0.0) if self.side else (None, None)
         return (ts if gpus else None, ts if requests else None)
 
-    async def run(self, envelopes: Sequence[Envelope], pause_s: float) -> None:
+    async def run(self, envelopes: Sequence[Envelope], pause_s: float, batch: int = BATCH) -> None:
         reader = FactsReader(self.kafka, self.topic, self.table, asyncio.get_running_loop())
         reader.start()
         try:
@@ -85,13 +85,13 @@ class Worker:
                 if len(self.table.progress) == 3:  # (each reader has caught up)
                     break
                 await asyncio.sleep(0.05)
-            run = Run(self.pipes, BATCH)
+            run = Run(self.pipes, batch)
             for i, env in enumerate(envelopes):
                 if isinstance(env, GpuEnvelope | RequestsEnvelope):
                     got = run.add(gpu_wire(env) if isinstance(env, GpuEnvelope) else env)
                 else:
                     got = run.flush() + self.pipes.process(env)
-                if got or i % BATCH == 0:
+                if got or (i + 1) % batch == 0:  # (a batch is processed: its progress)
                     self.out += await self.feed.settle(got, self.read_up_to(env.ts))
                     await asyncio.sleep(pause_s)  # the others go on meanwhile
             self.out += await self.feed.settle(run.flush(), self.read_up_to(None))
@@ -148,3 +148,49 @@ def test_three_workers_forced_apart_give_the_same_hints_as_one(
     assert "gpu-node-01" in slow, slow
     assert workers[0].feed.waited > 0  # the GPU side was ahead and waited
     assert workers[0].feed.incomplete == workers[1].feed.incomplete == 0
+
+
+def test_like_gpus_on_two_workers_page_as_on_one(
+    facts_topic: tuple[dict[str, Any], str],
+) -> None:
+    """Twelve GPUs of one Deployment on six hosts, hosts 0-2 read by w0 and 3-5 by w1
+    (the slower), w2 idle: a hung GPU on w0's side and a hot one on w1's page as they do
+    with one worker, each from the worker that owns its host; every GPU is compared with
+    the eleven others, half of them known only from the facts topic."""
+    from tests.unit.test_gpu_peers import fleet, hot, hung, replica_pages
+
+    envelopes: list[Envelope] = list(fleet(6, 2, 6.0, {(1, 0): hung(2.0), (4, 1): hot(2.0)}))
+    one = replica_pages(list(Pipelines(load_rules()).run(envelopes)))
+    assert {(r, h) for r, h, _, _ in one} == {
+        ("ReplicaGpuUtilOutlier", "node-01"),
+        ("ReplicaGpuTempOutlier", "node-04"),
+    }, one
+    kafka, topic = facts_topic
+    workers = [Worker(f"w{i}", kafka, topic, "gpu" if i < 2 else "") for i in range(3)]
+    first = {"node-00", "node-01", "node-02"}
+
+    async def main() -> None:
+        await asyncio.gather(
+            # a batch a minute of event time (three hosts), a pause after each: w1 is
+            # 10 % slower, so w0's comparisons wait for its facts
+            workers[0].run([e for e in envelopes if e.key in first], 0.005, batch=3),
+            workers[1].run([e for e in envelopes if e.key not in first], 0.0055, batch=3),
+            workers[2].run([], 0.0),
+        )
+
+    asyncio.run(main())
+    peers = [w.pipes.gpus.peers for w in workers]
+    assert peers[0].compared >= 300 and peers[1].compared >= 300
+    assert peers[0].incomplete == peers[1].incomplete == 0  # every minute with all 12 GPUs
+    by_worker = [replica_pages(w.out) for w in workers]
+    assert {(r, h, g) for r, h, g, _ in by_worker[0] + by_worker[1]} == {
+        (r, h, g) for r, h, g, _ in one
+    }
+    assert {h for _, h, _, _ in by_worker[0]} == {"node-01"}
+    assert {h for _, h, _, _ in by_worker[1]} == {"node-04"}
+    assert by_worker[2] == []
+    # at the same event time: the rules run at the minute compared, however late the
+    # other worker's facts of it came
+    starts = {(r, h): t for r, h, _, t in one}
+    for r, h, _, t in by_worker[0] + by_worker[1]:
+        assert abs(t - starts[r, h]) <= 2 / 60, (r, h, t, starts[r, h])
