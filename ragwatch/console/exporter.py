@@ -100,6 +100,12 @@ METRICS: dict[str, str] = {
     "more than 5 minutes behind their host's newest (its clock went back)",
     "ragwatch_worker_too_old_samples_total": "GPU samples a worker refused: stamped before "
     "2000 or a day behind the fleet",
+    "ragwatch_worker_facts_records_total": "Records a worker read from the facts topic, by "
+    "outcome (ok, bad: not a facts record, skipped)",
+    "ragwatch_worker_hints_total": "Alerts whose hint read another worker's facts, by how "
+    "(waited: for a worker behind; incomplete: sent after RAGWATCH_HINT_WAIT without it)",
+    "ragwatch_worker_gpu_peer_minutes_total": "Minutes of event time a worker compared its "
+    "GPUs with their like GPUs, by outcome (complete; incomplete: a worker still behind)",
 }
 log = logging.getLogger(__name__)
 WRITE_PROBE_S = 2.0  # serve's test write, this often (RedisWrites); METRICS says it too
@@ -258,7 +264,26 @@ def families(
             w.get("clock_jumps_back"),
         )
         f.add("ragwatch_worker_too_old_samples_total", {"worker": wid}, w.get("too_old"))
+        _fleet_view(f, wid, w)
     yield from f.metrics.values()
+
+
+def _fleet_view(f: _Families, wid: str, w: Mapping[str, Any]) -> None:
+    """A worker's counters of the facts topic, its hints and its like-GPU comparisons."""
+    records, bad = w.get("facts_records"), w.get("facts_bad") or 0
+    if records is not None:
+        f.add(
+            "ragwatch_worker_facts_records_total", {"worker": wid, "outcome": "ok"}, records - bad
+        )
+        f.add("ragwatch_worker_facts_records_total", {"worker": wid, "outcome": "bad"}, bad)
+    for how in ("waited", "incomplete"):
+        f.add("ragwatch_worker_hints_total", {"worker": wid, "how": how}, w.get(f"hints_{how}"))
+    minutes, incomplete = w.get("gpu_peer_minutes"), w.get("gpu_peer_incomplete") or 0
+    if minutes is not None:
+        labels = {"worker": wid, "outcome": "complete"}
+        f.add("ragwatch_worker_gpu_peer_minutes_total", labels, minutes - incomplete)
+        labels = {"worker": wid, "outcome": "incomplete"}
+        f.add("ragwatch_worker_gpu_peer_minutes_total", labels, incomplete)
 
 
 def _host(

@@ -27,11 +27,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from ragwatch.detectors.leak import GB
 from ragwatch.schema import GpuFact, HostFacts, InstanceFacts, LeakFact
 from ragwatch.streams.pipelines.base import GpuSeriesState, InstanceState
 from ragwatch.streams.pipelines.gpu_peers import group_of, member_of
 
+F64 = npt.NDArray[np.float64]
 LEAK_MIN_BYTES = 0.25 * GB  # grown over the leak window, steadily
 LEAK_MIN_STEADINESS = 0.7
 GPU_FULL_RATIO = 0.90
@@ -50,9 +54,14 @@ class Summary(Protocol):
         ...
 
 
-def host_facts(host: str, series: Mapping[tuple[str, int, str, int], GpuSeriesState]) -> HostFacts:
+def host_facts(
+    host: str,
+    series: Mapping[tuple[str, int, str, int], GpuSeriesState],
+    ts: float | None = None,
+) -> HostFacts:
     """The facts of ``host`` from its GPU and process series, by key ``(host, gpu, mig,
-    pid)`` (pid -1: the GPU's own series)."""
+    pid)`` (pid -1: the GPU's own series); ``ts``: the event time of its newest sample
+    (the newest of ``series`` if None)."""
     if not series:
         return HostFacts(host)
     leaks = [leak for key, s in series.items() if key[3] >= 0 and (leak := _leak(s)) is not None]
@@ -67,7 +76,7 @@ def host_facts(host: str, series: Mapping[tuple[str, int, str, int], GpuSeriesSt
             gpus.append(fact)
     return HostFacts(
         host,
-        max(s.last_ts for s in series.values()),
+        max(s.last_ts for s in series.values()) if ts is None else ts,
         tuple(sorted(leaks, key=lambda lk: -lk.gb_per_hour)),
         tuple(full),
         tuple(gpus),
@@ -89,6 +98,16 @@ def _gpu(s: GpuSeriesState) -> GpuFact | None:
         sig.get("replica_gpu_power_value"),
         sig.get("replica_gpu_temp_value"),
     )
+
+
+def leak_candidates(signals: Mapping[str, F64]) -> npt.NDArray[np.bool_]:
+    """Which process series (their signals' arrays) :func:`_leak` may name: the same
+    conditions, at once (a NaN is no leak)."""
+    recent, rate = signals["recent_gb_per_hour"], signals["gb_per_hour"]
+    rate = np.where(np.isnan(recent), rate, recent)
+    with np.errstate(invalid="ignore"):
+        grown = signals["mem_increase_bytes"] >= LEAK_MIN_BYTES
+        return grown & (signals["mem_steadiness"] >= LEAK_MIN_STEADINESS) & (rate > 0)
 
 
 def _leak(s: GpuSeriesState) -> LeakFact | None:

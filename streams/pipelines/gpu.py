@@ -81,7 +81,7 @@ from ragwatch.streams.pipelines.base import (
     transitions_of,
 )
 from ragwatch.streams.pipelines.budget import SeriesBudget
-from ragwatch.streams.pipelines.facts import host_facts
+from ragwatch.streams.pipelines.facts import host_facts, leak_candidates
 from ragwatch.streams.pipelines.gpu_clock import HostClocks, Verdict
 from ragwatch.streams.pipelines.gpu_peers import LikeGpus, reads_peers
 from ragwatch.streams.pipelines.gpu_signals import (
@@ -705,9 +705,19 @@ class GpuPipeline:
         return host_facts(host, self.host_series(host))
 
     def facts_of(self, hosts: Iterable[str]) -> list[HostFacts]:
-        """:meth:`facts` of many hosts, their signals computed together (:meth:`views`):
-        what the worker publishes of the hosts a wave moved into a new minute."""
-        return [host_facts(h, series) for h, series in self.views(hosts).items()]
+        """:meth:`facts` of many hosts, their signals computed together: what the worker
+        publishes of the hosts a wave moved into a new minute. Of their processes only
+        those that may be leaking are read one by one (:func:`.facts.leak_candidates`:
+        the rest say nothing in the facts, and a host has tens of them)."""
+        keyed = {h: self.host_rows(h) for h in hosts}
+        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        procs = rows[~self.is_gpu[rows]]
+        keep = set(rows[self.is_gpu[rows]].tolist())
+        keep.update(procs[leak_candidates(self.signal_arrays(procs, False))].tolist())
+        last = self.index.last_seen
+        newest = {h: float(last[[r for _, r in p]].max()) for h, p in keyed.items() if p}
+        kept = {h: [(k, r) for k, r in p if r in keep] for h, p in keyed.items()}
+        return [host_facts(h, series, newest.get(h)) for h, series in self._views(kept).items()]
 
     def host_series(self, host: str) -> dict[SeriesKey, SeriesView]:
         """Every series of ``host``, by key (their signals computed together when read)."""
@@ -716,7 +726,13 @@ class GpuPipeline:
     def views(self, hosts: Iterable[str]) -> dict[str, dict[SeriesKey, SeriesView]]:
         """:meth:`host_series` of many hosts, their signals computed together (one array
         per signal for all their rows: the status and charts of every changed host)."""
-        keyed, rows, signals = self.rows_of(hosts)
+        return self._views({h: self.host_rows(h) for h in hosts})
+
+    def _views(
+        self, keyed: dict[str, list[tuple[SeriesKey, int]]]
+    ) -> dict[str, dict[SeriesKey, SeriesView]]:
+        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        signals = RowSignals(self, rows)
         last, labels = self.index.last_seen[rows].tolist(), self.labels
         out: dict[str, dict[SeriesKey, SeriesView]] = {}
         i = 0

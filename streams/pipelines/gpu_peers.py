@@ -50,6 +50,7 @@ rules).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import deque
@@ -68,6 +69,7 @@ from ragwatch.streams.alerting.rules import Rule
 if TYPE_CHECKING:
     from ragwatch.streams.pipelines.gpu import GpuPipeline
 
+log = logging.getLogger(__name__)
 F64 = npt.NDArray[np.float64]
 Rows = npt.NDArray[np.intp]
 SeriesKey = tuple[str, int, str, int]
@@ -298,6 +300,14 @@ class LikeGpus:
                 if len(pending) <= MAX_PENDING:
                     break
                 self.incomplete += 1
+                if self.incomplete in (1, 10, 100) or self.incomplete % 10_000 == 0:
+                    log.warning(
+                        "like GPUs of minute %.0f compared after %d minutes with a worker "
+                        "still behind: its GPUs are left out (%d minute(s) so far)",
+                        pending[0].at,
+                        MAX_PENDING,
+                        self.incomplete,
+                    )
             snap = pending.popleft()
             self._compare(snap)
             out += self._evaluate(snap.at)

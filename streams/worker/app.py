@@ -96,6 +96,15 @@ class WorkerCounters:
     worker_id_clashes: int = 0  # status writes that found another process under our id
     held_acks: int = 0  # messages read whose offsets wait for their snapshots
     commit_stalls: int = 0  # times snapshots could not be written and commits stopped
+    # the fleet view (docs/status.md): facts topic records read and refused, hints that
+    # waited for another worker and those sent without it, minutes of like GPUs compared
+    # and those compared while a worker was still behind
+    facts_records: int = 0
+    facts_bad: int = 0
+    hints_waited: int = 0
+    hints_incomplete: int = 0
+    gpu_peer_minutes: int = 0
+    gpu_peer_incomplete: int = 0
 
 
 class Delivery(mode.Service):

@@ -472,6 +472,14 @@ class WorkerLoop:
 
     # -- the tick --------------------------------------------------------------------------
 
+    def _count_fleet(self) -> None:
+        """The fleet view's counters into the worker's status (docs/status.md)."""
+        c, peers = self.counters, self.pipes.gpus.peers
+        c.gpu_peer_minutes, c.gpu_peer_incomplete = peers.compared, peers.incomplete
+        if self.facts is not None:
+            c.facts_records, c.facts_bad = self.facts.table.records, self.facts.table.bad
+            c.hints_waited, c.hints_incomplete = self.facts.waited, self.facts.incomplete
+
     async def tick(self) -> None:
         """Every second: prune what went silent, write status and charts of what changed,
         write the snapshots that are due and release the acks they hold."""
@@ -484,6 +492,7 @@ class WorkerLoop:
         self.sweep_marks()
         self.counters.held_acks = len(self.held)
         self.counters.commit_stalls = self.stall.stalls
+        self._count_fleet()
         await self.delivery.write_status(self.pipes, *self.statuses_due(time.monotonic()))
         await self.delivery.write_series(self.recorder.take())
         now = time.monotonic()

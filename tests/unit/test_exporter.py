@@ -313,3 +313,19 @@ def test_refused_writes_are_named_and_logged_once_per_change(
     assert "(READONLY: a read-only replica)" in readonly and "(NOPERM: " in noperm
     assert "(MISCONF)" in misconf
     assert down == "WARNING redis at redis://127.0.0.1:6379/0 does not answer: Error 111 connecting"
+
+
+def test_the_fleet_view_counts_each_worker_by_outcome() -> None:
+    worker = {"seen": 2.0, "facts_records": 120, "facts_bad": 2, "hints_waited": 3,
+              "hints_incomplete": 1, "gpu_peer_minutes": 60, "gpu_peer_incomplete": 4}  # fmt: skip
+    m = scrape({**STATUS, "workers": {"w1": worker, "w2": {"seen": 2.0}}})
+    assert set(m) <= METRIC_NAMES
+
+    def of(family: str, label: str) -> dict[tuple[str, str], float]:
+        return {(s.labels["worker"], s.labels[label]): s.value for s in m[family]}
+
+    records = of("ragwatch_worker_facts_records", "outcome")
+    assert records == {("w1", "ok"): 118, ("w1", "bad"): 2}  # w2 wrote none: none exported
+    assert of("ragwatch_worker_hints", "how") == {("w1", "waited"): 3, ("w1", "incomplete"): 1}
+    minutes = of("ragwatch_worker_gpu_peer_minutes", "outcome")
+    assert minutes == {("w1", "complete"): 56, ("w1", "incomplete"): 4}

@@ -221,3 +221,22 @@ def test_hosts_on_two_workers_page_as_one_worker(lag_minutes: int) -> None:
     assert two == one and len(replica_pages(out)) == len(one)  # at the same minutes
     # each GPU's pages come from the worker that owns its host
     assert {h for _, h, _, _ in two} == {"node-01", "node-04"}
+
+
+def test_published_host_facts_are_those_a_hint_reads() -> None:
+    """facts_of (what a worker publishes, its processes screened by arrays) gives each
+    host the facts that facts() (a hint's read, series by series) gives."""
+    from ragwatch.agents.scenario import build
+
+    leaking, pods = Pipelines(load_rules()), Pipelines(load_rules())
+    world = build("leak", hosts=3, gpus=2, services=1, interval_s=60.0)
+    for env in world.envelopes(hours=2):
+        if isinstance(env, GpuEnvelope):
+            leaking.gpu(env)
+    for env in fleet(4, 2, 1.0, {}):
+        pods.gpu(env)
+    hosts = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "node-00", "node-03", "nowhere"]
+    for pipes in (leaking, pods):
+        assert pipes.gpus.facts_of(hosts) == [pipes.gpus.facts(h) for h in hosts]
+    assert leaking.gpus.facts("gpu-node-01").leaks  # a leak named
+    assert len(pods.gpus.facts("node-03").gpus) == 2  # grouped GPUs carried
