@@ -41,8 +41,9 @@ Layout: a row per (group, signal, member), its state in arrays (``value``: last 
 ``seen``: when it was last known, ``judged``: when last judged, ``since``: NaN outside a
 streak); dicts map group -> signal -> member -> row; freed rows are reused and the
 arrays double when full. Cost of an update of ``k`` members: the peers' medians and MADs
-of every member at once from the sorted values, ``k x (k - 1)`` cells (in chunks of
-``CHUNK``), a few array operations. ``tests/reference/replicas.py`` is the specification
+of every member at once from the sorted values (:func:`peer_stats`: a member's peers are
+the sorted values less one, so their median and MAD are order statistics found by position,
+O(k log k)), a few array operations. ``tests/reference/replicas.py`` is the specification
 (loops, ``statistics.median``), held to this bank by ``tests/unit/test_replicas.py``.
 
 Why no river one-row view (``learn_one``/``score_one``): the protocol's ``x`` is one
@@ -86,7 +87,6 @@ Idx = npt.NDArray[np.intp]
 Direction = Literal["high", "low", "both"]
 DIRECTIONS = ("high", "low", "both")
 MAD_TO_SD = 1.4826  # the MAD of a normal sample times this estimates its standard deviation
-CHUNK = 1 << 16  # peer-matrix cells (members x peers) computed at once: 512 KiB of doubles
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,20 +183,31 @@ def peer_stats(x: F64) -> tuple[F64, F64]:
     if k < 2:
         raise ValueError(f"peer_stats needs at least two values, got {k}")
     order = np.argsort(x, kind="stable")
-    s, m = x[order], k - 1
-    lo, hi = (m - 1) // 2, m // 2
-    j = np.arange(m)
+    s = x[order]
     med, mad = np.empty(k), np.empty(k)
-    step = max(1, CHUNK // m)
-    for a in range(0, k, step):
-        i = np.arange(a, min(k, a + step))
-        peers = s[j + (j >= i[:, None])]  # row: the sorted values less the i-th
-        centre = peers[:, hi] if lo == hi else (peers[:, lo] + peers[:, hi]) / 2
-        med[i] = centre
-        mad[i] = np.median(np.abs(peers - centre[:, None]), axis=1)
+    lo, hi = _middle(np.arange(k), k - 1)  # each one's peers' middle two, as positions in s
+    pairs = lo * k + hi
+    for pair in np.unique(pairs).tolist():  # at most 3 distinct
+        at = np.flatnonzero(pairs == pair)
+        centre = (s[pair // k] + s[pair % k]) / 2
+        med[at] = centre
+        dev = np.abs(s - centre)
+        dorder = np.argsort(dev, kind="stable")
+        rank = np.empty(k, dtype=np.intp)
+        rank[dorder] = np.arange(k)
+        sorted_dev = dev[dorder]
+        dlo, dhi = _middle(rank[at], k - 1)  # the peers' deviations less its own
+        mad[at] = (sorted_dev[dlo] + sorted_dev[dhi]) / 2
     out_med, out_mad = np.empty(k), np.empty(k)
     out_med[order], out_mad[order] = med, mad
     return out_med, out_mad
+
+
+def _middle(skip: Idx, m: int) -> tuple[Idx, Idx]:
+    """The positions, in a sorted array of ``m + 1`` values, of the two middle values (the
+    same one when ``m`` is odd) of the ``m`` left when the value at ``skip`` is taken out."""
+    lo, hi = (m - 1) // 2, m // 2
+    return np.where(skip > lo, lo, lo + 1), np.where(skip > hi, hi, hi + 1)
 
 
 def judge(values: F64, p: ReplicaParams) -> tuple[F64, F64, F64, Bools]:

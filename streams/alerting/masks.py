@@ -29,7 +29,9 @@ F64 = npt.NDArray[np.float64]
 def holds(rule: Rule, signals: Mapping[str, F64], n: int) -> npt.NDArray[np.bool_]:
     """:meth:`Rule.holds` of ``n`` rows at once (NaN: not known, never holds)."""
     out = np.ones(n, dtype=np.bool_)
-    for c in rule.conditions:
+    for i, c in enumerate(rule.conditions):
+        if i and not out.any():  # no row left: the next signals are not computed at all
+            return out
         v = signals.get(c.signal)
         if v is None:  # a signal this kind of series does not have
             return np.zeros(n, dtype=np.bool_)

@@ -273,8 +273,9 @@ class GpuPipeline:
                 if self.peers.due(ts):
                     self._flush()  # the minute is compared after the samples before it
                     yield from self._handed()
-                    self._emit([], self.peers.take(ts))
-                    yield from self._handed()
+                    if compared := self.peers.take(ts):
+                        self._emit([], compared)
+                        yield from self._handed()
                 if host in wave.hosts:
                     self._flush()
                 self._gather(host, ts, env.gpus)
@@ -290,9 +291,9 @@ class GpuPipeline:
                     yield from self._handed()
             self._flush()
             yield from self._handed()
-            # the other workers' facts of minutes waiting came
-            self._emit([], self.peers.compare_ready())
-            yield from self._handed()
+            if compared := self.peers.compare_ready():  # the others' facts of minutes came
+                self._emit([], compared)
+                yield from self._handed()
         except GeneratorExit:  # whoever drove it failed: the rest of the batch is not done
             wave.clear()
             self._steps.clear()

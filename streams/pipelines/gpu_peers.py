@@ -100,7 +100,7 @@ COMPARED: dict[str, tuple[str, ReplicaParams]] = {
 }  # fmt: skip
 BUSY_PCT = 20.0  # watts per utilisation are compared while the GPU is at least this busy
 MAX_C_PER_PCT = 1.0  # temperatures are compared at one load: at most 1 C per % utilisation
-FIT_MEMBERS = 200  # ... the slope fitted on a group's first 200 members (pairs: 19,900)
+FIT_MEMBERS = 64  # ... the slope fitted on a group's first 64 members (2,016 pairs)
 FIELDS = ("value", "peers", "ratio", "deviant")
 PEER_SIGNALS: tuple[str, ...] = tuple(
     f"replica_gpu_{short}_{field}" for short, _ in COMPARED.values() for field in FIELDS

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from ragwatch.config import Settings
-from ragwatch.embedded import EmbeddedStack
+from ragwatch.embedded import EmbeddedStack, pid_alive
 from ragwatch.kafka_admin import ensure_topics
 from ragwatch.receiver import WebhookReceiver
 from ragwatch.store import Keys
@@ -270,3 +271,27 @@ def read_records(settings: Settings, topic: str, expect: int, timeout: float = 6
     finally:
         consumer.close()
     return out
+
+
+OURS = re.compile(rb"tansu|redis-server|-m\x00ragwatch\x00(worker|agent)")
+
+
+def our_processes() -> set[int]:
+    """PIDs of every Tansu, redis-server and ragwatch worker/agent on this machine (under
+    pytest-xdist: those this test worker started, by the PYTEST_XDIST_WORKER they inherit;
+    an orphan keeps it too)."""
+    mine = os.environ.get("PYTEST_XDIST_WORKER")
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                if mine is not None and OURS.search(cmdline):
+                    environ = (entry / "environ").read_bytes().split(b"\0")
+                    if f"PYTEST_XDIST_WORKER={mine}".encode() not in environ:
+                        continue
+            except OSError:
+                continue
+            if OURS.search(cmdline) and pid_alive(int(entry.name)):
+                pids.add(int(entry.name))
+    return pids

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import pickle
 import random
+import statistics
 from typing import Any
 
 import numpy as np
@@ -128,17 +129,22 @@ def test_bank_equals_reference_fixed_seed() -> None:
     replay(ops, capacity=1)
 
 
-def test_peer_stats_chunks_like_one_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Large groups are computed in chunks of peer rows: the same numbers."""
-    x = np.random.default_rng(3).lognormal(4.0, 0.3, 301)
-    whole = peer_stats(x)
-    monkeypatch.setattr("ragwatch.detectors.replicas.CHUNK", 1000)
-    for a, b in zip(whole, peer_stats(x), strict=True):
-        assert np.array_equal(a, b)
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 8, 31, 301])
+def test_peer_stats_are_each_members_peers_median_and_mad(k: int) -> None:
+    """Each member's peers' median and MAD (itself left out), as ``statistics.median``
+    computes them on the peers, ties and repeated values included."""
+    rng = np.random.default_rng(k)
+    for x in (rng.lognormal(4.0, 0.3, k), rng.integers(0, 4, k).astype(float)):
+        med, mad = peer_stats(x)
+        for i in range(k):
+            peers = [float(v) for j, v in enumerate(x) if j != i]
+            centre = statistics.median(peers)
+            assert med[i] == centre
+            assert mad[i] == statistics.median([abs(v - centre) for v in peers])
+    x = rng.lognormal(4.0, 0.3, 301)  # and the bank's reference agrees
     ref = ReplicaReference(ReplicaParams(rel_floor=0.0))
-    names = [str(i) for i in range(len(x))]
-    want = ref.update("g", "s", 0.0, names, x.tolist())
-    assert [w.peer_median for w in want] == whole[0].tolist()
+    want = ref.update("g", "s", 0.0, [str(i) for i in range(301)], x.tolist())
+    assert [w.peer_median for w in want] == peer_stats(x)[0].tolist()
 
 
 def drift_run(minutes: int, seed: int = 7) -> tuple[list[float], list[ReplicaScores]]:
