@@ -245,8 +245,15 @@ class RedisState:
 
     async def claim_notification(self, alert: Alert) -> bool:
         """True the first time this transition (fingerprint, status, starts_at) is claimed."""
-        key = f"{self.keys.notified}:{alert.fingerprint}:{alert.status}:{alert.starts_at!r}"
+        key = self._notified(alert)
         return bool(await self.client.set(key, b"1", nx=True, ex=NOTIFIED_TTL_S))
+
+    async def notified(self, alert: Alert) -> bool:
+        """Whether this transition was claimed (published) before."""
+        return bool(await self.client.exists(self._notified(alert)))
+
+    def _notified(self, alert: Alert) -> str:
+        return f"{self.keys.notified}:{alert.fingerprint}:{alert.status}:{alert.starts_at!r}"
 
     async def active_alerts(self) -> list[Alert]:
         raw = await self.client.hvals(self.keys.active)

@@ -153,7 +153,9 @@ async def test_a_transition_is_claimed_for_receivers_once(rw_env: dict[str, str]
         fingerprint="abc",
     )
     try:
+        assert await store.notified(alert) is False  # read before publishing, claimed after
         assert await store.claim_notification(alert) is True
+        assert await store.notified(alert) is True
         assert await store.claim_notification(alert) is False  # the same transition again
         resolved = replace(alert, status="resolved", ends_at=START + 60)
         assert await store.claim_notification(resolved) is True

@@ -68,9 +68,12 @@ async def _scenario(settings: Settings, client: redis.Redis) -> None:
     alerts: list[tuple[bytes, bytes]] = []
     dead: list[tuple[bytes, dict[str, bytes]]] = []
 
-    class AlertsTopic:
-        async def send(self, *, key: bytes, value: bytes) -> None:
+    class AlertsTopic:  # as Faust's: send returns the future of the broker's ack
+        async def send(self, *, key: bytes, value: bytes) -> asyncio.Future[None]:
             alerts.append((key, value))
+            acked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            acked.set_result(None)
+            return acked
 
     async def send_alert(t: Transition) -> None:
         await delivery.send(t, AlertsTopic())
