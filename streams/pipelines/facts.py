@@ -59,12 +59,13 @@ def host_facts(
     series: Mapping[tuple[str, int, str, int], GpuSeriesState],
     ts: float | None = None,
 ) -> HostFacts:
-    """The facts of ``host`` from its GPU and process series, by key ``(host, gpu, mig,
-    pid)`` (pid -1: the GPU's own series); ``ts``: the event time of its newest sample
-    (the newest of ``series`` if None)."""
+    """The facts of ``host`` from its GPU series and its leaking process series (those
+    :func:`leaking` picks), by key ``(host, gpu, mig, pid)`` (pid -1: the GPU's own
+    series); ``ts``: the event time of its newest sample (the newest of ``series`` if
+    None)."""
     if not series:
         return HostFacts(host)
-    leaks = [leak for key, s in series.items() if key[3] >= 0 and (leak := _leak(s)) is not None]
+    leaks = [_leak(s) for key, s in series.items() if key[3] >= 0]
     full, gpus = [], []
     for key, s in sorted(series.items()):
         if key[3] >= 0:
@@ -100,9 +101,10 @@ def _gpu(s: GpuSeriesState) -> GpuFact | None:
     )
 
 
-def leak_candidates(signals: Mapping[str, F64]) -> npt.NDArray[np.bool_]:
-    """Which process series (their signals' arrays) :func:`_leak` may name: the same
-    conditions, at once (a NaN is no leak)."""
+def leaking(signals: Mapping[str, F64]) -> npt.NDArray[np.bool_]:
+    """Which process series (their signals' arrays) leak: memory grown steadily enough
+    to name, at a positive rate (the recent one, else the whole window's); a NaN is no
+    leak."""
     recent, rate = signals["recent_gb_per_hour"], signals["gb_per_hour"]
     rate = np.where(np.isnan(recent), rate, recent)
     with np.errstate(invalid="ignore"):
@@ -110,17 +112,13 @@ def leak_candidates(signals: Mapping[str, F64]) -> npt.NDArray[np.bool_]:
         return grown & (signals["mem_steadiness"] >= LEAK_MIN_STEADINESS) & (rate > 0)
 
 
-def _leak(s: GpuSeriesState) -> LeakFact | None:
-    """The process series' leak, if its memory grew steadily enough to name it."""
+def _leak(s: GpuSeriesState) -> LeakFact:
+    """A leaking process series (:func:`leaking`) as a hint names it."""
     sig = s.signals
-    inc, steady = sig.get("mem_increase_bytes"), sig.get("mem_steadiness")
     rate = sig.get("recent_gb_per_hour")
     if rate is None:
         rate = sig.get("gb_per_hour")
-    if inc is None or steady is None or rate is None:
-        return None
-    if not (inc >= LEAK_MIN_BYTES and steady >= LEAK_MIN_STEADINESS and rate > 0):
-        return None  # (NaN reads as no leak)
+    assert rate is not None  # leaking: it has a rate
     lab = s.labels
     return LeakFact(
         lab["gpu"],

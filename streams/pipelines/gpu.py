@@ -81,7 +81,7 @@ from ragwatch.streams.pipelines.base import (
     transitions_of,
 )
 from ragwatch.streams.pipelines.budget import SeriesBudget
-from ragwatch.streams.pipelines.facts import host_facts, leak_candidates
+from ragwatch.streams.pipelines.facts import host_facts, leaking
 from ragwatch.streams.pipelines.gpu_clock import HostClocks, Verdict
 from ragwatch.streams.pipelines.gpu_peers import LikeGpus, reads_peers
 from ragwatch.streams.pipelines.gpu_signals import (
@@ -109,6 +109,11 @@ RESIDUAL_BLOCK_S = 3600.0
 def _worth_logging(dropped: int) -> bool:
     """Log a repeated drop the 1st, 10th and 100th time, then every 10,000th."""
     return dropped in (1, 10, 100) or dropped % 10_000 == 0
+
+
+def _flat(keyed: Mapping[str, list[tuple[SeriesKey, int]]]) -> Rows:
+    """The rows of hosts' keyed rows (:meth:`GpuPipeline.host_rows`), host by host."""
+    return np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
 
 
 def _pod(labels: Mapping[str, Any]) -> tuple[Any, Any, Any]:
@@ -702,19 +707,19 @@ class GpuPipeline:
         return self.index.count(host) > 0
 
     def facts(self, host: str) -> HostFacts:
-        """What ``host``'s GPUs say now, for hints (:func:`.facts.host_facts`)."""
-        return host_facts(host, self.host_series(host))
+        """What ``host``'s GPUs say now, for hints (:meth:`facts_of`)."""
+        return self.facts_of([host])[0]
 
     def facts_of(self, hosts: Iterable[str]) -> list[HostFacts]:
-        """:meth:`facts` of many hosts, their signals computed together: what the worker
-        publishes of the hosts a wave moved into a new minute. Of their processes only
-        those that may be leaking are read one by one (:func:`.facts.leak_candidates`:
-        the rest say nothing in the facts, and a host has tens of them)."""
+        """The facts of many hosts (:func:`.facts.host_facts`), their signals computed
+        together: a hint's, and what the worker publishes of the hosts a wave moved into a
+        new minute. Of their processes only the leaking ones are read one by one
+        (:func:`.facts.leaking`: the rest say nothing in the facts, and a host has tens)."""
         keyed = {h: self.host_rows(h) for h in hosts}
-        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        rows = _flat(keyed)
         procs = rows[~self.is_gpu[rows]]
         keep = set(rows[self.is_gpu[rows]].tolist())
-        keep.update(procs[leak_candidates(self.signal_arrays(procs, False))].tolist())
+        keep.update(procs[leaking(self.signal_arrays(procs, False))].tolist())
         last = self.index.last_seen
         newest = {h: float(last[[r for _, r in p]].max()) for h, p in keyed.items() if p}
         kept = {h: [(k, r) for k, r in p if r in keep] for h, p in keyed.items()}
@@ -732,7 +737,7 @@ class GpuPipeline:
     def _views(
         self, keyed: dict[str, list[tuple[SeriesKey, int]]]
     ) -> dict[str, dict[SeriesKey, SeriesView]]:
-        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        rows = _flat(keyed)
         signals = RowSignals(self, rows)
         last, labels = self.index.last_seen[rows].tolist(), self.labels
         out: dict[str, dict[SeriesKey, SeriesView]] = {}
@@ -750,7 +755,7 @@ class GpuPipeline:
         """The rows of ``hosts`` in key order, host by host, and their signals (each
         computed for all of them when first read)."""
         keyed = {h: self.host_rows(h) for h in hosts}
-        rows = np.array([r for pairs in keyed.values() for _, r in pairs], dtype=np.intp)
+        rows = _flat(keyed)
         return keyed, rows, RowSignals(self, rows)
 
     # -- the SignalPipeline seam (streams/pipelines/base.py) -----------------------------

@@ -43,7 +43,7 @@ import numpy.typing as npt
 from ragwatch.errors import SchemaError
 from ragwatch.facts_wire import decode_facts, key_parts
 from ragwatch.schema import GpuFact, HostFacts, InstanceFacts, WorkerProgress
-from ragwatch.streams.pipelines.gpu_peers import COMPARED
+from ragwatch.streams.pipelines.gpu_peers import COMPARED, fact_values
 
 log = logging.getLogger(__name__)
 F64 = npt.NDArray[np.float64]
@@ -191,10 +191,9 @@ class GpuRecord:
         groups = tuple(f.group for f in rec.gpus)
         if before is not None and before.members == members and before.groups == groups:
             members, groups = before.members, before.groups
-        values = np.array(
-            [[f.ts, *(math.nan if v is None else v for v in _compared(f))] for f in rec.gpus],
-            dtype=np.float64,
-        ).reshape(len(rec.gpus), 1 + len(COMPARED_FIELDS))
+        values = np.array([[f.ts, *fact_values(f)] for f in rec.gpus], dtype=np.float64).reshape(
+            len(rec.gpus), 1 + len(COMPARED)
+        )
         return cls(rec.ts, members, groups, values)
 
     def facts(self) -> list[GpuFact]:
@@ -203,13 +202,6 @@ class GpuRecord:
             GpuFact(m, g, row[0], *(None if math.isnan(v) else v for v in row[1:]))
             for m, g, row in zip(self.members, self.groups, rows, strict=True)
         ]
-
-
-COMPARED_FIELDS = tuple(COMPARED)  # GpuFact's fields after ts, in this order
-
-
-def _compared(fact: GpuFact) -> tuple[float | None, ...]:
-    return tuple(getattr(fact, name) for name in COMPARED_FIELDS)
 
 
 def _at(history: deque[Any] | None, at: float) -> Any:
