@@ -65,7 +65,13 @@ class Worker:
         self.pipes.tap(self.feed.observe)
         self.out: list[Transition] = []
         self.debug: list[Any] = []
-        self.done_ts = -math.inf  # the event time it has processed up to
+
+    def _at(self, worker: str) -> float:
+        """How far ``worker`` has processed GPU telemetry, as this one's table has it
+        (done, or not known yet as a GPU reader: no lead to keep)."""
+        known = self.table.progress.get(worker)
+        ts = known[0].host_ts if known is not None else None
+        return math.inf if ts is None else ts
 
     async def send(self, key: bytes, value: bytes | None) -> None:
         self.producer.produce(self.topic, value=value, key=key)
@@ -83,12 +89,13 @@ class Worker:
         envelopes: Sequence[Envelope],
         pause_s: float,
         batch: int = BATCH,
-        lead: tuple[Worker, float] | None = None,
+        lead: tuple[str, float] | None = None,
     ) -> None:
         """Feed it the envelopes a batch at a time, pausing pause_s after each; lead:
-        (another worker, seconds): it does not run further ahead of that one's event time
-        than that (live telemetry reaches every worker at once: a loaded machine must not
-        turn a pause's difference into hours), waiting at most 20 s in all."""
+        (another worker's name, seconds): it does not run further ahead of where its facts
+        table has that one than that (live telemetry reaches every worker at once: a
+        loaded machine must not turn a pause's difference, or the facts topic's delay,
+        into hours), waiting at most 20 s in all."""
         reader = FactsReader(self.kafka, self.topic, self.table, asyncio.get_running_loop())
         reader.start()
         try:
@@ -105,14 +112,12 @@ class Worker:
                     got = run.flush() + self.pipes.process(env)
                 if got or (i + 1) % batch == 0:  # (a batch is processed: its progress)
                     self.out += await self.feed.settle(got, self.read_up_to(env.ts))
-                    self.done_ts = env.ts
                     await asyncio.sleep(pause_s)  # the others go on meanwhile
-                    while lead is not None and env.ts - lead[0].done_ts > lead[1]:
+                    while lead is not None and env.ts - self._at(lead[0]) > lead[1]:
                         if (waited := waited + 0.01) > 20.0:
                             break
                         await asyncio.sleep(0.01)
             self.out += await self.feed.settle(run.flush(), self.read_up_to(None))
-            self.done_ts = math.inf  # done: no one waits for it
             for _ in range(20):  # idle now: the others need not wait for this one
                 await self.feed.heartbeat((None, None))
                 await asyncio.sleep(0.05)
@@ -193,9 +198,11 @@ def test_like_gpus_on_two_workers_page_as_on_one(
             # 10 % slower, so w0's comparisons wait for its facts; w0 at most 30 minutes
             # ahead (as with live telemetry), within the hour the facts table keeps
             workers[0].run(
-                [e for e in envelopes if e.key in first], 0.005, batch=3, lead=(workers[1], 1800.0)
+                [e for e in envelopes if e.key in first], 0.005, batch=3, lead=("w1", 1800.0)
             ),
-            workers[1].run([e for e in envelopes if e.key not in first], 0.0055, batch=3),
+            workers[1].run(
+                [e for e in envelopes if e.key not in first], 0.0055, batch=3, lead=("w0", 1800.0)
+            ),
             workers[2].run([], 0.0),
         )
 
