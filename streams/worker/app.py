@@ -422,8 +422,10 @@ def register_processors(
     @app.timer(1.0)  # type: ignore[untyped-decorator]
     async def empty_partitions() -> None:
         for tp in list(loop.unread):  # assigned, not read yet: anything to read there?
-            if await _read_out(app.consumer, tp):
-                loop.unread.discard(tp)
+            if (high := await _read_out(app.consumer, tp)) is not None:
+                loop.found_empty(tp, high)
+        for tp in list(loop.empty):  # found empty, not read since: has anything come?
+            loop.came(tp, _highwater(app.consumer, tp))
 
     @app.timer(TOPIC_CHECK_S)  # type: ignore[untyped-decorator]
     async def keep_topics() -> None:
@@ -432,15 +434,25 @@ def register_processors(
     return loop
 
 
-async def _read_out(consumer: Any, tp: Any) -> bool:
-    """Whether ``tp`` has nothing to read (its position at its high watermark): an empty
-    partition does not hold hints (``WorkerLoop.unread``). Unknown: not yet."""
+async def _read_out(consumer: Any, tp: Any) -> int | None:
+    """``tp``'s high watermark if it has nothing to read (its position there): an empty
+    partition does not hold hints (``WorkerLoop.unread``) until messages come to it
+    (``WorkerLoop.came``). None: it has, or unknown yet."""
     try:
         high = consumer.highwater(tp)
         position = await consumer.position(tp)
     except Exception:  # not assigned any more, or not fetched yet
-        return False
-    return high is not None and position is not None and position >= high
+        return None
+    return high if high is not None and position is not None and position >= high else None
+
+
+def _highwater(consumer: Any, tp: Any) -> int | None:
+    """``tp``'s high watermark as its consumer last fetched it (None: unknown)."""
+    try:
+        high = consumer.highwater(tp)
+    except Exception:  # not assigned any more
+        return None
+    return high if isinstance(high, int) else None
 
 
 def _facts_sent(sent: Any) -> None:

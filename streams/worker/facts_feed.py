@@ -17,6 +17,8 @@ So every worker
   event time (less ``slack_s``), at most ``wait_s`` of wall time, then explains the alert
   again (:meth:`FactsFeed.settle`). Its own facts are published before it waits, so two
   workers waiting on each other never both wait: the one behind finds the other ahead.
+  Each alert waits in the settle of the agent that raised it, which sends it: the
+  worker's agents settle in turn on one event loop, and none takes another's.
 
 The topic has one partition: a worker's progress is read after the facts it published
 before it, which is what makes "this worker has read up to T" mean "its facts of T are
@@ -37,7 +39,7 @@ from typing import Any
 from ragwatch.facts_wire import FactsRecord, encode_facts, facts_key, host_key, instance_key
 from ragwatch.schema import InstanceFacts, Transition, WorkerProgress
 from ragwatch.streams.pipelines.base import ChartReader, Domain, owns
-from ragwatch.streams.pipelines.fleet import Pipelines
+from ragwatch.streams.pipelines.fleet import Join, Pipelines
 from ragwatch.streams.pipelines.hints import HINT_SIGNALS
 from ragwatch.streams.worker.facts_table import FactsTable
 
@@ -45,8 +47,9 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[bytes, bytes | None], Awaitable[None]]  # key, value (None: a tombstone)
 # how far a worker has read its GPU and its request telemetry: the event time of the
-# slowest partition of each that it is reading (read from lately); None: it reads none
-# (owns none, or they are idle: nothing of theirs is to come, so none is waited for)
+# slowest partition of each that it is reading (read from lately, or with messages not
+# read yet: 0 if none of them is read yet); None: it reads none (owns none, or they are
+# idle: nothing of theirs is to come, so none is waited for)
 ReadUpTo = tuple[float | None, float | None]
 
 PERIOD_S = 60.0  # a host's facts, once per minute of its event time
@@ -57,6 +60,9 @@ POLL_S = 0.05  # how often a waiting hint looks at the table
 # after an assignment, the others' first progress comes within this (their heartbeat at
 # the same rebalance): hints wait for it before they trust "no one is behind"
 ASSIGNED_S = 3.0
+# a join noted and not settled for this long (wall) is dropped: its alert was never sent
+# (its processing failed after it fired); a settle comes right after its processing
+ORPHAN_S = 60.0
 
 
 class FactsFeed:
@@ -81,6 +87,7 @@ class FactsFeed:
         self.published = 0
         self._seq = 0  # progress records sent
         self._assigned_at = -math.inf
+        self._noted: list[tuple[Join, float]] = []  # joins taken, not settled yet (and when)
         self.waited = 0  # hints that waited for another worker
         self.incomplete = 0  # hints sent after wait_s without the other side
 
@@ -117,7 +124,9 @@ class FactsFeed:
             }
         )
         out, self._due = self._due, []
-        out += self.pipes.gpus.facts_of(firing) if firing else []
+        # (a host whose GPU telemetry another worker reads has none here: its facts are
+        # that worker's to publish, and an empty record would read as the host's newest)
+        out += [f for f in self.pipes.gpus.facts_of(firing) if f.ts is not None] if firing else []
         progress = self._progress_due(read, bool(out))
         return out + ([progress] if progress is not None else [])
 
@@ -173,13 +182,15 @@ class FactsFeed:
         self, transitions: list[Transition], read: ReadUpTo, *, wait: bool = True
     ) -> list[Transition]:
         """``transitions`` ready to send: own facts published first (and ``read``, how
-        far this worker has read), then each alert that starts firing and reads the other
-        side explained once the workers that own that side have read up to its time (at
-        most ``wait_s`` for all of them). ``wait`` False: explained with what the table
+        far this worker has read), then each alert of ``transitions`` that starts firing
+        and reads the other side (its join, noted as it fired: :meth:`_joins_of`)
+        explained once the workers that own that side have read up to its time (at most
+        ``wait_s`` for all of them; a hint sent without them says so in the log and in
+        ``incomplete``). ``wait`` False: explained with what the table
         has now (a device event's alert: the GPU agent resolves it as the host's GPU
         time moves on, and a firing held here would be sent after its resolution)."""
+        joins = self._joins_of(transitions)
         await self.publish(read, transitions)
-        joins = self.pipes.take_joins()
         if not joins or not wait:
             return self.pipes.rehint(transitions, joins)
         deadline = self._clock() + self.wait_s
@@ -200,6 +211,31 @@ class FactsFeed:
                     ", ".join(behind), self.wait_s,
                 )  # fmt: skip
         return self.pipes.rehint(transitions, joins)
+
+    def _joins_of(self, transitions: list[Transition]) -> list[Join]:
+        """The joins noted for the alerts of ``transitions`` that start firing, no others.
+        The worker's agents (GPU, requests, events, metrics) share its pipelines and
+        settle in turn on one event loop: while one settle awaits (publishing, waiting),
+        another agent processes its messages and notes joins of its own; they are kept
+        for that agent's settle, which sends their alerts. (Taken by whichever settle came
+        first, they were waited for there, or not at all with ``wait`` False, and their
+        alerts sent by their own settle at once, with the hint of the moment they fired:
+        "no GPU telemetry of h is at hand" while h's owner had not published it yet.)"""
+        now = self._clock()
+        self._noted += [(j, now) for j in self.pipes.take_joins()]
+        at = self.pipes.correlator.at
+        mine = {(t.alert.fingerprint, at(t.alert)) for t in transitions if t.fires}
+        out: list[Join] = []
+        kept: list[tuple[Join, float]] = []
+        for j, noted in self._noted:
+            if now - noted >= ORPHAN_S:
+                continue
+            if (j.fingerprint, j.at) in mine:
+                out.append(j)
+            else:
+                kept.append((j, noted))
+        self._noted = kept
+        return out
 
     def assigned(self) -> None:
         """The worker was given partitions: the others were too, and say so in the next

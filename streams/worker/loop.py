@@ -112,10 +112,14 @@ class WorkerLoop:
         self.recorder = SeriesRecorder(pipes.rules)
         self.facts = facts
         self.done_up_to: dict[str, float] = {}  # gpu, requests -> event time processed
-        self.assigned_at = -math.inf
         # partitions assigned last, not read since and not known to be empty (the app
-        # drops those at their high watermark): hints wait for them (read_up_to)
-        self.unread: set[Any] = set()
+        # finds those at their high watermark: found_empty), by when they became so (the
+        # assignment, or messages coming to one found empty): hints wait for them
+        # (read_up_to)
+        self.unread: dict[Any, float] = {}
+        # partitions assigned last that were found empty, nothing read from them since:
+        # their high watermark then (once it moves on, what came is unread: came)
+        self.empty: dict[Any, int] = {}
         pipes.tap(self._observe)
         self.held = HeldAcks()
         self.stall = CommitStall(log)
@@ -155,9 +159,12 @@ class WorkerLoop:
             await self._send_alert(t)
 
     def read_up_to(self) -> tuple[float | None, float | None]:
-        """How far this worker has processed its GPU and its request telemetry (the event
-        time of the slowest partition of each, as of its last batch; 0 while its first
-        batch is processed); None: it reads none lately."""
+        """How far this worker has processed its GPU and its request telemetry: the event
+        time of the slowest partition of each, as of its last batch (0 before its first),
+        or the oldest message of a batch read and not processed yet; 0 while a partition
+        assigned lately, or one found empty that got messages since, is not read yet.
+        None: it reads none lately, and none of its partitions is known to have messages
+        still to read (nothing of it is to come: the others do not wait for it)."""
         return self._up_to("gpu"), self._up_to("requests")
 
     def _up_to(self, kind: str) -> float | None:
@@ -165,13 +172,39 @@ class WorkerLoop:
         # a partition assigned lately and not read yet: what it holds is read next (its
         # new owner may be far behind the others; its hosts' facts are the old owner's;
         # this worker's other agent may have raced ahead of it through a backlog); one
-        # the app finds empty is dropped from ``unread``
-        young = time.monotonic() - self.assigned_at < IDLE_PARTITION_S
-        if young and any(tp.topic == topic for tp in self.unread):
+        # the app finds empty is dropped from ``unread``, and is unread again when
+        # messages come to it (lately) before any is read: a worker assigned before its
+        # partitions' first messages (a fleet's agents starting after it) is behind them
+        # until it reads them, not idle
+        now = time.monotonic()
+        if any(tp.topic == topic and now - since < IDLE_PARTITION_S
+               for tp, since in self.unread.items()):  # fmt: skip
             return 0.0
         if self.marks.mark(topic) is None:
             return None  # nothing read lately: idle, none of it to wait for
         return self.done_up_to.get(kind, 0.0)
+
+    def found_empty(self, tp: Any, high: int) -> None:
+        """An unread partition is at its high watermark ``high``: none of it is to come."""
+        self.unread.pop(tp, None)
+        self.empty[tp] = high
+
+    def came(self, tp: Any, high: int | None) -> None:
+        """A partition found empty has the high watermark ``high`` now: past the one it
+        was found empty at, messages came and are not read yet (unread again)."""
+        if tp in self.empty and high is not None and high > self.empty[tp]:
+            del self.empty[tp]
+            self.unread[tp] = time.monotonic()
+
+    def _reading(self, topic: InputTopic, reads: list[Read]) -> None:
+        """A batch was read and is processed next: until then this worker has processed
+        its topic up to (about) the batch's oldest message at most. A partition it begins
+        to read (assigned lately, or found empty before) may be hours behind the others,
+        and the heartbeat that says reading began must say so, not how far the others
+        were (the batch is processed, and its facts published, after it)."""
+        done = self.done_up_to.get(topic.kind)
+        if done is not None:
+            self.done_up_to[topic.kind] = min(done, *(topic.newest(r.env) for r in reads))
 
     def _processed_up_to(self, kind: str) -> None:
         """A batch of ``kind`` was processed (its facts are published next)."""
@@ -242,6 +275,7 @@ class WorkerLoop:
         if not reads:
             return
         if self.facts is not None:  # reading a partition began: the others wait for it
+            self._reading(topic, reads)
             await self.facts.heartbeat(self.read_up_to())
         keys = [r.key for r in reads]
         self.busy.update(keys)  # no snapshot of them until their transitions are sent
@@ -350,6 +384,9 @@ class WorkerLoop:
 
     async def _decoded(self, topic: InputTopic, msg: Any, raw: bytes) -> Any | None:
         """The envelope, or None once a bad one is dead-lettered."""
+        if self.unread or self.empty:  # its partition is read now
+            self.unread.pop(msg.tp, None)
+            self.empty.pop(msg.tp, None)
         try:
             env = topic.decode(raw)
         except SchemaError as exc:
@@ -369,7 +406,6 @@ class WorkerLoop:
             await self.dead_letter(msg, reason + f"(RAGWATCH_MAX_CLOCK_SKEW={skew:g})", raw)
             return None
         self.marks.read(msg.topic, msg.partition, ts)
-        self.unread.discard(msg.tp)
         return env
 
     async def _processed(
@@ -420,9 +456,9 @@ class WorkerLoop:
         acks. The new owner restores their snapshots and reads what came after; if they
         come back here, they are restored from the snapshot again, not from stale memory."""
         lost = self.assigned_tps - set(assigned_now)
-        self.unread = set(assigned_now) - self.assigned_tps
+        self.unread = dict.fromkeys(set(assigned_now) - self.assigned_tps, time.monotonic())
+        self.empty = {tp: high for tp, high in self.empty.items() if tp in assigned_now}
         self.assigned_tps = set(assigned_now)
-        self.assigned_at = time.monotonic()
         self.rebalances += 1
         if self.facts is not None:  # what it reads now, before any of it is read
             self.facts.assigned()
