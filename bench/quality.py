@@ -4,7 +4,8 @@
 (data, labels and scorer from numenta/NAB, see its README) through a fresh detector per file
 with NAB's own tool (``tools/run_detector.py``: score first, then learn, ``x = {"value",
 "t"}``): ``default``, the generic detector ragwatch registered until issue 31, kept as the
-baseline in ``bench/robust_default.py``. Prints the three NAB profiles (standard,
+baseline in ``bench/robust_default.py``, and ``generic``, its replacement (issue 34,
+:mod:`ragwatch.detectors.generic`), side by side. Prints the three NAB profiles (standard,
 reward_low_FP_rate, reward_low_FN_rate) next to the published full-corpus numbers (which
 come from a larger corpus: orientation only).
 
@@ -71,6 +72,7 @@ RESULTS = REPO / "bench" / "results"
 PROFILES = ("standard", "reward_low_FP_rate", "reward_low_FN_rate")
 DETECTORS = {
     "default": "bench.robust_default:DefaultDetector",
+    "generic": "ragwatch.detectors.generic:GenericDetector",  # issue 34's replacement
 }
 # NAB scoreboard, full corpus (standard, low FP, low FN), from shared/nab/README.md
 PUBLISHED = {

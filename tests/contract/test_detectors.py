@@ -177,6 +177,9 @@ def test_constant_input_scores_zero(name: str) -> None:
 # what a detector holds fills within two days with these (the seasonal baseline keeps a
 # row of cells per day seen, ``days`` of them: 7 by default)
 FILLS_IN_TWO_DAYS: dict[str, dict[str, Any]] = {"seasonal": {"days": 2}}
+# a detector whose state is fixed arrays whatever the cadence (its memories are event-time
+# spans) is fed every 10 s: its one-row view costs ~0.2 ms a sample (numpy on one row)
+STEP_S: dict[str, int] = {"generic": 10}
 
 
 def test_memory_is_bounded_over_a_long_stream(name: str) -> None:
@@ -185,7 +188,8 @@ def test_memory_is_bounded_over_a_long_stream(name: str) -> None:
     det = make(name, **FILLS_IN_TWO_DAYS.get(name, {}))
     rng = random.Random(1)
     sizes = []
-    for i in range(3 * 86400):
+    step = STEP_S.get(name, 1)
+    for i in range(0, 3 * 86400, step):
         det.learn_one({"value": 40 * GB + rng.gauss(0, 40e6), "t": T0 + i})
         if i % 3600 == 0:
             sizes.append(len(state(det)))

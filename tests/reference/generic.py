@@ -1,0 +1,254 @@
+"""The generic detector's specification: the algorithm of
+:class:`~ragwatch.detectors.generic.GenericBank` written the simplest way, one object per
+series, plain Python floats, lists and loops (no numpy). ``tests/unit/test_generic.py``
+holds the bank to it within a tolerance. What the bank stores in float32 (the profile,
+the weekday offsets, the histograms) is rounded to float32 here too (:func:`f32`), so the
+two differ only by the order of float64 operations.
+
+One observation ``(t, x)``, scored against the state before it, then learnt:
+
+1. forecasts: ``seasonal = level + profile[slot of t] + weekday offset (shrunk by its
+   evidence)`` and ``fast`` (a short EWMA); ``yhat`` mixes them by inverse squared error;
+2. ``z = |x - yhat| / scale``; its surprise ``u = -ln P(Z >= z)`` from the histogram of past
+   z (plus a heavy-tailed prior); the burst ``b`` = short EW mean of u; its own tail
+   probability from the histogram of past b; ``nl = (u + -ln P(B >= b)) / ln 10``;
+3. ``onset = clip((nl - score_from) / score_span, 0, 1)`` once ``warmup`` were learnt;
+4. held: ``zs = |x - seasonal| / slow`` (slow: the mean |x - seasonal| over ``memory_s``,
+   each clipped at ``huber`` slow scales), ``q`` the ``1 - held_p`` quantile of past zs
+   (held at its value while a deviation, ``zs > q``, goes on), ``held = clip((zs / q - 1)
+   / held_span, 0, 1)``; ``score = max(onset, held)``; the expected value is ``seasonal``, the band
+   ``seasonal -+ slow * q``;
+5. learn: histograms (decayed by event time), the scale, the slow scale, the forecasters'
+   errors, the level, the profile slot, the weekday offset and the fast level (residuals
+   clipped at ``huber`` scales).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+
+from ragwatch.detectors.generic import GenericParams
+from ragwatch.detectors.generic.params import BINS, CAP, DAY, LO, STEP, WEEK
+
+LN10 = math.log(10.0)
+
+
+def f32(v: float) -> float:
+    """``v`` rounded to float32 (out of range: +-inf), as a float32 array stores it."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", v))[0])
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def ew(dt: float, memory: float) -> float:
+    """The weight of a new value in an exponential average of ``memory`` seconds."""
+    return 1.0 - math.exp(-dt / memory)
+
+
+def tail(h: list[float], w: float, f: float, prior: float) -> float:
+    """P(F >= f): the histogram's share at or above ``f`` (linear within a bin) plus a
+    prior of ``prior`` pseudo-observations with tail ``min(1, 1/f)``."""
+    if not f > 0:
+        return 1.0
+    if math.isinf(f):
+        return 0.0
+    pos = (math.log2(f) - LO) / STEP
+    if pos < 0:
+        above = sum(h)
+    elif pos >= BINS:
+        above = 0.0
+    else:
+        k = int(pos)
+        above = sum(h[k + 1 :]) + h[k] * (k + 1 - pos)
+    return min(1.0, (above + prior * min(1.0, 1.0 / f)) / (w + prior))
+
+
+def quantile(h: list[float], w: float, p: float, prior: float) -> float:
+    """The ``f`` with ``P(F >= f) = p``: between bin edges, linear in the edge index;
+    beyond the last edge, the prior's tail alone."""
+    prev = 1.0
+    for k in range(BINS + 1):
+        edge = 2.0 ** (LO + k * STEP)
+        q = (sum(h[k:]) + prior * min(1.0, 1.0 / edge)) / (w + prior)
+        if q <= p:
+            pos = k - 1 + (prev - p) / (prev - q) if k else 0.0
+            return 2.0 ** (LO + pos * STEP)
+        prev = q
+    return max(2.0 ** (LO + BINS * STEP), prior / ((w + prior) * p))
+
+
+def add(h: list[float], f: float) -> None:
+    """Count ``f`` in its bin (below the first: in none, only in the total)."""
+    if f > 0:
+        pos = (math.log2(f) - LO) / STEP
+        if pos >= 0:
+            k = BINS - 1 if pos >= BINS else int(pos)
+            h[k] = f32(h[k] + 1.0)
+
+
+def slot_of(t: float, slots: int) -> int:
+    return min(int(t % DAY / DAY * slots), slots - 1)
+
+
+def weekday_of(t: float) -> int:
+    return int(math.floor(t / DAY) + 3) % WEEK  # 1970-01-01 was a Thursday
+
+
+@dataclass
+class Step:
+    """What scoring one observation found (learning reuses it)."""
+
+    score: float
+    yhat: float
+    lower: float
+    upper: float
+    onset: float = 0.0
+    seasonal: float = math.nan
+    fast: float = math.nan
+    scale: float = 0.0
+    z: float = 0.0
+    burst: float = 0.0
+    zs: float = 0.0
+    q: float = math.nan
+    mixed: float = math.nan
+
+
+@dataclass
+class GenericReference:
+    """One series."""
+
+    p: GenericParams = field(default_factory=GenericParams)
+    late: int = 0
+    n: int = 0
+    t: float = math.nan
+    level: float = 0.0
+    fast: float = 0.0
+    err_seasonal: float = 0.0
+    err_fast: float = 0.0
+    scale: float = 0.0
+    scale_w: float = 0.0
+    burst: float = 0.0
+    hist_w: float = 0.0
+    slow: float = 0.0
+    slow_w: float = 0.0
+    q_hold: float = 0.0
+    profile: list[float] = field(default_factory=list)
+    visits: list[float] = field(default_factory=list)
+    weekly: list[float] = field(default_factory=lambda: [0.0] * WEEK)
+    weekly_days: list[float] = field(default_factory=lambda: [0.0] * WEEK)
+    hz: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    hb: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    hs: list[float] = field(default_factory=lambda: [0.0] * BINS)
+
+    def __post_init__(self) -> None:
+        self.profile = [0.0] * self.p.slots
+        self.visits = [0.0] * self.p.slots
+
+    def forecasts(self, t: float) -> tuple[float, float, float]:
+        """``(yhat, seasonal, fast)`` at ``t`` (NaN before the first observation)."""
+        if self.n == 0 or not math.isfinite(t):
+            return math.nan, math.nan, math.nan
+        d = weekday_of(t)
+        days = self.weekly_days[d]
+        trust = days / (days + self.p.weekly_days) if days > 0 else 0.0
+        seasonal = self.level + self.profile[slot_of(t, self.p.slots)] + self.weekly[d] * trust
+        es, ef = self.err_seasonal, self.err_fast
+        w = ef / (es + ef) if es + ef > 0 else 0.5
+        return self.fast + w * (seasonal - self.fast), seasonal, self.fast
+
+    def held_q(self) -> float:
+        """The seasonal residual's 1 - held_p quantile (held while a deviation goes on)."""
+        if self.q_hold > 0:
+            return self.q_hold
+        return quantile(self.hs, self.hist_w, self.p.held_p, self.p.prior)
+
+    def forecast(self, t: float) -> tuple[float, float, float]:
+        seasonal = self.forecasts(t)[1]
+        half = self.slow_now() * self.held_q()
+        return seasonal, seasonal - half, seasonal + half
+
+    def scale_now(self) -> float:
+        return self.scale / self.scale_w if self.scale_w > 0 else 0.0
+
+    def slow_now(self) -> float:
+        return self.slow / self.slow_w if self.slow_w > 0 else 0.0
+
+    def score(self, t: float, x: float) -> Step:
+        """Score ``x`` at ``t`` against the state, changing nothing."""
+        yhat, seasonal, fast = self.forecasts(t)
+        s, slow, q = self.scale_now(), self.slow_now(), self.held_q()
+        half = slow * q
+        out = Step(0.0, seasonal, seasonal - half, seasonal + half, 0.0, seasonal, fast, s)
+        out.q, out.mixed = q, yhat
+        if not (math.isfinite(x) and self.n > 0 and t > self.t):
+            return out
+        r = x - yhat
+        out.z = 0.0 if r == 0 else math.inf if s <= 0 else abs(r) / s
+        rs = x - seasonal
+        out.zs = 0.0 if rs == 0 else math.inf if slow <= 0 else abs(rs) / slow
+        u = min(CAP * LN10, -math.log(max(tail(self.hz, self.hist_w, out.z, self.p.prior), 1e-300)))
+        a = max(ew(t - self.t, self.p.burst_s), 1.0 / self.p.burst_n)
+        out.burst = self.burst + a * (u - self.burst)
+        if self.n >= self.p.warmup:
+            pb = tail(self.hb, self.hist_w, out.burst, self.p.prior)
+            nl = (u - math.log(max(pb, 1e-300))) / LN10
+            out.onset = min(1.0, max(0.0, (nl - self.p.score_from) / self.p.score_span))
+            held = min(1.0, max(0.0, (out.zs / q - 1.0) / self.p.held_span)) if q > 0 else 1.0
+            out.score = max(out.onset, held)
+        return out
+
+    def update(self, t: float, x: float) -> Step:
+        """Score, then learn (if ``x`` is finite and ``t`` after the last learnt)."""
+        step = self.score(t, x)
+        if not (math.isfinite(x) and math.isfinite(t)):
+            return step
+        if self.n == 0:
+            self.n, self.t, self.level, self.fast = 1, t, x, x
+        elif not t > self.t:
+            self.late += 1
+        else:
+            self.learn(t, x, step)
+        return step
+
+    def learn(self, t: float, x: float, step: Step) -> None:
+        p, dt = self.p, t - self.t
+        if math.isfinite(step.z):  # a change of a series that never moved is not counted
+            keep = math.exp(-dt / p.memory_s)
+            self.hz = [f32(h * keep) for h in self.hz]
+            self.hb = [f32(h * keep) for h in self.hb]
+            self.hs = [f32(h * keep) for h in self.hs]
+            self.hist_w = self.hist_w * keep + 1.0
+            add(self.hz, step.z)
+            add(self.hb, step.burst)
+            add(self.hs, min(step.zs, step.q))  # clipped at the band: a fault does not widen it
+        self.burst = step.burst
+        self.q_hold = step.q if step.zs > step.q else 0.0  # deviating: q is held
+        r, s = x - step.mixed, step.scale
+        a = ew(dt, p.scale_s)
+        self.scale_w += a * (1.0 - self.scale_w)
+        self.scale += a * ((min(abs(r), 10.0 * s) if s > 0 else abs(r)) - self.scale)
+        a, slow = ew(dt, p.memory_s), self.slow_now()
+        self.slow_w += a * (1.0 - self.slow_w)
+        rs = abs(x - step.seasonal)
+        self.slow += a * ((min(rs, p.huber * slow) if slow > 0 else rs) - self.slow)
+        a = ew(dt, p.error_s)
+        self.err_seasonal += a * ((x - step.seasonal) ** 2 - self.err_seasonal)
+        self.err_fast += a * ((x - step.fast) ** 2 - self.err_fast)
+        e = x - step.seasonal
+        c = p.huber * s if s > 0 else math.inf
+        dev = max(-c, min(c, e))
+        self.level += ew(dt, p.level_s) * dev
+        k, d = slot_of(t, p.slots), weekday_of(t)
+        self.visits[k] = f32(self.visits[k] + 1.0)
+        first = self.visits[k] == 1.0
+        a = 1.0 if first else max(1.0 / self.visits[k], ew(dt * p.slots, p.profile_s))
+        self.profile[k] = f32(self.profile[k] + a * (e if first else dev))
+        self.weekly[d] = f32(self.weekly[d] + ew(dt * WEEK, p.weekly_s) * dev)
+        self.weekly_days[d] = f32(self.weekly_days[d] + min(dt, 3600.0) / DAY)
+        self.fast += ew(dt, p.fast_s) * (x - self.fast)
+        self.t, self.n = t, min(self.n + 1, 2**30)
+        if not all(map(math.isfinite, (self.level, self.fast, self.scale, *self.profile))):
+            self.__init__(p, self.late)  # type: ignore[misc]  # overflowed: start over
