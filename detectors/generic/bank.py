@@ -83,16 +83,17 @@ DEFAULTS = GenericParams()
 
 
 class Scored(NamedTuple):
-    """Per observation: its anomaly score in [0, 1] (the larger of ``onset`` and the held
-    deviation from the seasonal forecast), the expected value and the band (that
-    forecast, and where the held part of the score starts), and the onset score alone
-    (is this observation news? what NAB asks: the one-row view's ``score_one``)."""
+    """Per observation: its anomaly score in [0, 1] (the larger of ``onset`` and
+    ``held``), the expected value and the band (the seasonal forecast, and where the held
+    score starts), the onset score (is this observation news? what NAB asks: the one-row
+    view's ``score_one``) and the held score (how far out of its band, in band widths)."""
 
     score: F64
     yhat: F64
     lower: F64
     upper: F64
     onset: F64
+    held: F64
 
 
 class _Step(NamedTuple):
@@ -279,9 +280,8 @@ class GenericBank:
             expected = np.where(known, seasonal, math.nan)
             lower, upper = expected - ss * q, expected + ss * q
         ready = ok & (self.n[r] >= p.warmup)
-        onset = np.where(ready, onset, 0.0)
-        score = np.where(ready, np.fmax(onset, held), 0.0)
-        out = Scored(score, expected, lower, upper, onset)
+        onset, held = np.where(ready, onset, 0.0), np.where(ready, held, 0.0)
+        out = Scored(np.fmax(onset, held), expected, lower, upper, onset, held)
         return _Step(out, seasonal, fast, s, z, burst, zs, q, yhat)
 
     # ------------------------------------------------------------------ learning

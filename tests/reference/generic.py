@@ -106,6 +106,7 @@ class Step:
     lower: float
     upper: float
     onset: float = 0.0
+    held: float = 0.0
     seasonal: float = math.nan
     fast: float = math.nan
     scale: float = 0.0
@@ -181,7 +182,8 @@ class GenericReference:
         yhat, seasonal, fast = self.forecasts(t)
         s, slow, q = self.scale_now(), self.slow_now(), self.held_q()
         half = slow * q
-        out = Step(0.0, seasonal, seasonal - half, seasonal + half, 0.0, seasonal, fast, s)
+        out = Step(0.0, seasonal, seasonal - half, seasonal + half)
+        out.seasonal, out.fast, out.scale = seasonal, fast, s
         out.q, out.mixed = q, yhat
         if not (math.isfinite(x) and self.n > 0 and t > self.t):
             return out
@@ -197,6 +199,7 @@ class GenericReference:
             nl = (u - math.log(max(pb, 1e-300))) / LN10
             out.onset = min(1.0, max(0.0, (nl - self.p.score_from) / self.p.score_span))
             held = min(1.0, max(0.0, (out.zs / q - 1.0) / self.p.held_span)) if q > 0 else 1.0
+            out.held = held
             out.score = max(out.onset, held)
         return out
 

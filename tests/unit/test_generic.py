@@ -85,8 +85,8 @@ def feed(params: GenericParams, streams: list[list[tuple[float, float]]]) -> Non
         for j, r in enumerate(rows):
             want = refs[r].update(t[j], x[j])
             pairs = zip(
-                (got.score[j], got.yhat[j], got.lower[j], got.upper[j], got.onset[j]),
-                (want.score, want.yhat, want.lower, want.upper, want.onset),
+                (got.score[j], got.yhat[j], got.lower[j], got.upper[j], got.onset[j], got.held[j]),
+                (want.score, want.yhat, want.lower, want.upper, want.onset, want.held),
                 strict=True,
             )
             m = size(want.yhat, want.lower, want.upper)
