@@ -144,8 +144,8 @@ class Effect:
     """A fault (or a deploy) on some instances from ``start_ts`` to ``end_ts``, at full size
     after ``ramp_s``. Kinds: ``decode`` / ``llm`` (per-token decode time, the whole LLM
     stage: x size), ``errors`` (a share failing after their tokens), ``queue`` (+size ms of
-    wait), ``retrieval`` (retriever x size), ``tokens`` (output tokens x size), ``demand``
-    (arrivals x size)."""
+    wait), ``retrieval`` (retriever x size), ``reranker`` (reranker x size), ``tokens``
+    (output tokens x size), ``demand`` (arrivals x size)."""
 
     kind: str
     instances: tuple[str, ...]
@@ -169,6 +169,7 @@ class Mods:
     fail_p: float = 0.0
     queue_ms: float = 0.0
     retrieval: float = 1.0
+    reranker: float = 1.0
     tokens: float = 1.0
     demand: float = 1.0
 
@@ -324,7 +325,7 @@ def records(
     retr = lat.retriever_ms * speed * np.exp(lat.retriever_sigma * rng.standard_normal(n))
     stall = rng.random(n) < lat.stall_p
     retr = np.where(stall, rng.uniform(90, 200, n), retr) * m.retrieval
-    rerank = lat.reranker_ms * np.exp(0.25 * rng.standard_normal(n))
+    rerank = lat.reranker_ms * np.exp(0.25 * rng.standard_normal(n)) * m.reranker
     prefill = (lat.prefill_ms + lat.ms_per_context_token * ctx) * np.exp(
         0.1 * rng.standard_normal(n)
     )

@@ -15,7 +15,9 @@ c. the full worker, ``python -m ragwatch worker``, whose ``messages`` counter is
    by ``RAGWATCH_WORKER_ID``: the bench names each worker it starts, as two on one host
    would otherwise share the host name's record);
 
-and (c2) two workers of a new consumer group sharing the topic's partitions. The request
+(c0) the full worker with ``RAGWATCH_SCORE_SIGNALS=false`` (no signal scored by the generic
+detector: the ratio c / c0 is what scoring every signal costs), and (c2) two workers of a
+new consumer group sharing the topic's partitions. The request
 topic (``ragwatch.requests``) is consumed the same way, once.
 
 Rates run from the first message to the last, so the consumer-group join (half the session
@@ -518,6 +520,9 @@ def finish(rows: dict[str, dict[str, Any]], per: float, unit: str) -> dict[str, 
             r[k] = round(r[k], 2)
     a, b, c = (rows[k]["messages_per_s"] for k in list(rows)[:3])
     ratios = {"c_vs_b": round(c / b, 3), "c_vs_a": round(c / a, 3), "b_vs_a": round(b / a, 3)}
+    if "c0: ragwatch worker, scoring off" in rows:
+        off = rows["c0: ragwatch worker, scoring off"]["messages_per_s"]
+        ratios["scoring_on_vs_off"] = round(c / off, 3)
     if "c2: 2 ragwatch workers" in rows:
         ratios["two_workers_vs_one"] = round(
             rows["c2: 2 ragwatch workers"]["messages_per_s"] / c, 3
@@ -628,6 +633,13 @@ def main() -> None:
                     "b: bare Faust agent (count)": timed(run_child("faust", args, topic, n, tmp)),
                     "c: ragwatch worker": timed(run_worker(env, n, args.timeout)),
                 }
+                # the same topic again, by a worker that scores no signal (issue 34: what
+                # scoring every signal costs, on and off in the same run)
+                env_off = {**fresh_env(), "RAGWATCH_TOPIC_PREFIX": env["RAGWATCH_TOPIC_PREFIX"],
+                           "RAGWATCH_SCORE_SIGNALS": "false"}  # fmt: skip
+                rows["c0: ragwatch worker, scoring off"] = timed(
+                    run_worker(env_off, n, args.timeout)
+                )
                 if kind == "gpu":
                     # the same topic again, by two workers of a new group sharing its partitions
                     env2 = {**fresh_env(), "RAGWATCH_TOPIC_PREFIX": env["RAGWATCH_TOPIC_PREFIX"]}
@@ -679,12 +691,14 @@ def main() -> None:
         print(
             f"gpu {shape['series_per_envelope']:>3} series: c/b = {ra['c_vs_b']:.2f}x{goal}, "
             f"c/a = {ra['c_vs_a']:.2f}x, b/a = {ra['b_vs_a']:.2f}x; "
-            f"2 workers / 1 = {ra['two_workers_vs_one']:.2f}x"
+            f"2 workers / 1 = {ra['two_workers_vs_one']:.2f}x; scoring on / off = "
+            f"{ra['scoring_on_vs_off']:.2f}x (target >= 0.75x)"
         )
     req_rate = req_out["results"]["c: ragwatch worker"]["request_records_per_s"]
     print(
         f"requests: c/b = {req_out['ratios']['c_vs_b']:.2f}x; worker {req_rate:,} records/s "
-        "(target >= 50,000)"
+        f"(target >= 50,000); scoring on / off = {req_out['ratios']['scoring_on_vs_off']:.2f}x "
+        "(target >= 0.75x)"
     )
 
     print()

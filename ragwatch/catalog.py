@@ -127,6 +127,44 @@ SERIES_SIGNALS["engine"] = (
     "tpot_mean_s", "tps_forecast", "tps_deviation", "tps_z", "tps_score",
     *_baseline_signals("engine"),
 )  # fmt: skip
+# Every numeric signal each kind of series gets scored by the generic detector
+# (detectors/generic; streams/pipelines/scoring.py): its score in [0, 1] is the signal
+# ``<name>_score`` (rules read it), its expected value and band go to status, /metrics
+# (ragwatch_anomaly_score, _yhat, _yhat_lower, _yhat_upper) and the advisor.
+SCORED: dict[str, tuple[str, ...]] = {
+    "gpu": ("fb_used_ratio", "gb_per_hour", "gpu_util", "mem_copy_util", "temp_c", "power_w"),
+    "process": ("gpu_mem_bytes", "rss_bytes"),
+    "service": (
+        "rps", "errors_ratio", "tokens_per_request", "output_tokens_per_s", "decode_tps",
+        *(f"{stage}_{q}_ms" for stage in ("e2e", "retriever", "reranker", "llm")
+          for q in ("p50", "p95", "p99")),
+        "ttft_p95_ms", "queue_p95_ms",
+    ),
+    "engine": (
+        "requests_per_s", "errors_ratio", "generation_tokens_per_s", "prompt_tokens_per_s",
+        "tokens_per_request", "preemptions_per_s", "requests_waiting", "requests_running",
+        "kv_cache_usage_ratio", "e2e_mean_s", "ttft_mean_s", "queue_mean_s", "tpot_mean_s",
+    ),
+}  # fmt: skip
+# what status holds of each scored signal, in this order: the newest score, expected value
+# and band, the value scored, and the highest score of the last PEAK_S with the value, the
+# expected value and the event time of it (the advisor ranks by that peak)
+SCORE_FIELDS = (
+    "score", "yhat", "lower", "upper", "value", "peak", "peak_value", "peak_yhat", "peak_ts",
+)  # fmt: skip
+PEAK_S = 3600.0
+# and of each scored series: the highest of its scores now, and how many of its signals
+# are held out of their band (held score >= ANOMALOUS_SCORE) for 5 minutes already (the
+# default rules page on several together, sustained; a burst of load is no deviation), of
+# the signals that corroborate each other: not GPU or process memory, whose ratio and
+# growth are one quantity seen twice and whose shapes (caching allocators, reloads,
+# batch jobs) the leak detector judges (detectors/leak)
+SCORE_SUMMARY = ("anomaly_max", "anomalous_signals")
+NOT_CORROBORATING = frozenset({"fb_used_ratio", "gb_per_hour", "gpu_mem_bytes", "rss_bytes"})
+ANOMALOUS_SCORE = 0.9
+for _kind, _names in SCORED.items():
+    assert set(_names) <= set(SERIES_SIGNALS[_kind]), _kind
+    SERIES_SIGNALS[_kind] += (*(f"{n}_score" for n in _names), *SCORE_SUMMARY)
 # the labels people read first, in this order (the status view, Slack): where, then what
 LABEL_ORDER = ("host", "gpu", "mig", "pid", "process", "namespace", "pod", "container",
                "service", "instance")  # fmt: skip

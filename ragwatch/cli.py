@@ -103,6 +103,21 @@ def _add_console_parsers(sub: Any) -> None:
         default=2.0,
         help="refresh period with --watch, at least 0.1s (default: 2s)",
     )
+    e = command(
+        sub,
+        "explain",
+        "which signals of an alert's host and services moved together",
+        "The anomaly advisor, read from Redis: every scored signal of the alert's host "
+        "(its GPUs, their processes, its scraped engines) and of its services' instances, "
+        "ranked by its highest anomaly score of the last hour, with which way and how far "
+        "it moved against what the detector expected.",
+        epilog=settings_epilog(*REDIS),
+    )
+    e.add_argument("fingerprint", nargs="?", help="an active alert's fingerprint")
+    e.add_argument("--host", help="explain a host (its GPUs, processes, engines, services)")
+    e.add_argument("--service", help="explain a service (its instances and their hosts)")
+    e.add_argument("--min-score", type=float, default=0.9, help="least peak score (0.9)")
+    e.add_argument("--json", action="store_true", help="print JSON instead of text")
     v = command(
         sub,
         "serve",
@@ -358,6 +373,23 @@ def cmd_status(args: argparse.Namespace, settings: Settings, environ: Mapping[st
     )
 
 
+def cmd_explain(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    from ragwatch.console.explain import show_explain
+
+    if not (args.fingerprint or args.host or args.service):
+        print("ragwatch: error: name an alert's fingerprint, --host or --service", file=sys.stderr)
+        return 2
+    return show_explain(
+        settings,
+        fingerprint=args.fingerprint,
+        host=args.host,
+        service=args.service,
+        as_json=args.json,
+        out=sys.stdout,
+        min_score=args.min_score,
+    )
+
+
 def cmd_serve(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
     from ragwatch.console.serve import serve
 
@@ -472,6 +504,7 @@ COMMANDS: dict[str, Any] = {
     "worker": cmd_worker,
     "agent": cmd_agent,
     "status": cmd_status,
+    "explain": cmd_explain,
     "demo": cmd_demo,
     "dev": cmd_dev,
     "settings": cmd_settings,

@@ -400,6 +400,13 @@ class Settings:
         "worker's facts (a host's GPUs, the services on it) until that worker has read up "
         "to the alert's time; 0: never wait (a hint may then miss the other side), 0..300 s",
     )
+    score_signals: bool = _setting(
+        True,
+        values.boolean,
+        "score every numeric signal of every series with the generic detector (its score, "
+        "expected value and band in status, /metrics and `ragwatch explain`; the anomaly "
+        "rules read them); false: none is scored, and rules on scores never fire",
+    )
     snapshot_interval: float = _setting(
         10.0,
         values.seconds(0.1, 3600.0),

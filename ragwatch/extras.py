@@ -48,6 +48,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "worker": ("stream",),
     "notify": ("stream",),
     "status": ("stream",),
+    "explain": ("stream",),
     "serve": ("stream",),
     "silence": ("stream",),
     "replay": ("stream",),

@@ -582,6 +582,21 @@ class LeakFact:
 
 
 @dataclass(frozen=True, slots=True)
+class AnomalyFact:
+    """A scored signal of one series whose highest anomaly score of the last hour reached
+    the advisor's bar (:mod:`ragwatch.advisor`): the series in words ("GPU 2", "pid 4011
+    (python)", an instance's name), the signal, that peak score, the value and the
+    expected value at it (None: no value), and its event time."""
+
+    where: str
+    signal: str
+    score: float
+    value: float | None
+    expected: float | None
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuFact:
     """A GPU as its like GPUs on other hosts compare with it
     (:mod:`ragwatch.streams.pipelines.gpu_peers`): its member name (``host/gpu``, with
@@ -611,6 +626,7 @@ class HostFacts:
     leaks: tuple[LeakFact, ...] = ()
     full: tuple[tuple[str, float], ...] = ()
     gpus: tuple[GpuFact, ...] = ()
+    anomalous: tuple[AnomalyFact, ...] = ()  # its GPUs' and processes', highest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -625,6 +641,7 @@ class InstanceFacts:
     bucket_end: float | None
     signals: Mapping[str, float | None]
     outlier_label: str | None = None
+    anomalous: tuple[AnomalyFact, ...] = ()  # its scored signals', highest first
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,6 +346,50 @@ def read_host(client: Any, prefix: str, host: str) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+def read_around(
+    client: Any,
+    prefix: str,
+    *,
+    fingerprint: str | None = None,
+    host: str | None = None,
+    service: str | None = None,
+) -> dict[str, Any]:
+    """What the advisor (:func:`ragwatch.advisor.explain`) reads, in a status' shape: the
+    alert ``fingerprint`` (if active), and the host and service it or the arguments
+    name with their neighbours (the services with an instance on the host, the hosts
+    of the service's instances); not the whole fleet."""
+    keys = Keys(prefix)
+    alerts = []
+    if fingerprint is not None:
+        found = _json(client.hget(keys.active, fingerprint))
+        if isinstance(found, dict):
+            alerts.append(found)
+            raw = found.get("labels")
+            labels: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            host, service = host or labels.get("host"), service or labels.get("service")
+    services = _json_hash(client, keys.services) if host or service else {}
+    near = {
+        name: s
+        for name, s in services.items()
+        if isinstance(s, dict)
+        and (name == service or any(_on(i, host) for i in s.get("instances") or []))
+    }
+    hosts = {host} if host else set()
+    for inst in (near.get(service or "") or {}).get("instances") or []:
+        if isinstance(inst, dict) and isinstance(inst.get("host"), str):
+            hosts.add(inst["host"])
+    entries = {h: read_host(client, prefix, h) for h in sorted(hosts)}
+    return {
+        "alerts": alerts,
+        "hosts": [{**e, "host": h} for h, e in entries.items() if e is not None],
+        "services": [{**s, "service": name} for name, s in sorted(near.items())],
+    }
+
+
+def _on(instance: Any, host: str | None) -> bool:
+    return host is not None and isinstance(instance, dict) and instance.get("host") == host
+
+
 def read_series_index(client: Any, prefix: str) -> dict[str, dict[str, Any]]:
     """series id -> {kind, labels, signal, unit}."""
     return _json_hash(client, Keys(prefix).series_index)

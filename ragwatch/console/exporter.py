@@ -77,6 +77,14 @@ METRICS: dict[str, str] = {
     "ragwatch_service_queue_latency_seconds": "Queueing latency quantile",
     "ragwatch_service_ttft_seconds": "Time-to-first-token quantile",
     "ragwatch_service_latency_baseline_seconds": "Seasonal baseline of a latency signal",
+    "ragwatch_anomaly_score": "The generic detector's anomaly score (0..1) of a signal "
+    "(label signal) of a series, labelled like the series (vmanomaly's anomaly_score)",
+    "ragwatch_anomaly_yhat": "The value the generic detector expected of a signal (the "
+    "signal's own unit; vmanomaly's yhat)",
+    "ragwatch_anomaly_yhat_lower": "Lower end of the band the generic detector expected a "
+    "signal in (vmanomaly's yhat_lower)",
+    "ragwatch_anomaly_yhat_upper": "Upper end of the band the generic detector expected a "
+    "signal in (vmanomaly's yhat_upper)",
     "ragwatch_alert_flaps_total": "Times an alert fired again within 6 h of resolving",
     "ragwatch_notifier_outbox_pending": "Notifications waiting in the outbox",
     "ragwatch_notifier_dead_letters": "Notifications that failed for good, kept for review",
@@ -160,6 +168,13 @@ LATENCY_FAMILIES = {
     "ttft": "ragwatch_service_ttft_seconds",
 }
 DELIVERY_OUTCOMES = ("delivered", "retried", "failed")
+# a status entry's scores: signal -> [score, yhat, lower, upper] (streams/pipelines/scoring.py)
+ANOMALY_FAMILIES = (
+    "ragwatch_anomaly_score",
+    "ragwatch_anomaly_yhat",
+    "ragwatch_anomaly_yhat_lower",
+    "ragwatch_anomaly_yhat_upper",
+)
 _QUANTILE = re.compile(r"^(?P<name>[a-z0-9_]+?)_p(?P<q>50|90|95|99)_ms$")
 _BASELINE = re.compile(r"^(?P<name>[a-z0-9_]+)_baseline_ms$")
 _LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
@@ -298,6 +313,7 @@ def _host(
             if key == "tte_h" and value is None and g.get("gb_per_hour") is not None:
                 value = math.inf  # not growing: never runs out (JSON has no infinity)
             f.add(metric, {**where, **pod}, value, scale)
+        _scores(f, {**where, **pod}, g.get("scores"))
         for p in g.get("procs") or []:
             if (where["host"], where["gpu"], where["mig"], str(p.get("pid"))) not in alerted:
                 continue
@@ -314,12 +330,14 @@ def _host(
             point = points.get(process_series_id(labels))
             if point and len(point) >= 4:
                 f.add("ragwatch_process_leak_score", labels, point[3])
+            _scores(f, labels, p.get("scores"))
     for e in host.get("engines") or []:
         labels = {"host": name, "target": str(e.get("target", ""))}
         signals = e.get("signals") or {}
         for key, metric in ENGINE_GAUGES:
             f.add(metric, labels, signals.get(key))
         f.add("ragwatch_engine_anomaly_score", labels, signals.get("tps_score"))
+        _scores(f, labels, e.get("scores"))
 
 
 def _instance(f: _Families, service: str, inst: Mapping[str, Any]) -> None:
@@ -327,6 +345,7 @@ def _instance(f: _Families, service: str, inst: Mapping[str, Any]) -> None:
     signals: Mapping[str, Any] = inst.get("signals") or {}
     for key, metric in SERVICE_GAUGES:
         f.add(metric, labels, signals.get(key))
+    _scores(f, labels, inst.get("scores"))
     for key, signal in SERVICE_SCORES:
         f.add("ragwatch_service_anomaly_score", {**labels, "signal": signal}, signals.get(key))
     for key in sorted(signals):
@@ -340,6 +359,18 @@ def _instance(f: _Families, service: str, inst: Mapping[str, Any]) -> None:
         elif m := _BASELINE.match(key):
             base_labels = {**labels, "signal": m.group("name")}
             f.add("ragwatch_service_latency_baseline_seconds", base_labels, signals[key], 0.001)
+
+
+def _scores(f: _Families, labels: dict[str, str], scores: Any) -> None:
+    """A series' scored signals (``{signal: [score, yhat, lower, upper, ...]}``,
+    :data:`~ragwatch.catalog.SCORE_FIELDS`), each as the four anomaly families, labelled
+    like the series plus ``signal``."""
+    if not isinstance(scores, Mapping):
+        return
+    for signal, values in sorted(scores.items()):
+        if isinstance(values, list) and len(values) >= len(ANOMALY_FAMILIES):
+            for name, value in zip(ANOMALY_FAMILIES, values, strict=False):
+                f.add(name, {**labels, "signal": str(signal)}, value)
 
 
 def _notifier(f: _Families, notifier: Mapping[str, Any]) -> None:

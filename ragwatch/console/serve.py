@@ -68,6 +68,7 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from ragwatch.advisor import MIN_SCORE, explain
 from ragwatch.chart_ids import alert_prefixes, alert_series, series_prefix
 from ragwatch.config import Settings, redact_url
 from ragwatch.console.exporter import (
@@ -94,6 +95,7 @@ from ragwatch.store import (
     Keys,
     blocking_client,
     read_alerts,
+    read_around,
     read_host,
     read_series,
     read_series_index,
@@ -354,6 +356,34 @@ async def alert(request: web.Request) -> web.Response:
     return _json(found)
 
 
+async def explain_route(request: web.Request) -> web.Response:
+    """The anomaly advisor (:func:`ragwatch.advisor.explain`) on an alert
+    (``fingerprint``), a ``host`` or a ``service``."""
+    params = _params(request, ("fingerprint", "host", "service", "min_score"))
+    named = {k: params[k] for k in ("fingerprint", "host", "service") if k in params}
+    if not named:
+        raise BadRequest("name an alert's fingerprint, a host or a service")
+    if any(len(v) > FINGERPRINT_MAX for v in named.values()):
+        raise BadRequest(f"names longer than {FINGERPRINT_MAX} characters")
+    min_score = MIN_SCORE
+    if "min_score" in params:
+        try:
+            min_score = float(params["min_score"])
+        except ValueError:
+            min_score = math.nan
+        if not 0.0 <= min_score <= 1.0:
+            raise BadRequest("min_score must be a number in 0..1")
+    fingerprint, host, service = (named.get(k) for k in ("fingerprint", "host", "service"))
+    around = await _read(request, read_around, fingerprint=fingerprint, host=host, service=service)
+    try:
+        found = explain(
+            around, fingerprint=fingerprint, host=host, service=service, min_score=min_score
+        )
+        return _json(found)
+    except LookupError as exc:
+        return _error(404, str(exc.args[0]))
+
+
 async def series_index(request: web.Request) -> web.Response:
     params = _params(request, ("kind", "limit"))
     kind = _choice(params, "kind", SERIES_KINDS)
@@ -602,6 +632,7 @@ def build_app(
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/api/v1/alerts", alerts)
     app.router.add_get("/api/v1/alerts/{fingerprint}", alert)
+    app.router.add_get("/api/v1/explain", explain_route)
     app.router.add_get("/api/v1/series", series_index)
     app.router.add_get("/api/v1/series/{id:.+}", series)
     app.router.add_get("/api/v1/silences", silences)

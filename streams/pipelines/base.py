@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Generator, Iterable, Mapping, 
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
-from ragwatch.schema import HostFacts, InstanceFacts, Transition
+from ragwatch.schema import AnomalyFact, HostFacts, InstanceFacts, Transition
 
 Domain = Literal["host", "service"]
 DOMAINS: tuple[Domain, ...] = ("host", "service")
@@ -136,6 +136,11 @@ class InstanceState(SeriesState, Protocol):
 
     @property
     def outlier_label(self) -> str | None: ...
+
+    @property
+    def anomalous(self) -> tuple[AnomalyFact, ...]:
+        """Its scored signals whose peak of the last hour reached the advisor's bar."""
+        ...
 
 
 class ChartReader(Protocol):

@@ -54,12 +54,13 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 >>> rec.observe(pipes.gpus, [("gpu-node-01", env.ts)])
 >>> rec.observe(pipes.requests, [("rag-api", env.ts)])
 >>> points = rec.take()
->>> len(points)  # the GPU, its 2 processes, and 9 charts of each of the 2 instances
-21
+>>> len(points)  # the GPU, its 2 processes, and 10 charts of each of the 2 instances
+23
 >>> print(*points["process:gpu-node-01:0:4001:gpu_mem"][0]["rules"])
 GpuMemoryLeak GpuMemoryLeakSlow GpuOomKill GpuXidCritical
->>> for sid in sorted(points)[3:12]:  # an instance's: each default rule on its chart
+>>> for sid in sorted(points)[3:13]:  # an instance's: each default rule on its chart
 ...     print(sid, *points[sid][0]["rules"])
+service:rag-api:rag-api-0:anomalous_signals ServiceAnomaly
 service:rag-api:rag-api-0:decode_tps DecodeSpeedDrop ReplicaDecodeOutlier
 service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation ReplicaLatencyOutlier
 service:rag-api:rag-api-0:errors ErrorRateHigh ReplicaErrorsOutlier

@@ -141,6 +141,7 @@ def instance_facts(s: InstanceState) -> InstanceFacts:
         s.bucket_end,
         dict(s.signals),
         s.outlier_label,
+        s.anomalous,
     )
 
 

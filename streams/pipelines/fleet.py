@@ -67,20 +67,28 @@ class Pipelines:
     correlator."""
 
     def __init__(
-        self, rules: list[Rule], *, max_series: int = 100_000, remote: Remote | None = None
+        self,
+        rules: list[Rule],
+        *,
+        max_series: int = 100_000,
+        remote: Remote | None = None,
+        scoring: bool = True,
     ) -> None:
         """``max_series``: the worker's series budget, GPU, request and engine series in
         all (each pipeline also caps its own kind at it). ``remote``: the facts other
         workers publish (the facts topic's table), for the hosts and services this one
         does not own; with it, each alert that starts firing and joins the other side is
-        noted (:meth:`take_joins`), so the worker can wait for that side to catch up."""
+        noted (:meth:`take_joins`), so the worker can wait for that side to catch up.
+        ``scoring`` False: no signal is scored by the generic detector (its rules, which
+        read scores, never fire; ``RAGWATCH_SCORE_SIGNALS``)."""
         self.rules = rules
         self.engine = AlertEngine()
         self.budget = budget = SeriesBudget(max_series)
-        self.gpus = GpuPipeline(rules, self.engine, max_series=max_series, budget=budget)
-        self.requests = RequestPipeline(rules, self.engine, max_series=max_series, budget=budget)
+        e, n, on = self.engine, max_series, scoring
+        self.gpus = GpuPipeline(rules, e, max_series=n, budget=budget, scoring=on)
+        self.requests = RequestPipeline(rules, e, max_series=n, budget=budget, scoring=on)
         self.events = EventPipeline(rules, self.engine)
-        self.metrics = MetricsPipeline(rules, self.engine, max_series=max_series, budget=budget)
+        self.metrics = MetricsPipeline(rules, e, max_series=n, budget=budget, scoring=on)
         self.correlator = Correlator(rules, self.engine)
         self.live = Live(self.gpus, self.requests)
         self.remote = remote

@@ -55,13 +55,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
+from ragwatch.catalog import SCORED
 from ragwatch.codec import gpu_wire
 from ragwatch.detectors.leak import GB, LeakBank, LeakEstimate
 from ragwatch.gpu_wire import GpuMessage, GpuSampleWire, ProcessWire
@@ -92,10 +92,13 @@ from ragwatch.streams.pipelines.gpu_signals import (
     SeriesKey,
     SeriesView,
     SignalArrays,
+    anomalous_of,
     row_signals,
+    score_wave,
 )
-from ragwatch.streams.pipelines.gpu_wave import Layout, Wave, shape_of
+from ragwatch.streams.pipelines.gpu_wave import Layout, Wave, series_labels, shape_of
 from ragwatch.streams.pipelines.rows import RowIndex
+from ragwatch.streams.pipelines.scoring import ScoreBlock
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +122,6 @@ def _flat(keyed: Mapping[str, list[tuple[SeriesKey, int]]]) -> Rows:
 def _pod(labels: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     """The Kubernetes container a GPU series (its labels) is allocated to."""
     return labels.get("namespace"), labels.get("pod"), labels.get("container")
-
-
-def _pod_labels(sample: GpuSampleWire | ProcessWire, names: tuple[str, ...]) -> dict[str, str]:
-    """The Kubernetes labels ``names`` of a sample, where set."""
-    return {k: v for k in names if (v := getattr(sample, k))}
 
 
 @dataclass
@@ -160,9 +158,10 @@ class GpuPipeline:
         budget: SeriesBudget | None = None,
         stale_s: float = 300.0,
         every_sample: bool = False,
+        scoring: bool = True,
     ) -> None:
         """``leak``: the leak detector's parameters (:class:`~ragwatch.detectors.leak.
-        LeakDetector`'s; its defaults if None)."""
+        LeakDetector`'s; its defaults if None); ``scoring``: every signal scored (.scoring)."""
         # the rules on a GPU against its like GPUs go with their comparison (.gpu_peers)
         self.peer_rules = [r for r in rules if r.series == "gpu" and reads_peers(r)]
         self.rules = {
@@ -185,6 +184,10 @@ class GpuPipeline:
         self.labels: list[dict[str, str] | None] = []  # per row, its series' (None: free)
         self._keys: list[dict[str, tuple[dict[str, str], str]] | None] = []
         self.where: list[str | None] = []  # chart series id prefixes, made when first charted
+        # each row's signals scored by the generic detector, GPUs' and processes' (.scoring)
+        self.scores = {
+            g: ScoreBlock(SCORED[k], on=scoring) for g, k in ((True, "gpu"), (False, "process"))
+        }
         self._grow(1024)
         self._oldest: dict[str, float] = {}  # per host, <= the oldest last_ts of its series
         self._layouts: dict[str, Layout] = {}  # per host, the shape of its last envelope
@@ -227,6 +230,8 @@ class GpuPipeline:
         self.where.extend([None] * (capacity - old))
         self._capacity = capacity
         self.bank.reserve(capacity)
+        for block in self.scores.values():
+            block.grow(capacity)
 
     value: F64
     fb_used: F64
@@ -480,6 +485,7 @@ class GpuPipeline:
             procs = np.array(wave.g_procs, dtype=np.float64)
             self._residual(gk, np.array(wave.g_ts, dtype=np.float64)[keep], (used - procs)[keep])
             self.index.seen(r, ts)
+            score_wave(self, r, ts)  # the generic detector on every scored signal (.scoring)
             order = np.argsort(
                 np.concatenate(
                     [np.array(wave.g_pos, dtype=np.intp)[keep], np.array(wave.p_pos, dtype=np.intp)]
@@ -631,18 +637,7 @@ class GpuPipeline:
                     self.stats.dropped_host_cap,
                 )
             return None
-        labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu.uuid, "mig": key[2]}
-        if proc is None:
-            labels["gpu_name"] = gpu.name
-            labels.update(_pod_labels(gpu, POD_LABELS))
-        else:
-            labels.update(
-                pid=str(proc.pid),
-                process=proc.name,
-                container=proc.container or "none",
-            )
-            labels.update(_pod_labels(proc, PROCESS_POD_LABELS))
-        return self.add_row(key, labels, ts, gpu=proc is None)
+        return self.add_row(key, series_labels(key, gpu, proc), ts, gpu=proc is None)
 
     def add_row(self, key: SeriesKey, labels: dict[str, str], ts: float, *, gpu: bool) -> int:
         """A row for a new series (its detector and raw values afresh)."""
@@ -651,6 +646,8 @@ class GpuPipeline:
         if row >= self._capacity:
             self._grow(max(2 * self._capacity, row + 1))
         self.bank.reset([row])
+        for block in self.scores.values():
+            block.release([row])
         for name in COLUMNS:
             getattr(self, name)[row] = np.nan
         self.is_gpu[row] = gpu
@@ -723,7 +720,8 @@ class GpuPipeline:
         last = self.index.last_seen
         newest = {h: float(last[[r for _, r in p]].max()) for h, p in keyed.items() if p}
         kept = {h: [(k, r) for k, r in p if r in keep] for h, p in keyed.items()}
-        return [host_facts(h, series, newest.get(h)) for h, series in self._views(kept).items()]
+        facts = [host_facts(h, series, newest.get(h)) for h, series in self._views(kept).items()]
+        return [replace(f, anomalous=anomalous_of(self, keyed[f.host])) for f in facts]
 
     def host_series(self, host: str) -> dict[SeriesKey, SeriesView]:
         """Every series of ``host``, by key (their signals computed together when read)."""

@@ -24,8 +24,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.advisor import gpu_words, process_words
+from ragwatch.catalog import SCORED
 from ragwatch.detectors.leak import GB
+from ragwatch.schema import AnomalyFact
 from ragwatch.streams.pipelines.gpu_peers import PEER_SIGNALS
+from ragwatch.streams.pipelines.scoring import MAX_FACTS, score_names
 
 if TYPE_CHECKING:
     from ragwatch.streams.pipelines.gpu import GpuPipeline
@@ -66,9 +70,11 @@ GPU_SIGNALS = (
     "temp_c",
     "power_w",
     *PEER_SIGNALS,  # the GPU against its like GPUs, as last compared (.gpu_peers)
+    *score_names(SCORED["gpu"]),  # the generic detector's scores (.scoring)
 )
 PEER_SET = frozenset(PEER_SIGNALS)
-PROCESS_SIGNALS = (*LEAK_SIGNALS, "gpu_mem_bytes", "rss_bytes")
+PROCESS_SIGNALS = (*LEAK_SIGNALS, "gpu_mem_bytes", "rss_bytes", *score_names(SCORED["process"]))
+SCORE_SET = frozenset(score_names(SCORED["gpu"]) + score_names(SCORED["process"]))
 GPU_SIGNAL_SET, PROCESS_SIGNAL_SET = frozenset(GPU_SIGNALS), frozenset(PROCESS_SIGNALS)
 # the raw columns of a row (NaN where a value is not known), as a snapshot holds them
 COLUMNS = (
@@ -189,7 +195,7 @@ class SignalArrays(Mapping[str, F64]):
     mask reads two or three of them; a status or an alert all)."""
 
     def __init__(self, pipe: GpuPipeline, rows: Rows, gpu: bool) -> None:
-        self._p, self._r = pipe, rows
+        self._p, self._r, self._gpu = pipe, rows, gpu
         self._names = GPU_SIGNALS if gpu else PROCESS_SIGNALS
         self._done: dict[str, F64] = {}
         self.has = pipe.bank.has[rows]
@@ -205,6 +211,9 @@ class SignalArrays(Mapping[str, F64]):
         if v is None:
             if name not in self._names:
                 raise KeyError(name)
+            if name in SCORE_SET:  # held by the scores' block, all read together
+                self._done.update(self._p.scores[self._gpu].scores(self._r))
+                return self._done[name]
             if name in PEER_SET:  # held as compared, not computed
                 held: F64 = getattr(self._p, name)[self._r]
                 self._done[name] = held
@@ -358,4 +367,35 @@ def row_signals(pipe: GpuPipeline, row: int) -> dict[str, float | None]:
     else:
         values += [float(pipe.value[row]), float(pipe.rss[row])]
         names = PROCESS_SIGNALS
+    values += pipe.scores[bool(pipe.is_gpu[row])].matrix(np.array([row], dtype=np.intp))[0].tolist()
     return {k: None if v != v else v for k, v in zip(names, values, strict=True)}
+
+
+def score_wave(pipe: GpuPipeline, rows: Rows, ts: F64) -> None:
+    """Score, then learn, the signals of a wave's ``rows`` (distinct, sampled at ``ts``)
+    that the generic detector scores (:data:`~ragwatch.catalog.SCORED`), GPUs and
+    processes each in their block (``pipe.scores``)."""
+    gpu = pipe.is_gpu[rows]
+    for flag in (True, False):
+        at = np.flatnonzero(gpu == flag)
+        if len(at):
+            block, arrays = pipe.scores[flag], SignalArrays(pipe, rows[at], flag)
+            with np.errstate(all="ignore"):
+                values = np.column_stack([arrays[n] for n in block.names])
+            block.update(rows[at], ts[at], values)
+
+
+def anomalous_of(pipe: GpuPipeline, pairs: list[tuple[SeriesKey, int]]) -> tuple[AnomalyFact, ...]:
+    """The anomalous signals of a host's rows (``pairs``: key and row), GPUs' and
+    processes' together, highest peak first (:meth:`~.scoring.ScoreBlock.anomalous`)."""
+    out: list[AnomalyFact] = []
+    for flag in (True, False):
+        rows = [r for _, r in pairs if bool(pipe.is_gpu[r]) == flag]
+        labels = [pipe.labels[r] or {} for r in rows]
+        if flag:
+            wheres = [gpu_words(lab.get("gpu"), lab.get("mig")) for lab in labels]
+        else:
+            wheres = [process_words(lab.get("pid"), lab.get("process")) for lab in labels]
+        out += pipe.scores[flag].anomalous(rows, wheres)
+    out.sort(key=lambda f: -f.score)
+    return tuple(out[:MAX_FACTS])

@@ -38,6 +38,8 @@ def dump(pipe: GpuPipeline, host: str) -> dict[str, Any]:
         "gpu": pipe.is_gpu[r].tobytes(),
         "columns": columns,
         "leak": pipe.bank.dump(r),
+        # each row's generic detector state and newest scores (.scoring; None: not scored)
+        "scores": [pipe.scores[bool(pipe.is_gpu[row])].dump(row) for _, row in keyed],
     }
 
 
@@ -69,6 +71,10 @@ def _adopt_rows(pipe: GpuPipeline, host: str, state: dict[str, Any]) -> int:
         raise ValueError(f"GPU state of host {host}: arrays of another length")
     probe = LeakBank(1, **pipe.bank.params.as_dict())
     probe.load(np.arange(n), state["leak"])  # checks it fits before anything changes
+    dumped = state.get("scores") or [None] * n  # (none before issue 34)
+    if not isinstance(dumped, list) or len(dumped) != n:
+        raise ValueError(f"GPU state of host {host}: scores of another length")
+    scores = [pipe.scores[bool(g)].check(d) for g, d in zip(gpu, dumped, strict=True)]
     order = sorted(range(n), key=lambda i: keys[i])[: pipe.room()]
     rows = []
     for i in order:
@@ -79,6 +85,7 @@ def _adopt_rows(pipe: GpuPipeline, host: str, state: dict[str, Any]) -> int:
         )
         for c in COLUMNS:
             getattr(pipe, c)[row] = columns[c][i]
+        pipe.scores[bool(gpu[i])].adopt(row, scores[i])
         rows.append(row)
     if rows:
         picked = np.array(order, dtype=np.intp)

@@ -84,9 +84,11 @@ def _host_status(
             g.update(zip(STATUS_SIGNALS, [c[i] for c in view], strict=True))
             g["name"], g["uuid"] = labels.get("gpu_name"), labels.get("uuid")
             g["gpu_util"], g["ts"] = columns.gpu_util[i], columns.last_ts[i]
+            g["scores"] = pipe.scores[True].scored(row)  # signal: [score, yhat, lower, upper]
             g.update((k, labels[k]) for k in POD_LABELS if k in labels)
             continue
         g["procs"].append(_process(key, labels, i, columns))
+        g["procs"][-1]["scores"] = pipe.scores[False].scored(row)
     top = [g for g in gpus.values() if "ts" in g]
     return {
         "host": host,

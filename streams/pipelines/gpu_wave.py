@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ragwatch.catalog import POD_LABELS, PROCESS_POD_LABELS
 from ragwatch.gpu_wire import GpuSampleWire, ProcessWire
 from ragwatch.schema import Transition
 
@@ -137,3 +138,23 @@ def shape_of(gpus: list[GpuSampleWire]) -> tuple[Any, ...]:
         (g.index, g.mig, g.namespace, g.pod, g.container, tuple([p.pid for p in g.procs]))
         for g in gpus
     )
+
+
+def series_labels(
+    key: tuple[str, int, str, int], gpu: GpuSampleWire, proc: ProcessWire | None
+) -> dict[str, str]:
+    """The labels of a new series ``key`` (host, GPU index, MIG instance, pid): a GPU's
+    model and Kubernetes pod, or a process's pid, name, container and pod."""
+    labels = {"host": key[0], "gpu": str(key[1]), "uuid": gpu.uuid, "mig": key[2]}
+    if proc is None:
+        labels["gpu_name"] = gpu.name
+        labels.update(_pod_labels(gpu, POD_LABELS))
+    else:
+        labels.update(pid=str(proc.pid), process=proc.name, container=proc.container or "none")
+        labels.update(_pod_labels(proc, PROCESS_POD_LABELS))
+    return labels
+
+
+def _pod_labels(sample: GpuSampleWire | ProcessWire, names: tuple[str, ...]) -> dict[str, str]:
+    """The Kubernetes labels ``names`` of a sample, where set."""
+    return {k: v for k in names if (v := getattr(sample, k))}

@@ -59,7 +59,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from ragwatch.schema import Alert, InstanceFacts, LeakFact, Transition
+from ragwatch.advisor import fact_moves, gpu_words, rank, summary
+from ragwatch.schema import Alert, AnomalyFact, InstanceFacts, LeakFact, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import Domain
@@ -139,8 +140,40 @@ class Correlator:
         own |= {_SAME[x] for x in own if x in _SAME}
         at = self.at(alert)
         if "instance" in labels and "service" in labels:
-            return self._service_hint(labels, own, at, facts)
-        return self._host_hint(alert, rule.series if rule else "", own, at, facts)
+            hint = self._service_hint(labels, own, at, facts)
+        else:
+            hint = self._host_hint(alert, rule.series if rule else "", own, at, facts)
+        also = self._also(labels, own, at, facts)
+        return f"{hint}; also anomalous: {also}" if also else hint
+
+    def _also(self, labels: Mapping[str, str], own: set[str], at: float, facts: Summary) -> str:
+        """The advisor's words on the other signals of the alert's host and the service
+        instances on it whose peak anomaly score of the last hour reached its bar (the
+        alert's own signals on its own series left out), highest first."""
+        instance = labels.get("instance") if "service" in labels else None
+        if instance is not None:
+            s = facts.instance(labels["service"], instance)
+            host, mine = (s.host if s is not None else None), instance
+        else:
+            host = labels.get("host")
+            pid = labels.get("pid")
+            mine = f"pid {pid}" if pid else gpu_words(labels.get("gpu"), labels.get("mig"))
+        found: list[AnomalyFact] = []
+        if host:
+            found += facts.host(host).anomalous
+            found += [f for s in facts.instances_on(host) for f in s.anomalous]
+        elif instance is not None and (s := facts.instance(labels["service"], instance)):
+            found += s.anomalous
+        near = [
+            f
+            for f in found
+            if f.at is not None and abs(f.at - at) <= self.window_s
+            and not (
+                (f.signal in own or f"{f.signal}_score" in own)
+                and (f.where == mine or f.where.startswith(mine + " "))
+            )
+        ]  # fmt: skip
+        return summary(rank(fact_moves(dict.fromkeys(near))), limit=4)
 
     @staticmethod
     def at(alert: Alert) -> float:

@@ -63,6 +63,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
+from ragwatch.catalog import SCORED
 from ragwatch.detectors.counts import count_z
 from ragwatch.detectors.seasonal import DAY, DAY_LIMIT, SeasonalBank, SeasonalParams
 from ragwatch.schema import MetricsEnvelope, Transition
@@ -70,6 +73,7 @@ from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain, Tap
 from ragwatch.streams.pipelines.budget import SeriesBudget
+from ragwatch.streams.pipelines.scoring import ScoreBlock, score_names
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +193,7 @@ class MetricsPipeline:
         max_targets: int = MAX_TARGETS,
         budget: SeriesBudget | None = None,
         max_label_sets: int = 256,
+        scoring: bool = True,
     ) -> None:
         if not (window_s > 0 and stale_s > 0):
             raise ValueError(f"need window_s > 0 and stale_s > 0: {window_s, stale_s}")
@@ -204,6 +209,7 @@ class MetricsPipeline:
         self.tap: Tap | None = None
         self.series: dict[SeriesKey, EngineSeries] = {}
         self.tps = SeasonalBank(TPS_PARAMS, 16)  # every engine's baseline, a row each
+        self.scores = ScoreBlock(SCORED[SERIES], on=scoring)  # its signals scored (.scoring)
         self._free: list[int] = []  # rows of dropped engines, to reuse (reset)
         self._watermark = 0.0
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
@@ -227,6 +233,7 @@ class MetricsPipeline:
             s.last_ts = env.ts
             self._add(s, env)
             s.signals = self._signals(s, env.ts)
+            self._score(s, env.ts)
             for rule in self.rules:
                 t = self.engine.evaluate(rule, s.labels, s.signals, env.ts)
                 if t is not None:
@@ -249,7 +256,10 @@ class MetricsPipeline:
         engines = self.host_series(key)
         if not engines:  # most hosts scrape none
             return {"format": SNAPSHOT_FORMAT, "series": []}
-        series = [_dump_series(self.tps.dump([s.row]), k[1], s) for k, s in engines.items()]
+        series = [
+            {**_dump_series(self.tps.dump([s.row]), k[1], s), "scores": self.scores.dump(s.row)}
+            for k, s in engines.items()
+        ]
         return {"format": SNAPSHOT_FORMAT, "series": series}
 
     def status(self, keys: Collection[str]) -> dict[str, dict[str, Any]]:
@@ -263,7 +273,12 @@ class MetricsPipeline:
     def engine_snapshot(self, host: str) -> list[dict[str, Any]]:
         """What ``ragwatch status`` shows about the engines scraped on one host."""
         return [
-            {"target": k[1], "ts": s.last_ts, "signals": dict(s.signals)}
+            {
+                "target": k[1],
+                "ts": s.last_ts,
+                "signals": dict(s.signals),
+                "scores": self.scores.scored(s.row),  # signal: [score, yhat, lower, upper]
+            }
             for k, s in self.host_series(host).items()
         ]
 
@@ -290,11 +305,13 @@ class MetricsPipeline:
         if any(k[0] != host for k in series):
             return 0
         keys = sorted(series)[: max(0, min(self.max_targets, self._room()))]
+        scores = {d.get("target"): self.scores.check(d.get("scores")) for d in state["series"]}
         for k in keys:
             s, tps = series[k]
             s.row = self._row()
             if tps is not None:
                 self.tps.load([s.row], tps)
+            self.scores.adopt(s.row, scores.get(k[1]))
             self.series[k] = s
         if keys:
             self._by_host[host] = set(keys)
@@ -318,10 +335,19 @@ class MetricsPipeline:
         if self._free:
             row = self._free.pop()
             self.tps.reset([row])
+            self.scores.release([row])
             return row
         row = len(self.series) + len(self._free)  # rows in use or free are 0 .. n - 1
         self.tps.reserve(row + 1)
+        self.scores.grow(row + 1)
         return row
+
+    def _score(self, s: EngineSeries, ts: float) -> None:
+        """Score, then learn, the engine's scored signals; their scores join its signals."""
+        values = [s.signals.get(n) for n in self.scores.names]
+        x = np.array([[math.nan if v is None else v for v in values]], dtype=np.float64)
+        got = self.scores.update(np.array([s.row], dtype=np.intp), np.array([ts]), x)
+        s.signals.update(zip(score_names(self.scores.names), got[0].tolist(), strict=True))
 
     def _room(self) -> int:
         """How many more engines fit: under ``max_series`` and the worker's budget."""

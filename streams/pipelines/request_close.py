@@ -39,7 +39,7 @@ from ragwatch.detectors.counts import CountWindows
 from ragwatch.detectors.service_clusters import ServiceClusters
 from ragwatch.detectors.tails import tail_signals
 from ragwatch.streams.pipelines.buckets import Bucket
-from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, ServiceRows
+from ragwatch.streams.pipelines.service_rows import SCORE_AT, SCORED_AT, SIGNAL_AT, ServiceRows
 from ragwatch.streams.pipelines.serving import serving_signals
 
 F64 = npt.NDArray[np.float64]
@@ -173,6 +173,9 @@ def close_round(
         sig[name] = outliers[:, j]
     at = np.array([SIGNAL_AT[name] for name in sig], dtype=np.intp)
     st.signals[np.ix_(rows, at)] = np.column_stack([sig[name] for name in sig])
+    # every scored signal through the generic detector, its scores signals too (.scoring)
+    scored = st.signals[np.ix_(rows, SCORED_AT)]
+    st.signals[np.ix_(rows, SCORE_AT)] = st.scores.update(rows, c.end, scored)
     col["bucket_end"][rows] = c.end
     return ends
 

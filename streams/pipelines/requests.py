@@ -121,7 +121,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -151,7 +151,14 @@ from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.facts import instance_facts
 from ragwatch.streams.pipelines.replica_signals import compare, reads_peers
 from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
-from ragwatch.streams.pipelines.service_rows import SIGNAL_AT, SIGNALS, SeriesKey, ServiceRows
+from ragwatch.streams.pipelines.service_rows import (
+    SIGNAL_AT,
+    SIGNALS,
+    SeriesKey,
+    ServiceRows,
+    ServiceView,
+    ServiceViews,
+)
 
 log = logging.getLogger(__name__)
 
@@ -209,65 +216,6 @@ class PipelineStats:
     unscored_records: int = 0  # records beyond MAX_SCORED_PER_ENVELOPE: not seen by outliers
 
 
-class ServiceView:
-    """One request series as readers outside the pipeline see it (hints, charts, status):
-    its labels, host, newest signals (read from its row when asked) and outlier label."""
-
-    __slots__ = ("_row", "_rows", "_signals", "labels")
-
-    def __init__(self, rows: ServiceRows, row: int, key: SeriesKey) -> None:
-        self._rows, self._row = rows, row
-        self.labels = {"service": key[0], "instance": key[1]}
-        self._signals: dict[str, float | None] | None = None
-
-    @property
-    def signals(self) -> dict[str, float | None]:
-        """Its newest signals (read from the row once: a view is read, then dropped)."""
-        if self._signals is None:
-            self._signals = self._rows.signal_dict(self._row)
-        return self._signals
-
-    @property
-    def bucket_end(self) -> float | None:
-        return self._rows.bucket_end(self._row)
-
-    @property
-    def host(self) -> str | None:
-        return self._rows.host[self._row]
-
-    @property
-    def outlier_label(self) -> str | None:
-        return self._rows.label[self._row]
-
-    @property
-    def buckets(self) -> dict[int, Bucket]:
-        """Its open buckets, by bucket number."""
-        return self._rows.buckets[self._row]
-
-    @property
-    def row(self) -> int:
-        return self._row
-
-
-class _Views(Mapping[SeriesKey, ServiceView]):
-    """The pipeline's series by key, as views (``RequestPipeline.series``)."""
-
-    def __init__(self, rows: ServiceRows) -> None:
-        self._rows = rows
-
-    def __getitem__(self, key: SeriesKey) -> ServiceView:
-        row = self._rows.index.get(key)
-        if row is None:
-            raise KeyError(key)
-        return ServiceView(self._rows, row, key)
-
-    def __iter__(self) -> Iterator[SeriesKey]:
-        return iter(self._rows.index)
-
-    def __len__(self) -> int:
-        return len(self._rows.index)
-
-
 @dataclass
 class _Close:
     """A bucket to close: the envelope that closed it (its place in the batch), the row,
@@ -323,6 +271,7 @@ class RequestPipeline:
         new_cluster_size: int = 10,
         outliers: RequestOutliers | None = None,
         seed: int = 0,
+        scoring: bool = True,
     ) -> None:
         if not (bucket_s > 0 and grace_s >= 0 and stale_s > 0 and gap_s >= bucket_s):
             raise ValueError(
@@ -358,6 +307,7 @@ class RequestPipeline:
             hold_max_s=hold_max_s,
             weekly_sd=weekly_sd,
             reservoir=reservoir,
+            scoring=scoring,
         )
         self._outliers = outliers if outliers is not None else RequestOutliers()
         self._rng = random.Random(seed)
@@ -381,7 +331,7 @@ class RequestPipeline:
     @property
     def series(self) -> Mapping[SeriesKey, ServiceView]:
         """Every series, by (service, instance), as views of their rows."""
-        return _Views(self.rows)
+        return ServiceViews(self.rows)
 
     def facts(self, service: str, instance: str) -> InstanceFacts | None:
         """What the instance's requests say now, for hints (None: not tracked)."""
@@ -731,6 +681,7 @@ class RequestPipeline:
                 "host": rows.host[row],
                 "bucket_end": rows.bucket_end(row),
                 "signals": rows.signal_dict(row),
+                "scores": rows.scores.scored(row),  # signal: [score, yhat, lower, upper]
                 "outlier_label": rows.label[row],
                 "open_buckets": len(rows.buckets[row]),
             }

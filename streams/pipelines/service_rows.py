@@ -28,19 +28,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.catalog import SCORED
 from ragwatch.detectors.counts import CountBank
 from ragwatch.detectors.latency import LatencyBank
 from ragwatch.detectors.recurrence import HOLD_COLUMNS
 from ragwatch.detectors.seasonal import SeasonalBank, SeasonalBaseline
 from ragwatch.detectors.tails import TailWindow
+from ragwatch.schema import AnomalyFact
 from ragwatch.streams.pipelines.buckets import Bucket
 from ragwatch.streams.pipelines.replica_signals import REPLICA_SIGNALS
 from ragwatch.streams.pipelines.rows import RowIndex
+from ragwatch.streams.pipelines.scoring import ScoreBlock, score_names
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -88,8 +92,13 @@ SIGNALS: tuple[str, ...] = (
     "window_errors", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
     # against the other instances of the service (streams/pipelines/replica_signals.py)
     *REPLICA_SIGNALS,
+    # the generic detector's scores of the signals it scores (streams/pipelines/scoring.py)
+    *score_names(SCORED["service"]),
 )  # fmt: skip
 SIGNAL_AT = {name: i for i, name in enumerate(SIGNALS)}
+# the columns of the scored signals, and of their scores
+SCORED_AT = np.array([SIGNAL_AT[n] for n in SCORED["service"]], dtype=np.intp)
+SCORE_AT = np.array([SIGNAL_AT[n] for n in score_names(SCORED["service"])], dtype=np.intp)
 FAMILIES = ("rps", "tpr", "tps")  # the traffic baselines' families (relearned_at/from)
 # what the service controls, a row each of the serving bank (ServiceRows.three): the
 # decode time per output token (signals ``decode_*``), the time to first token less the
@@ -159,6 +168,7 @@ class ServiceRows:
         weekly_sd: float | None = None,
         reservoir: int = 5000,
         capacity: int = 8,
+        scoring: bool = True,
     ) -> None:
         self.bucket_s, self.tail_params, self.reservoir = bucket_s, tail, reservoir
         self.index: RowIndex[SeriesKey] = RowIndex(capacity)
@@ -179,6 +189,8 @@ class ServiceRows:
         self.recent: I64 = np.zeros((capacity, RECENT_BUCKETS), dtype=np.int64)
         self.signals: F64 = np.full((capacity, len(SIGNALS)), np.nan)
         self.watch = np.zeros(capacity, dtype=np.bool_)  # an alert of the row may be active
+        self.scores = ScoreBlock(SCORED["service"], on=scoring)  # the generic detector's
+        self.scores.grow(capacity)
         # per-row objects, made when a series takes the row (a free row holds None)
         self.buckets: list[dict[int, Bucket]] = _free(capacity)
         self.tails: list[TailWindow] = _free(capacity)
@@ -227,6 +239,7 @@ class ServiceRows:
         for bank in (self.traffic, self.latency):
             bank.reset(self.both(r))
         self.serving.reset(self.three(r))
+        self.scores.release(r)
         for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
             objects[row] = None  # type: ignore[call-overload]  # a free row
         self.host[row] = self.label[row] = self.next_bucket[row] = None
@@ -248,6 +261,7 @@ class ServiceRows:
         self.traffic.reserve(2 * capacity)
         self.latency.reserve(2 * capacity)
         self.serving.reserve(len(SERVING) * capacity)
+        self.scores.grow(capacity)
         more = capacity - old
         for objects in (self.buckets, self.tails, self.gaps, self.senders, self.keys):
             objects += _free(more)
@@ -287,4 +301,68 @@ class ServiceRows:
         """Bytes held by the arrays (the banks' included), not by the per-row lists."""
         banks = (self.traffic, self.latency, self.serving, self.counts)
         own = sum(a.nbytes for a in self.col.values()) + self.recent.nbytes + self.signals.nbytes
-        return own + sum(b.nbytes() for b in banks)
+        return own + sum(b.nbytes() for b in banks) + self.scores.nbytes()
+
+
+class ServiceView:
+    """One request series as readers outside the pipeline see it (hints, charts, status):
+    its labels, host, newest signals (read from its row when asked) and outlier label."""
+
+    __slots__ = ("_row", "_rows", "_signals", "labels")
+
+    def __init__(self, rows: ServiceRows, row: int, key: SeriesKey) -> None:
+        self._rows, self._row = rows, row
+        self.labels = {"service": key[0], "instance": key[1]}
+        self._signals: dict[str, float | None] | None = None
+
+    @property
+    def signals(self) -> dict[str, float | None]:
+        """Its newest signals (read from the row once: a view is read, then dropped)."""
+        if self._signals is None:
+            self._signals = self._rows.signal_dict(self._row)
+        return self._signals
+
+    @property
+    def bucket_end(self) -> float | None:
+        return self._rows.bucket_end(self._row)
+
+    @property
+    def host(self) -> str | None:
+        return self._rows.host[self._row]
+
+    @property
+    def outlier_label(self) -> str | None:
+        return self._rows.label[self._row]
+
+    @property
+    def buckets(self) -> dict[int, Bucket]:
+        """Its open buckets, by bucket number."""
+        return self._rows.buckets[self._row]
+
+    @property
+    def row(self) -> int:
+        return self._row
+
+    @property
+    def anomalous(self) -> tuple[AnomalyFact, ...]:
+        """Its scored signals whose peak of the last hour reached the advisor's bar."""
+        return tuple(self._rows.scores.anomalous([self._row], [self.labels["instance"]]))
+
+
+class ServiceViews(Mapping[SeriesKey, ServiceView]):
+    """The pipeline's series by key, as views (``RequestPipeline.series``)."""
+
+    def __init__(self, rows: ServiceRows) -> None:
+        self._rows = rows
+
+    def __getitem__(self, key: SeriesKey) -> ServiceView:
+        row = self._rows.index.get(key)
+        if row is None:
+            raise KeyError(key)
+        return ServiceView(self._rows, row, key)
+
+    def __iter__(self) -> Iterator[SeriesKey]:
+        return iter(self._rows.index)
+
+    def __len__(self) -> int:
+        return len(self._rows.index)

@@ -114,6 +114,7 @@ def dump(
         "senders": [[[pid, ts] for pid, ts in st.senders[x].items()] for x in rows],
         "host": [st.host[x] for x in rows],
         "label": [st.label[x] for x in rows],
+        "scores": [st.scores.dump(x) for x in rows],  # None: not scored (.scoring)
         "shared": None if svc is None else _clusters(svc),
     }
 
@@ -226,7 +227,8 @@ def _parse(st: ServiceRows, state: Mapping[str, Any], n: int, rng: random.Random
         k: list(state[k])
         for k in ("next_bucket", "buckets", "tails", "gaps", "senders", "host", "label")
     }
-    if any(len(v) != n for v in lists.values()):
+    scores = list(state.get("scores") or [None] * n)  # (none before issue 34)
+    if any(len(v) != n for v in [*lists.values(), scores]):
         raise ValueError("per-series lists of another length")
     banks = dict(state["banks"])
     probes = {name: _probe(getattr(st, name), 2 * n if name in PAIRED else n) for name in BANKS}
@@ -253,6 +255,7 @@ def _parse(st: ServiceRows, state: Mapping[str, Any], n: int, rng: random.Random
         ],
         "host": [None if h is None else str(h) for h in lists["host"]],
         "label": [None if x is None else str(x) for x in lists["label"]],
+        "scores": [st.scores.check(x) for x in scores],
     }
 
 
@@ -380,3 +383,4 @@ def _write(st: ServiceRows, rows: Rows, picked: Rows, p: dict[str, Any]) -> None
     for row, i in zip(rows.tolist(), picked.tolist(), strict=True):
         for name in ("next_bucket", "buckets", "tails", "gaps", "senders", "host", "label"):
             getattr(st, name)[row] = p[name][i]
+        st.scores.adopt(row, p["scores"][i])

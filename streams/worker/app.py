@@ -323,7 +323,9 @@ def build_app(settings: Settings, *, worker_id: str | None = None) -> faust.App:
     app.service(delivery)  # type: ignore[arg-type]  # faust starts instances too
     rules = load_rules(settings.rules_file)
     table = FactsTable(worker_id)  # the other workers' facts, for the hints
-    pipes = Pipelines(rules, max_series=settings.max_series, remote=table)
+    pipes = Pipelines(
+        rules, max_series=settings.max_series, remote=table, scoring=settings.score_signals
+    )
     register_processors(app, settings, pipes, delivery, table)
     return app
 

@@ -28,6 +28,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragwatch.advisor import explain
 from ragwatch.codec import encode
 from ragwatch.console.exporter import METRIC_NAMES
 from ragwatch.embedded import EmbeddedStack, free_port
@@ -43,6 +44,7 @@ from tests.prometheus_tools import prometheus_binary, promtool
 TOKEN = "tok-" + uuid.uuid4().hex
 ENDPOINTS = (
     "/api/v1/status",
+    "/api/v1/explain?host=gpu-node-01",
     "/api/v1/alerts",
     "/api/v1/series",
     "/api/v1/series/gpu%3Agpu-node-01%3A0%3Afb_used",
@@ -225,6 +227,38 @@ def test_alerts_filter_limit_and_validation(served: Served) -> None:
         reply = get(base + bad)
         assert reply.status == 400, bad
         assert "error" in reply.json()
+
+
+def test_explain_api_is_what_explain_json_prints_and_what_the_whole_status_says(
+    served: Served,
+) -> None:
+    """The advisor reads only the alert's neighbourhood from Redis (its host, the services
+    on it): the same answer as from the whole fleet's status."""
+    leak = served.fleet.leak
+    base = served.url + "/api/v1/explain"
+    api = get(f"{base}?fingerprint={leak.fingerprint}&min_score=0").json()
+    cli = run_ragwatch("explain", leak.fingerprint, "--json", "--min-score", "0", env=served.env)
+    assert cli.returncode == 0, cli.stderr
+    assert api == json.loads(cli.stdout)
+    assert api["alert"]["rule"] == "GpuMemoryLeak" and api["host"] == leak.labels["host"]
+    whole = explain(get(served.url + "/api/v1/status").json(), fingerprint=leak.fingerprint,
+                    min_score=0.0)  # fmt: skip
+    assert api == whole
+    assert api["moves"] and {m["kind"] for m in api["moves"]} <= {
+        "gpu",
+        "process",
+        "service",
+        "engine",
+    }
+    scores = [m["score"] for m in api["moves"]]
+    assert scores == sorted(scores, reverse=True)
+    text = run_ragwatch("explain", "--host", leak.labels["host"], env=served.env)
+    assert text.returncode == 0 and f"host {leak.labels['host']}" in text.stdout, text.stderr
+    assert get(f"{base}?host=nope").status == 404
+    assert run_ragwatch("explain", "--host", "nope", env=served.env).returncode == 1
+    for bad in ("", "?min_score=2", "?min_score=x", "?bogus=1", "?host=a&host=b"):
+        reply = get(base + bad)
+        assert reply.status == 400 and "error" in reply.json(), bad
 
 
 def test_series_index_and_points(served: Served) -> None:

@@ -184,6 +184,7 @@ PARSED: list[tuple[str, str, str, Any]] = [
     ("RAGWATCH_OTLP_ENCODING", "OTLP_JSON", "otlp_encoding", "otlp_json"),
     ("RAGWATCH_OTLP_GRACE", "5", "otlp_grace", 5.0),
     ("RAGWATCH_HINT_WAIT", "2.5", "hint_wait", 2.5),
+    ("RAGWATCH_SCORE_SIGNALS", "off", "score_signals", False),
     (
         "RAGWATCH_OTLP_STAGE_PATTERNS",
         "retriever=^vector_search;reranker=rerank$",
@@ -323,6 +324,7 @@ BAD: list[tuple[str, str]] = [
     ("RAGWATCH_STATUS_INTERVAL", "1h"),
     ("RAGWATCH_OTLP_TOPIC", "spans/otlp"),
     ("RAGWATCH_HINT_WAIT", "301"),
+    ("RAGWATCH_SCORE_SIGNALS", "maybe"),
 ]
 
 # variables that take any value: secrets, and files checked when they are read

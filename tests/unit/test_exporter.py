@@ -329,3 +329,49 @@ def test_the_fleet_view_counts_each_worker_by_outcome() -> None:
     assert of("ragwatch_worker_hints", "how") == {("w1", "waited"): 3, ("w1", "incomplete"): 1}
     minutes = of("ragwatch_worker_gpu_peer_minutes", "outcome")
     assert minutes == {("w1", "complete"): 56, ("w1", "incomplete"): 4}
+
+
+def scored(score: float, yhat: float, lo: float, hi: float, value: float) -> list[float]:
+    """A status entry's scored signal (ragwatch.catalog.SCORE_FIELDS)."""
+    return [score, yhat, lo, hi, value, score, value, yhat, 1e9]
+
+
+def rss(score: float) -> list[float]:
+    return scored(score, 2e9, 1e9, 3e9, 2e9)
+
+
+def test_anomaly_scores_export_like_vmanomaly_labelled_like_their_series() -> None:
+    status = {
+        "hosts": [{"host": "h1", "gpus": [
+            {"index": 2, "mig": None, "namespace": "ml", "pod": "p", "container": "c",
+             "scores": {"power_w": scored(0.97, 300.0, 250.0, 350.0, 60.0)},
+             "procs": [{**proc(11, "b"), "scores": {"rss_bytes": rss(0.1)}},
+                       {**proc(12, "c"), "scores": {"rss_bytes": rss(0.2)}}]}],
+            "engines": [{"target": "t", "scores": {"kv_cache_usage_ratio": scored(
+                0.5, 0.4, 0.1, 0.7, 0.6)}}]}],
+        "services": [{"service": "rag", "instances": [{"instance": "i0", "scores": {
+            "reranker_p95_ms": scored(0.99, 40.0, 30.0, 55.0, 160.0),
+            "broken": [1.0, 2.0]}}]}],
+        "alerts": [{"status": "firing", "labels": {"host": "h1", "gpu": "2", "pid": "11"}}],
+    }  # fmt: skip
+    m = scrape(status)
+    assert set(m) <= METRIC_NAMES
+    by = {
+        (f, s.labels.get("gpu") or s.labels.get("target") or s.labels.get("service_instance"),
+         s.labels.get("pid"), s.labels["signal"]): s.value
+        for f in ("ragwatch_anomaly_score", "ragwatch_anomaly_yhat",
+                  "ragwatch_anomaly_yhat_lower", "ragwatch_anomaly_yhat_upper")
+        for s in m[f]
+    }  # fmt: skip
+    assert by[("ragwatch_anomaly_score", "2", None, "power_w")] == pytest.approx(0.97)
+    assert by[("ragwatch_anomaly_yhat", "2", None, "power_w")] == 300.0
+    assert by[("ragwatch_anomaly_yhat_lower", "2", None, "power_w")] == 250.0
+    assert by[("ragwatch_anomaly_yhat_upper", "2", None, "power_w")] == 350.0
+    assert by[("ragwatch_anomaly_score", "i0", None, "reranker_p95_ms")] == pytest.approx(0.99)
+    assert by[("ragwatch_anomaly_yhat_upper", "t", None, "kv_cache_usage_ratio")] == 0.7
+    # a process only while it has an alert (pids are high-cardinality); no malformed entry
+    assert by[("ragwatch_anomaly_score", "2", "11", "rss_bytes")] == pytest.approx(0.1)
+    assert not any(k[2] == "12" or k[3] == "broken" for k in by)
+    gpu = next(s for s in m["ragwatch_anomaly_score"] if s.labels.get("gpu") == "2")
+    assert {k: gpu.labels[k] for k in ("host", "namespace", "pod", "container")} == {
+        "host": "h1", "namespace": "ml", "pod": "p", "container": "c"}  # fmt: skip

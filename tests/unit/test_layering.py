@@ -215,6 +215,9 @@ def test_the_registered_detectors_are_the_ones_the_worker_runs() -> None:
         "seasonal": (pipes.metrics.tps, make("seasonal").bank),
         "seasonal (requests)": (pipes.requests.rows.traffic, make("seasonal").bank),
         "request_outliers": (pipes.requests._outliers, make("request_outliers")),
+        "generic": (pipes.gpus.scores[True].bank, make("generic").bank),
+        "generic (requests)": (pipes.requests.rows.scores.bank, make("generic").bank),
+        "generic (engines)": (pipes.metrics.scores.bank, make("generic").bank),
     }
     assert set(REGISTRY) == {name.split(" ")[0] for name in held}
     for name, (worker, view) in held.items():

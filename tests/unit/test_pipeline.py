@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from ragwatch.agents.sim import FleetSimulator, SimConfig
+from ragwatch.catalog import SCORE_FIELDS, SCORED
 from ragwatch.codec import gpu_wire
 from ragwatch.schema import (
     EventEnvelope,
@@ -356,7 +357,10 @@ def test_host_snapshot_structure() -> None:
             "uuid",
             "gpu_util",
             "ts",
+            "scores",  # signal: SCORE_FIELDS (streams/pipelines/scoring.py)
         }
+        assert set(g["scores"]) == set(SCORED["gpu"])
+        assert all(len(v) == len(SCORE_FIELDS) for v in g["scores"].values())
         assert (g["mig"], g["name"], g["uuid"]) == (None, sample.name, sample.uuid)
         assert (g["fb_used_bytes"], g["fb_total_bytes"]) == (sample.fb_used, sample.fb_total)
         assert (g["gpu_util"], g["ts"]) == (sample.gpu_util, env.ts)
@@ -364,7 +368,8 @@ def test_host_snapshot_structure() -> None:
         assert [p["pid"] for p in g["procs"]] == sorted(p.pid for p in sample.procs)
         for p in g["procs"]:
             (want,) = [s for s in sample.procs if s.pid == p["pid"]]
-            assert set(p) == {"pid", "name", "container", "gpu_mem_bytes", "gb_per_hour"}
+            assert set(p) == {"pid", "name", "container", "gpu_mem_bytes", "gb_per_hour", "scores"}
+            assert set(p["scores"]) == set(SCORED["process"])
             assert (p["name"], p["container"], p["gpu_mem_bytes"]) == (
                 want.name,
                 want.container,

@@ -1,0 +1,297 @@
+"""Every numeric signal of a kind of series scored by the generic detector.
+
+A pipeline holds one :class:`ScoreBlock` per kind of series it tracks (GPUs, processes,
+service instances, scraped engines): the block gives each of the pipeline's rows that
+it scores ``len(names)`` rows of a :class:`~ragwatch.detectors.generic.GenericBank`
+(a *slot*), taken when the row is first scored and handed back when the pipeline frees
+the row, and keeps the newest score, expected value and band of each signal (float32:
+what readers show), and the highest score of the last hour with the value and expected
+value then (the advisor ranks signals by it: an alert is explained by what moved around
+its start, not only by what is anomalous at the moment it is read). Rules read
+``<signal>_score``; status, ``/metrics`` and the advisor read the rest
+(:meth:`ScoreBlock.scored`, :data:`~ragwatch.catalog.SCORE_FIELDS`).
+
+The block learns on event time: the pipeline hands it the values of a wave's rows with
+their sample times, so a replay gives the scores the live worker gave.
+
+>>> import numpy as np
+>>> block = ScoreBlock(("util", "temp"))
+>>> block.grow(4)
+>>> for i in range(3):
+...     _ = block.update(np.array([2]), np.array([60.0 * i]), np.array([[50.0, 60.0]]))
+>>> block.score(np.array([0, 2]), "util").tolist()  # row 0 never scored: NaN
+[nan, 0.0]
+>>> block.release(np.array([2]))
+>>> block.slots
+0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ragwatch.advisor import MIN_SCORE
+from ragwatch.catalog import (
+    ANOMALOUS_SCORE,
+    NOT_CORROBORATING,
+    PEAK_S,
+    SCORE_FIELDS,
+    SCORE_SUMMARY,
+)
+from ragwatch.detectors.generic import GenericBank, GenericParams
+from ragwatch.schema import AnomalyFact
+
+F64 = npt.NDArray[np.float64]
+F32 = npt.NDArray[np.float32]
+Rows = npt.NDArray[np.intp]
+FIELDS = SCORE_FIELDS[:-1]  # kept in float32 per bank row; the peak's time in float64
+SCORE, YHAT, LOWER, UPPER, VALUE, PEAK, PEAK_VALUE, PEAK_YHAT = range(len(FIELDS))
+HELD = len(FIELDS)  # and the held score, once held SUSTAIN_S (anomalous_signals counts it)
+WIDTH = HELD + 1
+SUSTAIN_S = 300.0  # a signal counts as anomalous once out of its band this long: not a burst
+MAX_FACTS = 6  # the anomalous signals a series' facts carry to hints, at most
+
+
+class Checked(NamedTuple):
+    """A row's dump loaded apart (:meth:`ScoreBlock.check`), to adopt."""
+
+    bank: GenericBank
+    last: F32
+    peak_ts: F64
+    held_since: F64
+
+
+def score_names(names: Sequence[str]) -> tuple[str, ...]:
+    """The signals a rule reads the scores of ``names`` by: ``<name>_score``, and the
+    summary of them all (:data:`~ragwatch.catalog.SCORE_SUMMARY`)."""
+    return (*(f"{n}_score" for n in names), *SCORE_SUMMARY)
+
+
+class ScoreBlock:
+    """The scores of ``names``, the signals of one kind of series, over a pipeline's rows
+    (see the module docstring). ``params``: the generic detector's (its defaults if
+    None); ``on`` False: nothing is scored (every score is NaN, no value)."""
+
+    def __init__(
+        self, names: Sequence[str], params: GenericParams | None = None, *, on: bool = True
+    ) -> None:
+        self.on = on  # False: nothing is scored (RAGWATCH_SCORE_SIGNALS=false)
+        self.names = tuple(names)
+        self.at = {n: j for j, n in enumerate(self.names)}
+        self.k = len(self.names)
+        self.counted = np.array([n not in NOT_CORROBORATING for n in self.names])
+        self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)
+        self.slot: Rows = np.zeros(0, dtype=np.intp)  # per pipeline row (-1: none)
+        self.last = np.full((16 * self.k, WIDTH), np.nan, dtype=np.float32)
+        self.peak_ts = np.full(16 * self.k, np.nan)
+        self.held_since = np.full(16 * self.k, np.nan)  # out of its band since (NaN: not)
+        self._free: list[int] = []
+        self._taken = 0  # slots ever taken (the free ones among them in _free)
+
+    @property
+    def slots(self) -> int:
+        """Rows scored now."""
+        return self._taken - len(self._free)
+
+    def nbytes(self) -> int:
+        """The memory of the scores (bank and newest values), bytes."""
+        arrays = (self.last, self.peak_ts, self.held_since, self.slot)
+        return int(self.bank.nbytes() + sum(a.nbytes for a in arrays))
+
+    def grow(self, capacity: int) -> None:
+        """The pipeline's rows go up to ``capacity``."""
+        old = len(self.slot)
+        if capacity > old:
+            self.slot = np.concatenate([self.slot, np.full(capacity - old, -1, dtype=np.intp)])
+
+    def release(self, rows: npt.ArrayLike) -> None:
+        """The pipeline freed ``rows``: their slots go back (afresh when taken again)."""
+        r = np.asarray(rows, dtype=np.intp)
+        s = self.slot[r]
+        self._free += s[s >= 0].tolist()
+        self.slot[r] = -1
+
+    def _take(self, rows: Rows) -> Rows:
+        """The slots of ``rows``, taking one for each row without."""
+        s = self.slot[rows]
+        for i in np.flatnonzero(s < 0).tolist():
+            if self._free:
+                new = self._free.pop()
+            else:
+                new, self._taken = self._taken, self._taken + 1
+            s[i] = self.slot[rows[i]] = new
+            self._fresh(new)
+        return s
+
+    def _fresh(self, slot: int) -> None:
+        need = (slot + 1) * self.k
+        if need > self.bank.capacity:
+            self.bank.reserve(max(need, 2 * self.bank.capacity))
+        if need > len(self.last):
+            more = max(need, 2 * len(self.last)) - len(self.last)
+            fresh = np.full((more, WIDTH), np.nan, dtype=np.float32)
+            self.last = np.concatenate([self.last, fresh])
+            self.peak_ts = np.concatenate([self.peak_ts, np.full(more, np.nan)])
+            self.held_since = np.concatenate([self.held_since, np.full(more, np.nan)])
+        bank_rows = np.arange(slot * self.k, need)
+        self.bank.reset(bank_rows)
+        self.last[bank_rows] = np.nan
+        self.peak_ts[bank_rows] = self.held_since[bank_rows] = np.nan
+
+    def update(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> F64:
+        """Score, then learn, the newest value of each signal of ``rows`` (distinct),
+        sampled at ``ts``: ``values`` is ``(len(rows), len(names))``, NaN where a signal
+        has no value (nothing learnt). Returns the scores and their summary, as
+        :meth:`matrix`."""
+        if not self.on or not len(rows):
+            return np.full((len(rows), self.k + len(SCORE_SUMMARY)), np.nan)
+        b = (self._take(rows)[:, None] * self.k + np.arange(self.k)).ravel()
+        t, x = np.repeat(ts, self.k), np.asarray(values, np.float64).ravel()
+        got = self.bank.update(b, t, x)
+        last = self.last
+        last[b, SCORE], last[b, YHAT] = got.score, got.yhat
+        last[b, LOWER], last[b, UPPER] = got.lower, got.upper
+        out = got.held >= ANOMALOUS_SCORE
+        since = self.held_since[b] = np.where(out, np.fmin(self.held_since[b], t), np.nan)
+        last[b, VALUE], last[b, HELD] = x, np.where(t - since >= SUSTAIN_S, got.held, 0.0)
+        # the peak of the last PEAK_S: a higher score, or the first since it expired
+        peak, at = last[b, PEAK], self.peak_ts[b]
+        take = ~(got.score < peak) | ~(t - at <= PEAK_S)  # (NaN: none yet)
+        taken = b[take]
+        last[taken, PEAK], last[taken, PEAK_VALUE] = got.score[take], x[take]
+        last[taken, PEAK_YHAT], self.peak_ts[taken] = got.yhat[take], t[take]
+        score = np.asarray(got.score, dtype=np.float64).reshape(len(rows), self.k)
+        held = last[b, HELD].astype(np.float64).reshape(len(rows), self.k)
+        return _with_summary(score, held, np.ones(len(rows), dtype=np.bool_), self.counted)
+
+    def _field(self, rows: Rows, name: str, field: int) -> F64:
+        s = self.slot[rows]
+        out = self.last[np.where(s >= 0, s, 0) * self.k + self.at[name], field]
+        return np.where(s >= 0, out.astype(np.float64), np.nan)
+
+    def score(self, rows: Rows, name: str) -> F64:
+        """The newest score of signal ``name`` of ``rows`` (NaN: not scored)."""
+        return self._field(rows, name, 0)
+
+    def scores(self, rows: Rows) -> dict[str, F64]:
+        """Every ``<name>_score`` of ``rows``, and their summary."""
+        return dict(zip(score_names(self.names), self.matrix(rows).T, strict=True))
+
+    def matrix(self, rows: Rows) -> F64:
+        """``(len(rows), k + 2)``: each signal's newest score (NaN: not scored), then the
+        highest of them and how many are held out of their band by at least
+        :data:`~ragwatch.catalog.ANOMALOUS_SCORE` (NaN: the row is not scored)."""
+        s = self.slot[rows]
+        b = np.where(s >= 0, s, 0)[:, None] * self.k + np.arange(self.k)
+        both = self.last[b].astype(np.float64)  # (rows, k, WIDTH)
+        score = np.where((s >= 0)[:, None], both[:, :, SCORE], np.nan)
+        return _with_summary(score, both[:, :, HELD], s >= 0, self.counted)
+
+    def scored(self, row: int) -> dict[str, list[float | None]]:
+        """What status shows of row ``row``'s scored signals: ``{signal: [score, yhat,
+        lower, upper, value, peak, peak_value, peak_yhat, peak_ts]}``
+        (:data:`~ragwatch.catalog.SCORE_FIELDS`; None: no value), each signal that has
+        been scored."""
+        s = int(self.slot[row]) if row < len(self.slot) else -1
+        if s < 0:
+            return {}
+        first = s * self.k
+        block = self.last[first : first + self.k, :HELD].tolist()
+        at = self.peak_ts[first : first + self.k].tolist()
+        return {
+            n: [_round(v) for v in vals] + [at[j]]
+            for j, (n, vals) in enumerate(zip(self.names, block, strict=True))
+            if at[j] == at[j]  # NaN: never scored
+        }
+
+    def anomalous(
+        self, rows: Sequence[int], wheres: Sequence[str], min_score: float = MIN_SCORE
+    ) -> list[AnomalyFact]:
+        """The signals of ``rows`` (the series ``wheres`` names, in words) whose peak of
+        the last hour reached ``min_score``, as facts (highest first, at most
+        ``MAX_FACTS``)."""
+        r = np.asarray(rows, dtype=np.intp)
+        s = self.slot[r] if len(r) else r
+        have = np.flatnonzero(s >= 0)
+        if not len(have):
+            return []
+        b = (s[have][:, None] * self.k + np.arange(self.k)).ravel()
+        peak = self.last[b, PEAK].astype(np.float64)
+        hit = np.flatnonzero(peak >= min_score)
+        hit = hit[np.argsort(-peak[hit], kind="stable")][:MAX_FACTS]
+        out = []
+        for i in hit.tolist():
+            bi, where = b[i], wheres[int(have[i // self.k])]
+            value, yhat = (_round(float(self.last[bi, c])) for c in (PEAK_VALUE, PEAK_YHAT))
+            at = float(self.peak_ts[bi])
+            out.append(AnomalyFact(where, self.names[i % self.k], float(peak[i]), value, yhat, at))
+        return out
+
+    def dump(self, row: int) -> dict[str, Any] | None:
+        """Row ``row``'s detector state and newest scores (None: not scored), plain data
+        for a snapshot."""
+        s = int(self.slot[row])
+        if s < 0:
+            return None
+        first = s * self.k
+        return {
+            "names": list(self.names),
+            "bank": self.bank.dump(np.arange(first, first + self.k)),
+            "last": self.last[first : first + self.k].tolist(),
+            "peak_ts": self.peak_ts[first : first + self.k].tolist(),
+            "held_since": self.held_since[first : first + self.k].tolist(),
+        }
+
+    def check(self, state: Any) -> Checked | None:
+        """A :meth:`dump` loaded apart (None for None); ValueError if it does not fit this
+        block (another build's signals, other parameters, other shapes): a snapshot is
+        checked whole before a row changes."""
+        if state is None:
+            return None
+        if not isinstance(state, Mapping) or list(state.get("names") or ()) != list(self.names):
+            raise ValueError("scores of other signals")
+        probe = GenericBank(self.bank.params, capacity=self.k)
+        try:
+            probe.load(np.arange(self.k), state["bank"])
+            last = np.array(state["last"], dtype=np.float32).reshape(self.k, WIDTH)
+            peak_ts = np.array(state["peak_ts"], dtype=np.float64).reshape(self.k)
+            since = np.array(state["held_since"], dtype=np.float64).reshape(self.k)
+        except (AttributeError, KeyError, TypeError) as exc:
+            raise ValueError(f"scores: {exc}") from None
+        return Checked(probe, last, peak_ts, since)
+
+    def adopt(self, row: int, checked: Checked | None) -> None:
+        """Row ``row`` from a :meth:`check` ed dump (None: not scored, nothing to do)."""
+        if checked is None:
+            return
+        probe, last, peak_ts, since = checked
+        s = int(self._take(np.array([row], dtype=np.intp))[0])
+        at = np.arange(s * self.k, (s + 1) * self.k)
+        self.bank.load(at, probe.dump(np.arange(self.k)))
+        self.last[at], self.peak_ts[at], self.held_since[at] = last, peak_ts, since
+
+
+def _with_summary(
+    score: F64, held: F64, scored: npt.NDArray[np.bool_], counted: npt.NDArray[np.bool_]
+) -> F64:
+    """``score`` with two columns more, of its ``counted`` columns (those that corroborate
+    each other): the highest score of each row, and how many are *held* out of their band
+    by at least :data:`~ragwatch.catalog.ANOMALOUS_SCORE` (a deviation from the rhythm,
+    not the news of a burst: GPU utilisation, copy utilisation, power and temperature all
+    jump with one burst of load). Both NaN where a row is not ``scored``; 0 without a
+    counted column."""
+    mine = np.where(np.isnan(score[:, counted]), 0.0, score[:, counted])
+    top = mine.max(axis=1) if mine.shape[1] else np.zeros(len(score))
+    count = (np.nan_to_num(held[:, counted]) >= ANOMALOUS_SCORE).sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        top, count = np.where(scored, top, np.nan), np.where(scored, count, np.nan)
+    return np.column_stack([score, top, count])
+
+
+def _round(v: float) -> float | None:
+    """A float32's value as status shows it (None: NaN, no value)."""
+    return None if v != v else float(f"{v:.6g}")

@@ -1,0 +1,138 @@
+"""Every signal scored (streams/pipelines/scoring.py): the score blocks, and the pipelines'
+scores as rules, status, snapshots and hints read them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ragwatch.catalog import SCORE_FIELDS, SCORED, SERIES_SIGNALS
+from ragwatch.detectors.generic import GenericBank
+from ragwatch.schema import GpuEnvelope, GpuSample
+from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.gpu import GpuPipeline
+from ragwatch.streams.pipelines.scoring import HELD, SUSTAIN_S, ScoreBlock, score_names
+
+T0 = 1_767_571_200.0  # a Monday, 00:00 UTC
+GB = 1 << 30
+
+
+def fed(block: ScoreBlock, rows: list[int], n: int, step_s: float = 60.0) -> None:
+    rng = np.random.default_rng(1)
+    for i in range(n):
+        values = 50.0 + rng.normal(0, 2.0, size=(len(rows), block.k))
+        block.update(np.array(rows), np.full(len(rows), T0 + step_s * i), values)
+
+
+def test_slots_are_taken_when_first_scored_and_reused_afresh_after_release() -> None:
+    block = ScoreBlock(("a", "b", "c"))
+    block.grow(10)
+    fed(block, [2, 7], 5)
+    assert block.slots == 2 and block.slot[[2, 7]].tolist() == [0, 1]
+    block.release(np.array([2]))
+    assert block.slots == 1 and block.scored(2) == {}
+    fed(block, [4], 1)  # takes slot 0 again, afresh: one observation only
+    assert block.slot[4] == 0
+    fresh = GenericBank(block.bank.params, capacity=3)
+    first = 50.0 + np.random.default_rng(1).normal(0, 2.0, size=3)  # what fed() gave it
+    fresh.update(np.arange(3), np.full(3, T0), first)
+    assert block.bank.dump(np.arange(0, 3)) == fresh.dump(np.arange(3))
+
+
+def test_the_matrix_has_each_score_then_their_highest_and_how_many_are_anomalous() -> None:
+    block = ScoreBlock(("a", "b"))
+    block.grow(4)
+    fed(block, [1], 1)
+    block.last[[0, 1], 0] = [0.95, 0.5]  # row 1's slot (0): signals a, b
+    m = block.matrix(np.array([0, 1]))
+    assert np.isnan(m[0]).all()  # never scored
+    assert m[1].tolist() == [pytest.approx(0.95), 0.5, pytest.approx(0.95), 0.0]
+    block.last[[0, 1], HELD] = [0.95, 0.0]  # a held out of its band 5 min already
+    assert block.matrix(np.array([1]))[0, -1] == 1.0
+    assert list(block.scores(np.array([1]))) == list(score_names(("a", "b")))
+
+
+def test_status_fields_peaks_and_facts() -> None:
+    block = ScoreBlock(("util",))
+    block.grow(2)
+    fed(block, [0], 3)
+    (fields,) = block.scored(0).values()
+    assert len(fields) == len(SCORE_FIELDS) and fields[-1] == T0 + 120.0
+    block.last[0, SCORE_FIELDS.index("peak")] = 0.97
+    (fact,) = block.anomalous([0], ["GPU 0"])
+    assert (fact.where, fact.signal, fact.score) == ("GPU 0", "util", pytest.approx(0.97))
+    assert block.anomalous([1], ["GPU 1"]) == []
+
+
+def test_a_dump_restores_the_same_scores_and_a_foreign_one_is_refused() -> None:
+    a, b = ScoreBlock(("x", "y")), ScoreBlock(("x", "y"))
+    for block in (a, b):
+        block.grow(3)
+    fed(a, [1], 300)
+    b.adopt(2, b.check(a.dump(1)))
+    x = np.array([[50.0, 90.0]])
+    got_a = a.update(np.array([1]), np.array([T0 + 60 * 300]), x)
+    got_b = b.update(np.array([2]), np.array([T0 + 60 * 300]), x)
+    assert np.allclose(got_a, got_b, equal_nan=True)
+    assert a.scored(1) == b.scored(2)
+    with pytest.raises(ValueError):
+        ScoreBlock(("x",)).check(a.dump(1))  # other signals
+    broken = {**(a.dump(1) or {}), "last": [[1.0]]}
+    with pytest.raises(ValueError):
+        b.check(broken)
+    assert b.check(None) is None
+
+
+def test_a_signal_counts_as_anomalous_once_held_out_of_its_band_for_a_while() -> None:
+    block = ScoreBlock(("a", "b"))
+    block.grow(1)
+    fed(block, [0], 400)  # noise around 50
+    row = np.array([0])
+    counts = []
+    for i in range(12):  # both jump far out of their band, and stay
+        t = T0 + 60.0 * (400 + i)
+        counts.append(block.update(row, np.array([t]), np.array([[500.0, 500.0]]))[0, -1])
+    sustained = int(SUSTAIN_S // 60)
+    assert counts[:sustained] == [0.0] * sustained and counts[-1] == 2.0, counts
+    back = block.update(row, np.array([T0 + 60.0 * 412]), np.array([[50.0, 50.0]]))
+    assert back[0, -1] == 0.0
+
+
+def test_memory_per_scored_signal_is_within_a_kibibyte() -> None:
+    block = ScoreBlock(SCORED["service"])
+    block.grow(1000)
+    fed(block, list(range(1000)), 2)
+    per_signal = (block.nbytes() - block.slot.nbytes) / (block.slots * block.k)
+    assert per_signal <= 1024, per_signal
+
+
+def gpu_env(ts: float, util: float, power: float) -> GpuEnvelope:
+    return GpuEnvelope("h1", ts, (GpuSample(
+        0, "GPU-0", "H100", 40 * GB, 80 * GB, gpu_util=util, mem_copy_util=util / 3,
+        temp_c=40 + util / 3, power_w=power),))  # fmt: skip
+
+
+def test_a_gpu_hang_scores_its_signals_and_rules_and_facts_read_them() -> None:
+    pipe = GpuPipeline(load_rules())
+    rng = np.random.default_rng(3)
+    ts = T0
+    for _ in range(3 * 1440):  # three days a minute, a daily rhythm
+        util = 50 + 30 * math.sin(2 * math.pi * (ts % 86400) / 86400) + rng.normal(0, 3)
+        pipe.process(gpu_env(ts, util, 80 + 5 * util + rng.normal(0, 8)))
+        ts += 60.0
+    healthy = pipe.signal_dicts(np.array([0]))[0]
+    assert healthy["gpu_util_score"] is not None and healthy["gpu_util_score"] < 0.9
+    for _ in range(40):  # hung: no work, idle power
+        pipe.process(gpu_env(ts, 0.0, 72.0 + rng.normal(0, 1)))
+        ts += 60.0
+    sig = pipe.signal_dicts(np.array([0]))[0]
+    assert set(score_names(SCORED["gpu"])) <= set(sig) <= set(SERIES_SIGNALS["gpu"])
+    assert sig["gpu_util_score"] >= 0.9 and sig["power_w_score"] >= 0.9
+    assert sig["anomalous_signals"] >= 2
+    (gpu,) = pipe.status(["h1"])["h1"]["gpus"]
+    score, yhat, lower, upper, value = gpu["scores"]["power_w"][:5]
+    assert value < lower <= yhat <= upper and score >= 0.9
+    said = {(f.where, f.signal) for f in pipe.facts("h1").anomalous}
+    assert {("GPU 0", "gpu_util"), ("GPU 0", "power_w")} <= said
