@@ -158,9 +158,24 @@ PEAK_S = 3600.0
 # default rules page on several together, sustained; a burst of load is no deviation), of
 # the signals that corroborate each other: not GPU or process memory, whose ratio and
 # growth are one quantity seen twice and whose shapes (caching allocators, reloads,
-# batch jobs) the leak detector judges (detectors/leak)
+# batch jobs) the leak detector judges (detectors/leak); their score is the onset score
+# alone (a step is news for a moment, not a lasting deviation)
 SCORE_SUMMARY = ("anomaly_max", "anomalous_signals")
 NOT_CORROBORATING = frozenset({"fb_used_ratio", "gb_per_hour", "gpu_mem_bytes", "rss_bytes"})
+# signals that are one quantity seen several ways count once in anomalous_signals: a
+# GPU's utilisation and copy utilisation (its load), a stage's P50, P95 and P99, the
+# end-to-end latency with the LLM's (which is most of it: one long answer moves both
+# P99s), an engine's rates of requests and tokens (its traffic), its mean latencies
+CORROBORATION_GROUP: dict[str, str] = {
+    "mem_copy_util": "gpu_util",
+    "output_tokens_per_s": "tokens_per_request",
+    **{f"{stage}_{q}_ms": group for stage, group in (
+        ("retriever", "retriever"), ("reranker", "reranker"), ("e2e", "e2e"), ("llm", "e2e"))
+       for q in ("p50", "p95", "p99")},
+    "generation_tokens_per_s": "requests_per_s",
+    "prompt_tokens_per_s": "requests_per_s",
+    "e2e_mean_s": "tpot_mean_s",
+}  # fmt: skip
 ANOMALOUS_SCORE = 0.9
 for _kind, _names in SCORED.items():
     assert set(_names) <= set(SERIES_SIGNALS[_kind]), _kind

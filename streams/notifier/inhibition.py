@@ -170,4 +170,19 @@ DEFAULT_INHIBIT_RULES = (
         (Matcher("alertname", "E2eLatencyDeviation"),),
         ("service", "instance"),
     ),
+    # the generic anomaly rules (label anomaly=generic) say nothing that a specific rule
+    # on the same series says: its alert mutes theirs (a GPU's or a process's on its GPU;
+    # an instance's; an engine's)
+    *(
+        InhibitRule(
+            (Matcher("anomaly", ""), Matcher(key, ".+", regex=True)),
+            (Matcher("alertname", target, regex=True),),
+            equal,
+        )
+        for target, key, equal in (
+            ("GpuAnomaly|GpuRunningHot", "gpu", ("host", "gpu")),
+            ("ServiceAnomaly", "instance", ("service", "instance")),
+            ("EngineAnomaly", "target", ("host", "target")),
+        )
+    ),
 )

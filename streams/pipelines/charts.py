@@ -54,15 +54,14 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 >>> rec.observe(pipes.gpus, [("gpu-node-01", env.ts)])
 >>> rec.observe(pipes.requests, [("rag-api", env.ts)])
 >>> points = rec.take()
->>> len(points)  # the GPU, its 2 processes, and 10 charts of each of the 2 instances
-23
+>>> len(points)  # the GPU, its 2 processes, and 9 charts of each of the 2 instances
+21
 >>> print(*points["process:gpu-node-01:0:4001:gpu_mem"][0]["rules"])
 GpuMemoryLeak GpuMemoryLeakSlow GpuOomKill GpuXidCritical
->>> for sid in sorted(points)[3:13]:  # an instance's: each default rule on its chart
+>>> for sid in sorted(points)[3:12]:  # an instance's: each default rule on its chart
 ...     print(sid, *points[sid][0]["rules"])
-service:rag-api:rag-api-0:anomalous_signals ServiceAnomaly
 service:rag-api:rag-api-0:decode_tps DecodeSpeedDrop ReplicaDecodeOutlier
-service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation ReplicaLatencyOutlier
+service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation ReplicaLatencyOutlier ServiceAnomaly
 service:rag-api:rag-api-0:errors ErrorRateHigh ReplicaErrorsOutlier
 service:rag-api:rag-api-0:outliers RequestOutlierCluster
 service:rag-api:rag-api-0:queue_p95 QueueWaitHigh
@@ -96,6 +95,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ragwatch.catalog import SCORE_SUMMARY
 from ragwatch.chart_ids import series_prefix
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartReader, ChartSeries
@@ -158,6 +158,9 @@ CHARTS = (
 )  # fmt: skip
 # the chart of a host's series that shows its alerts when no chart holds their signal
 MAIN = {"gpu": CHARTS[0], "process": CHARTS[1], "engine": CHARTS[2]}
+# the chart of a series that shows its generic anomaly alerts (which signals moved is the
+# advisor's: ragwatch explain): its main chart; an instance's end-to-end P95
+GENERIC = {**MAIN, "service": next(c for c in CHARTS if c.suffix == "e2e_p95")}
 # device events are not charted: their alerts show the process's memory, then its GPU's
 EVENT_CHARTS = (MAIN["process"], MAIN["gpu"])
 UNITS = (("_ms", "ms"), ("_bytes", "bytes"), ("_per_s", "/s"), ("_ratio", "ratio"))
@@ -172,6 +175,8 @@ def charts_for(rule: Rule) -> tuple[Chart, ...]:
     not charted)."""
     if rule.series == "event":
         return EVENT_CHARTS
+    if rule.conditions[0].signal in SCORE_SUMMARY:  # the generic anomaly rules (the signals
+        return (GENERIC[rule.series],) if rule.series in GENERIC else ()  # are the advisor's)
     own = [c for c in CHARTS if c.kind == rule.series]
     if not own:
         return ()

@@ -37,6 +37,7 @@ import numpy.typing as npt
 from ragwatch.advisor import MIN_SCORE
 from ragwatch.catalog import (
     ANOMALOUS_SCORE,
+    CORROBORATION_GROUP,
     NOT_CORROBORATING,
     PEAK_S,
     SCORE_FIELDS,
@@ -84,6 +85,16 @@ class ScoreBlock:
         self.at = {n: j for j, n in enumerate(self.names)}
         self.k = len(self.names)
         self.counted = np.array([n not in NOT_CORROBORATING for n in self.names])
+        groups = [CORROBORATION_GROUP.get(n, n) for n in self.names]
+        kinds = sorted({g for g, c in zip(groups, self.counted, strict=True) if c})
+        # (k, groups): which group each counted signal is of (anomalous_signals counts groups)
+        self.groups = np.array(
+            [
+                [c and g == kind for kind in kinds]
+                for g, c in zip(groups, self.counted, strict=True)
+            ],
+            dtype=np.float64,
+        ).reshape(self.k, len(kinds))
         self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)
         self.slot: Rows = np.zeros(0, dtype=np.intp)  # per pipeline row (-1: none)
         self.last = np.full((16 * self.k, WIDTH), np.nan, dtype=np.float32)
@@ -152,6 +163,10 @@ class ScoreBlock:
         b = (self._take(rows)[:, None] * self.k + np.arange(self.k)).ravel()
         t, x = np.repeat(ts, self.k), np.asarray(values, np.float64).ravel()
         got = self.bank.update(b, t, x)
+        # memory's normal shape is steps (caching allocators, reloads, batch jobs): the
+        # held score would take each for a lasting deviation; its score is the onset's
+        # (lasting growth is the leak detector's)
+        got = got._replace(score=np.where(np.tile(self.counted, len(rows)), got.score, got.onset))
         last = self.last
         last[b, SCORE], last[b, YHAT] = got.score, got.yhat
         last[b, LOWER], last[b, UPPER] = got.lower, got.upper
@@ -166,7 +181,7 @@ class ScoreBlock:
         last[taken, PEAK_YHAT], self.peak_ts[taken] = got.yhat[take], t[take]
         score = np.asarray(got.score, dtype=np.float64).reshape(len(rows), self.k)
         held = last[b, HELD].astype(np.float64).reshape(len(rows), self.k)
-        return _with_summary(score, held, np.ones(len(rows), dtype=np.bool_), self.counted)
+        return _with_summary(score, held, np.ones(len(rows), dtype=np.bool_), self)
 
     def _field(self, rows: Rows, name: str, field: int) -> F64:
         s = self.slot[rows]
@@ -189,7 +204,7 @@ class ScoreBlock:
         b = np.where(s >= 0, s, 0)[:, None] * self.k + np.arange(self.k)
         both = self.last[b].astype(np.float64)  # (rows, k, WIDTH)
         score = np.where((s >= 0)[:, None], both[:, :, SCORE], np.nan)
-        return _with_summary(score, both[:, :, HELD], s >= 0, self.counted)
+        return _with_summary(score, both[:, :, HELD], s >= 0, self)
 
     def scored(self, row: int) -> dict[str, list[float | None]]:
         """What status shows of row ``row``'s scored signals: ``{signal: [score, yhat,
@@ -238,13 +253,16 @@ class ScoreBlock:
         if s < 0:
             return None
         first = s * self.k
-        return {
-            "names": list(self.names),
-            "bank": self.bank.dump(np.arange(first, first + self.k)),
-            "last": self.last[first : first + self.k].tolist(),
-            "peak_ts": self.peak_ts[first : first + self.k].tolist(),
-            "held_since": self.held_since[first : first + self.k].tolist(),
-        }
+        part = slice(first, first + self.k)
+        return _plain(
+            {
+                "names": list(self.names),
+                "bank": self.bank.dump(np.arange(first, first + self.k)),
+                "last": self.last[part].tolist(),
+                "peak_ts": self.peak_ts[part].tolist(),
+                "held_since": self.held_since[part].tolist(),
+            }
+        )
 
     def check(self, state: Any) -> Checked | None:
         """A :meth:`dump` loaded apart (None for None); ValueError if it does not fit this
@@ -275,21 +293,33 @@ class ScoreBlock:
         self.last[at], self.peak_ts[at], self.held_since[at] = last, peak_ts, since
 
 
-def _with_summary(
-    score: F64, held: F64, scored: npt.NDArray[np.bool_], counted: npt.NDArray[np.bool_]
-) -> F64:
-    """``score`` with two columns more, of its ``counted`` columns (those that corroborate
-    each other): the highest score of each row, and how many are *held* out of their band
-    by at least :data:`~ragwatch.catalog.ANOMALOUS_SCORE` (a deviation from the rhythm,
-    not the news of a burst: GPU utilisation, copy utilisation, power and temperature all
-    jump with one burst of load). Both NaN where a row is not ``scored``; 0 without a
-    counted column."""
+def _with_summary(score: F64, held: F64, scored: npt.NDArray[np.bool_], block: ScoreBlock) -> F64:
+    """``score`` with two columns more, of the block's ``counted`` columns (those that
+    corroborate each other): the highest score of each row, and how many of its groups
+    (:data:`~ragwatch.catalog.CORROBORATION_GROUP`: one quantity seen several ways counts
+    once) have a signal *held* out of its band by at least
+    :data:`~ragwatch.catalog.ANOMALOUS_SCORE` (a deviation from the rhythm, not the news of
+    a burst). Both NaN where a row is not ``scored``; 0 without a counted column."""
+    counted = block.counted
     mine = np.where(np.isnan(score[:, counted]), 0.0, score[:, counted])
     top = mine.max(axis=1) if mine.shape[1] else np.zeros(len(score))
-    count = (np.nan_to_num(held[:, counted]) >= ANOMALOUS_SCORE).sum(axis=1)
+    out = (np.nan_to_num(held) >= ANOMALOUS_SCORE).astype(np.float64)
+    count = ((out @ block.groups) > 0).sum(axis=1)
     with np.errstate(invalid="ignore"):
         top, count = np.where(scored, top, np.nan), np.where(scored, count, np.nan)
     return np.column_stack([score, top, count])
+
+
+def _plain(v: Any) -> Any:
+    """``v`` with NaN as None (plain data that compares equal to itself; numpy reads None
+    back as NaN)."""
+    if isinstance(v, float):
+        return None if v != v else v
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
 
 
 def _round(v: float) -> float | None:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES
 from ragwatch.streams.pipelines.buckets import decode_ms_per_token, ttft_net_ms
 from ragwatch.streams.pipelines.requests import RequestPipeline
 from ragwatch.streams.pipelines.serving import (
@@ -168,9 +169,22 @@ def _run_forked(
 
 
 def _firing(out: list[Transition], rule: str | None = None) -> list[tuple[str, float]]:
-    return [(t.alert.rule, t.alert.starts_at) for t in out
-            if t.alert.status == "firing" and t.previous != "firing"
-            and (rule is None or t.alert.rule == rule)]  # fmt: skip
+    """The pages: alerts that start firing, less those the notifier's default inhibition
+    mutes as they do (a generic anomaly alert of an instance a specific one is firing on)."""
+    firing: dict[str, dict[str, str]] = {}
+    pages = []
+    for t in out:
+        a = t.alert
+        if a.status != "firing":
+            firing.pop(a.fingerprint, None)
+            continue
+        muted = a.labels.get("anomaly") == "generic" and any(
+            r.inhibits(src, a.labels) for src in firing.values() for r in DEFAULT_INHIBIT_RULES
+        )
+        firing[a.fingerprint] = a.labels
+        if t.previous != "firing" and not muted and (rule is None or a.rule == rule):
+            pages.append((a.rule, a.starts_at))
+    return pages
 
 
 def _at(start: float, fault: Service, end: float = math.inf) -> Plan:

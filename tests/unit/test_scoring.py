@@ -136,3 +136,34 @@ def test_a_gpu_hang_scores_its_signals_and_rules_and_facts_read_them() -> None:
     assert value < lower <= yhat <= upper and score >= 0.9
     said = {(f.where, f.signal) for f in pipe.facts("h1").anomalous}
     assert {("GPU 0", "gpu_util"), ("GPU 0", "power_w")} <= said
+
+
+def test_one_quantity_seen_several_ways_counts_once() -> None:
+    """One long answer moves the end-to-end and the LLM P99 together: one group."""
+    block = ScoreBlock(SCORED["service"])
+    block.grow(1)
+    at = {n: j for j, n in enumerate(block.names)}
+    fed(block, [0], 1)
+    block.last[:, HELD] = 0.0
+    block.last[[at["e2e_p99_ms"], at["llm_p99_ms"], at["llm_p95_ms"]], HELD] = 1.0
+    assert block.matrix(np.array([0]))[0, -1] == 1.0
+    block.last[at["reranker_p95_ms"], HELD] = 1.0  # the reranker too: two groups
+    assert block.matrix(np.array([0]))[0, -1] == 2.0
+
+
+def test_a_specific_alert_on_the_series_mutes_the_generic_one() -> None:
+    from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES
+
+    generic = {"alertname": "ServiceAnomaly", "anomaly": "generic", "service": "s",
+               "instance": "i0"}  # fmt: skip
+    specific = {"alertname": "QueueWaitHigh", "service": "s", "instance": "i0"}
+    other = {**specific, "instance": "i1"}
+    gpu = {"alertname": "GpuAnomaly", "anomaly": "generic", "host": "h", "gpu": "0"}
+
+    def muted(source: dict[str, str], target: dict[str, str]) -> bool:
+        return any(r.inhibits(source, target) for r in DEFAULT_INHIBIT_RULES)
+
+    assert muted(specific, generic) and not muted(other, generic)
+    assert muted({"alertname": "GpuMemoryLeak", "host": "h", "gpu": "0", "pid": "1"}, gpu)
+    assert not muted({"alertname": "ReplicaLatencyOutlier", "host": "h"}, gpu)  # no gpu label
+    assert not muted(generic, gpu) and not muted(gpu, generic)
