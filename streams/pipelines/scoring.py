@@ -254,7 +254,7 @@ class ScoreBlock:
             return None
         first = s * self.k
         part = slice(first, first + self.k)
-        return _plain(
+        dumped: dict[str, Any] = _plain(
             {
                 "names": list(self.names),
                 "bank": self.bank.dump(np.arange(first, first + self.k)),
@@ -263,6 +263,7 @@ class ScoreBlock:
                 "held_since": self.held_since[part].tolist(),
             }
         )
+        return dumped
 
     def check(self, state: Any) -> Checked | None:
         """A :meth:`dump` loaded apart (None for None); ValueError if it does not fit this
