@@ -110,3 +110,35 @@ def test_malformed_entries_are_skipped_not_raised() -> None:
     status = {"hosts": [{"host": "h", "gpus": [
         {"index": 0, "scores": {"a": [1, 2], "b": "x", "c": [None] * 9}}, "junk"]}]}  # fmt: skip
     assert gather(status, host="h") == []
+
+
+def test_a_hint_ends_with_what_else_is_anomalous_around_the_alert() -> None:
+    from ragwatch.schema import Alert, HostFacts
+    from ragwatch.streams.alerting.engine import AlertEngine
+    from ragwatch.streams.pipelines.hints import Correlator
+
+    at = 1e9
+    facts = (
+        AnomalyFact("GPU 2", "power_w", 1.0, 60.0, 300.0, at - 600),
+        AnomalyFact("GPU 2", "gpu_util", 0.99, 0.0, 85.0, at - 600),
+        AnomalyFact("GPU 3", "temp_c", 0.95, 80.0, 60.0, at - 86400),  # a day before: not
+    )
+
+    class Summary:
+        def host(self, host: str) -> HostFacts:
+            return HostFacts(host, at, anomalous=facts)
+
+        def instance(self, service: str, instance: str) -> None:
+            return None
+
+        def instances_on(self, host: str) -> list[Any]:
+            return []
+
+    def alert(labels: dict[str, str]) -> Alert:
+        return Alert(rule="GpuAnomaly", severity="warning", status="firing", labels=labels,
+                     annotations={}, value=2.0, expected=None, starts_at=at, ends_at=None,
+                     fingerprint="f", at=at)  # fmt: skip
+
+    hint = Correlator([], AlertEngine()).hint(alert({"host": "h", "gpu": "0"}), Summary())
+    assert hint.endswith("; also anomalous: GPU 2 power -80 %, utilisation 0 % (expected 85 %)")
+    assert "GPU 3" not in hint
