@@ -66,8 +66,6 @@ class GenericParams:
     # in decades (-log10 p): 0 below p = 1e-3, 1 at p = 1e-9.
     score_from: float = 3.0
     score_span: float = 6.0
-    # The band holds the value with probability ~1 - band_p (99 %), by the histogram.
-    band_p: float = 0.01
     # The held score: the residual against the seasonal forecast alone (no fast level:
     # a shift keeps it until the slow level has learnt it, hours), in units of its own
     # (1 - held_p) quantile of the last days (the band): 0 within it, 1 at 1 + held_span
@@ -88,8 +86,8 @@ class GenericParams:
             raise ValueError(f"weekly_days must be >= 0, got {self.weekly_days!r}")
         if not math.isfinite(self.score_from):
             raise ValueError(f"score_from must be finite, got {self.score_from!r}")
-        if not 0 < self.band_p < 1:
-            raise ValueError(f"band_p must be in (0, 1), got {self.band_p!r}")
+        if not 0 < self.held_p < 1:
+            raise ValueError(f"held_p must be in (0, 1), got {self.held_p!r}")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

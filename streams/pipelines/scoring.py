@@ -19,7 +19,7 @@ their sample times, so a replay gives the scores the live worker gave.
 >>> block.grow(4)
 >>> for i in range(3):
 ...     _ = block.update(np.array([2]), np.array([60.0 * i]), np.array([[50.0, 60.0]]))
->>> block.score(np.array([0, 2]), "util").tolist()  # row 0 never scored: NaN
+>>> block.scores(np.array([0, 2]))["util_score"].tolist()  # row 0 never scored: NaN
 [nan, 0.0]
 >>> block.release(np.array([2]))
 >>> block.slots
@@ -82,7 +82,6 @@ class ScoreBlock:
     ) -> None:
         self.on = on  # False: nothing is scored (RAGWATCH_SCORE_SIGNALS=false)
         self.names = tuple(names)
-        self.at = {n: j for j, n in enumerate(self.names)}
         self.k = len(self.names)
         self.counted = np.array([n not in NOT_CORROBORATING for n in self.names])
         groups = [CORROBORATION_GROUP.get(n, n) for n in self.names]
@@ -182,15 +181,6 @@ class ScoreBlock:
         score = np.asarray(got.score, dtype=np.float64).reshape(len(rows), self.k)
         held = last[b, HELD].astype(np.float64).reshape(len(rows), self.k)
         return _with_summary(score, held, np.ones(len(rows), dtype=np.bool_), self)
-
-    def _field(self, rows: Rows, name: str, field: int) -> F64:
-        s = self.slot[rows]
-        out = self.last[np.where(s >= 0, s, 0) * self.k + self.at[name], field]
-        return np.where(s >= 0, out.astype(np.float64), np.nan)
-
-    def score(self, rows: Rows, name: str) -> F64:
-        """The newest score of signal ``name`` of ``rows`` (NaN: not scored)."""
-        return self._field(rows, name, 0)
 
     def scores(self, rows: Rows) -> dict[str, F64]:
         """Every ``<name>_score`` of ``rows``, and their summary."""

@@ -232,7 +232,7 @@ def test_a_daily_rhythm_is_learnt_and_a_shift_scores_high_then_is_accepted() -> 
 
 
 def test_parameters_are_checked() -> None:
-    for bad in ({"slots": 0}, {"level_s": -1.0}, {"band_p": 1.0}, {"warmup": 1.5}):
+    for bad in ({"slots": 0}, {"level_s": -1.0}, {"held_p": 1.0}, {"warmup": 1.5}):
         with pytest.raises(ValueError):
             GenericParams(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
