@@ -19,6 +19,10 @@ group) is dropped.
 
 The clock is the caller's ``now``: the notifier passes event time (the alerts' ``at``)
 advanced by the wall clock between alerts, so a replay at 720x groups as it would live.
+An alert that arrives behind the clock (the worker's GPU path lags its events path, so
+an OOM kill at 12:13 can reach the notifier before the "memory over 95 %" of 08:44) is
+grouped at its own event time, and a source mutes it only if the source fired by the
+time its group was due: live, the 08:44 page went out long before the OOM.
 
 >>> from ragwatch.schema import Alert
 >>> from ragwatch.streams.notifier.routing import parse_config
@@ -93,6 +97,7 @@ class Grouper:
             return
         self.stats.transitions += 1
         fp = alert.fingerprint
+        at = min(now, alert.at) if alert.at is not None else now  # a late one: its own time
         if alert.status == "firing":
             self.firing[fp] = alert
         else:
@@ -107,7 +112,7 @@ class Grouper:
                 self.stats.dropped_resolved += 1
                 continue
             if g is None:
-                g = self.groups[key] = Group(route, labels, next_flush=now + route.group_wait_s)
+                g = self.groups[key] = Group(route, labels, next_flush=at + route.group_wait_s)
             prev = g.alerts.get(fp)
             g.alerts[fp] = alert
             if prev is not None and (prev.status, prev.starts_at) == (
@@ -116,8 +121,8 @@ class Grouper:
             ):
                 continue  # the same transition again (a replay): nothing changed
             if g.next_flush is None:
-                due = (g.last_sent if g.last_sent is not None else now) + route.group_interval_s
-                g.next_flush = max(now, due)
+                due = (g.last_sent if g.last_sent is not None else at) + route.group_interval_s
+                g.next_flush = max(at, due)
 
     def flush(
         self, now: float, silenced: Callable[[Alert], bool] = lambda a: False
@@ -128,7 +133,8 @@ class Grouper:
             due = g.next_flush is not None and now >= g.next_flush
             repeat = not due and g.repeat_at is not None and now >= g.repeat_at
             if due or repeat:
-                n = self._flush_group(g, now, silenced, repeat)
+                was = g.repeat_at if repeat else g.next_flush
+                n = self._flush_group(g, now, silenced, repeat, min(now, was or now))
                 if n is not None:
                     out.append(n)
             if not g.alerts:
@@ -137,13 +143,15 @@ class Grouper:
         return out
 
     def _flush_group(
-        self, g: Group, now: float, silenced: Callable[[Alert], bool], repeat: bool
+        self, g: Group, now: float, silenced: Callable[[Alert], bool], repeat: bool, due: float
     ) -> Notification | None:
+        """The group's notification at ``now``; ``due``: the event time it was due at,
+        when its inhibition is decided."""
         firing, muted = [], False
         for a in g.alerts.values():
             if a.status != "firing":
                 continue
-            if self._inhibited(a):
+            if self._inhibited(a, due):
                 self.stats.inhibited += 1
                 muted = True
             elif silenced(a):
@@ -177,13 +185,14 @@ class Grouper:
             reason=reason,
         )
 
-    def _inhibited(self, target: Alert) -> bool:
-        """Whether a firing alert other than ``target`` mutes it by some inhibit rule."""
+    def _inhibited(self, target: Alert, at: float) -> bool:
+        """Whether an alert other than ``target``, firing by event time ``at``, mutes it
+        by some inhibit rule."""
         return any(
             rule.inhibits(src.labels, target.labels)
             for rule in self.config.inhibit_rules
             for fp, src in self.firing.items()
-            if fp != target.fingerprint
+            if fp != target.fingerprint and (src.at if src.at is not None else src.starts_at) <= at
         )
 
     # ------------------------------------------------------------------ persistence

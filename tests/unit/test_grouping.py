@@ -270,6 +270,32 @@ def test_without_a_file_a_leak_mutes_its_gpus_memory_high() -> None:
     assert g.stats.inhibited == 1
 
 
+def test_a_source_that_fired_after_a_late_target_was_due_does_not_mute_it() -> None:
+    """The worker's events path runs ahead of its GPU path: the OOM kill of 12:13 reaches
+    the notifier before the GPU's "memory over 95 %" of 08:44. Live, the 08:44 page went
+    out hours before the OOM; late, it must go out too (the demo's story, issue 34's CI).
+    A source that fired before the target still mutes it, however late either arrives."""
+    g = with_rules(
+        {
+            "source_matchers": {"alertname": "GpuOomKill"},
+            "target_matchers": {"alertname": "GpuMemoryHigh"},
+            "equal": ["host", "gpu"],
+        }
+    )
+    oom, high = 12 * 3600.0, 8 * 3600.0
+    g.add(alert("GpuOomKill", at=oom, starts=oom, host="h1", gpu="1"), now=oom)
+    g.add(alert("GpuMemoryHigh", at=high, starts=high, host="h1", gpu="1"), now=oom + 1)
+    g.add(alert("GpuMemoryHigh", at=oom + 5, starts=oom + 5, host="h1", gpu="2"), now=oom + 5)
+    g.add(alert("GpuOomKill", at=high, starts=high, host="h2", gpu="1"), now=oom + 6)
+    g.add(alert("GpuMemoryHigh", at=oom, starts=oom, host="h2", gpu="1"), now=oom + 6)
+    got = sent(g.flush(now=oom + 40.0), "gpu")
+    assert ("GpuMemoryHigh", "1") in got and got.count(("GpuMemoryHigh", "1")) == 1
+    assert ("GpuMemoryHigh", "2") in got  # no OOM on GPU 2
+    assert g.stats.inhibited == 1  # h2's: its OOM (08:00) fired before its high (12:00)
+    hosts = sorted(a.labels["host"] for n in g.flush(now=oom + 40.0) for a in n.alerts)
+    assert hosts == []
+
+
 def test_without_a_file_a_cause_of_slow_answers_mutes_the_latency_backstop() -> None:
     """A queue that makes an instance's answers slow is paged by QueueWaitHigh; the same
     instance's E2eLatencyDeviation is muted, another instance's still pages."""
