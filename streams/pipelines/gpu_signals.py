@@ -113,6 +113,10 @@ class SeriesView:
         """Every signal the rules of this series can read (None: no value)."""
         return self._rows.row(self._at)
 
+    def bands(self) -> dict[str, list[float | None]]:
+        """Its scored signals' newest score, expected value and band (.scoring)."""
+        return self._rows.bands(self._at)
+
 
 class RowSignals:
     """The signals of some rows of mixed kinds: a few rows in plain floats
@@ -136,6 +140,12 @@ class RowSignals:
         if not self._arrays:
             self._split()
         return _RowView(self, at, self._gpu[at])
+
+    def bands(self, at: int) -> dict[str, list[float | None]]:
+        """Row ``at``'s scored signals: ``{signal: [score, yhat, lower, upper, ...]}``
+        (:meth:`~.scoring.ScoreBlock.scored`)."""
+        row = int(self._rows[at])
+        return self._pipe.scores[self._gpu[at]].scored(row)
 
     def column(self, name: str) -> list[float | None]:
         """One signal of every row (None: no value, or not a signal of the row's kind)."""
@@ -382,7 +392,7 @@ def score_wave(pipe: GpuPipeline, rows: Rows, ts: F64) -> None:
             block, arrays = pipe.scores[flag], SignalArrays(pipe, rows[at], flag)
             with np.errstate(all="ignore"):
                 values = np.column_stack([arrays[n] for n in block.names])
-            block.update(rows[at], ts[at], values)
+            block.learn(rows[at], ts[at], values)
 
 
 def anomalous_of(pipe: GpuPipeline, pairs: list[tuple[SeriesKey, int]]) -> tuple[AnomalyFact, ...]:

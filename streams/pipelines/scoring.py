@@ -12,13 +12,23 @@ its start, not only by what is anomalous at the moment it is read). Rules read
 (:meth:`ScoreBlock.scored`, :data:`~ragwatch.catalog.SCORE_FIELDS`).
 
 The block learns on event time: the pipeline hands it the values of a wave's rows with
-their sample times, so a replay gives the scores the live worker gave.
+their sample times, so a replay gives the scores the live worker gave. A series is scored
+at most once a minute of event time (``every_s``): the first sample of a new minute
+scores the mean of the samples since the last scoring, at that sample's time. The
+detector's memories are minutes to weeks, so it loses nothing it could use, and a GPU
+sampled every 10 s costs a sixth of the updates (a service instance's window closes, a
+minute apart or more, are each scored).
 
 >>> import numpy as np
 >>> block = ScoreBlock(("util", "temp"))
 >>> block.grow(4)
 >>> for i in range(3):
 ...     _ = block.update(np.array([2]), np.array([60.0 * i]), np.array([[50.0, 60.0]]))
+>>> block.learnt(2)  # one update a minute
+3
+>>> _ = block.update(np.array([2]), np.array([150.0]), np.array([[70.0, 60.0]]))
+>>> block.learnt(2)  # the same minute as 120 s: kept for the next minute's mean
+3
 >>> block.scores(np.array([0, 2]))["util_score"].tolist()  # row 0 never scored: NaN
 [nan, 0.0]
 >>> block.release(np.array([2]))
@@ -54,6 +64,7 @@ SCORE, YHAT, LOWER, UPPER, VALUE, PEAK, PEAK_VALUE, PEAK_YHAT = range(len(FIELDS
 HELD = len(FIELDS)  # and the held score, once held SUSTAIN_S (anomalous_signals counts it)
 WIDTH = HELD + 1
 SUSTAIN_S = 300.0  # a signal counts as anomalous once out of its band this long: not a burst
+EVERY_S = 60.0  # a series is scored at most once a minute of event time (its mean since)
 MAX_FACTS = 6  # the anomalous signals a series' facts carry to hints, at most
 
 
@@ -64,6 +75,8 @@ class Checked(NamedTuple):
     last: F32
     peak_ts: F64
     held_since: F64
+    pending: F64  # (k,): the sum of the samples since the last scoring
+    counts: F32  # (k,): ... how many
 
 
 def score_names(names: Sequence[str]) -> tuple[str, ...]:
@@ -75,12 +88,19 @@ def score_names(names: Sequence[str]) -> tuple[str, ...]:
 class ScoreBlock:
     """The scores of ``names``, the signals of one kind of series, over a pipeline's rows
     (see the module docstring). ``params``: the generic detector's (its defaults if
-    None); ``on`` False: nothing is scored (every score is NaN, no value)."""
+    None); ``on`` False: nothing is scored (every score is NaN, no value); ``every_s``:
+    a series is scored at most once in each span of this many event-time seconds."""
 
     def __init__(
-        self, names: Sequence[str], params: GenericParams | None = None, *, on: bool = True
+        self,
+        names: Sequence[str],
+        params: GenericParams | None = None,
+        *,
+        on: bool = True,
+        every_s: float = EVERY_S,
     ) -> None:
         self.on = on  # False: nothing is scored (RAGWATCH_SCORE_SIGNALS=false)
+        self.every_s = every_s
         self.names = tuple(names)
         self.k = len(self.names)
         self.counted = np.array([n not in NOT_CORROBORATING for n in self.names])
@@ -99,6 +119,10 @@ class ScoreBlock:
         self.last = np.full((16 * self.k, WIDTH), np.nan, dtype=np.float32)
         self.peak_ts = np.full(16 * self.k, np.nan)
         self.held_since = np.full(16 * self.k, np.nan)  # out of its band since (NaN: not)
+        # the samples since a bank row was last scored: their sum and count (the span of
+        # its last scoring is its bank row's last learnt time's)
+        self.pending = np.zeros(16 * self.k)
+        self.count = np.zeros(16 * self.k, dtype=np.float32)
         self._free: list[int] = []
         self._taken = 0  # slots ever taken (the free ones among them in _free)
 
@@ -109,7 +133,7 @@ class ScoreBlock:
 
     def nbytes(self) -> int:
         """The memory of the scores (bank and newest values), bytes."""
-        arrays = (self.last, self.peak_ts, self.held_since, self.slot)
+        arrays = (self.last, self.peak_ts, self.held_since, self.pending, self.count, self.slot)
         return int(self.bank.nbytes() + sum(a.nbytes for a in arrays))
 
     def grow(self, capacity: int) -> None:
@@ -147,25 +171,56 @@ class ScoreBlock:
             self.last = np.concatenate([self.last, fresh])
             self.peak_ts = np.concatenate([self.peak_ts, np.full(more, np.nan)])
             self.held_since = np.concatenate([self.held_since, np.full(more, np.nan)])
+            self.pending = np.concatenate([self.pending, np.zeros(more)])
+            self.count = np.concatenate([self.count, np.zeros(more, dtype=np.float32)])
         bank_rows = np.arange(slot * self.k, need)
         self.bank.reset(bank_rows)
         self.last[bank_rows] = np.nan
         self.peak_ts[bank_rows] = self.held_since[bank_rows] = np.nan
+        self.pending[bank_rows] = self.count[bank_rows] = 0.0
+
+    def learnt(self, row: int) -> int:
+        """How many values the detector has learnt of row ``row``'s first signal."""
+        s = int(self.slot[row]) if row < len(self.slot) else -1
+        return 0 if s < 0 else int(self.bank.n[s * self.k])
 
     def update(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> F64:
-        """Score, then learn, the newest value of each signal of ``rows`` (distinct),
-        sampled at ``ts``: ``values`` is ``(len(rows), len(names))``, NaN where a signal
-        has no value (nothing learnt). Returns the scores and their summary, as
-        :meth:`matrix`."""
+        """Take the newest value of each signal of ``rows`` (distinct), sampled at
+        ``ts``: ``values`` is ``(len(rows), len(names))``, NaN where a signal has no
+        value; rows in a new span of ``every_s`` are scored, then learnt (the mean since
+        their last scoring). Returns the scores and their summary, as :meth:`matrix`."""
         if not self.on or not len(rows):
             return np.full((len(rows), self.k + len(SCORE_SUMMARY)), np.nan)
+        self.learn(rows, ts, values)
+        return self.matrix(rows)
+
+    def learn(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> None:
+        """:meth:`update` without the scores returned (the GPU path reads them later)."""
+        if not self.on or not len(rows):
+            return
         b = (self._take(rows)[:, None] * self.k + np.arange(self.k)).ravel()
-        t, x = np.repeat(ts, self.k), np.asarray(values, np.float64).ravel()
+        x, t = np.asarray(values, np.float64).ravel(), np.repeat(ts, self.k)
+        seen = np.isfinite(x)
+        self.pending[b] += np.where(seen, x, 0.0)
+        self.count[b] += seen
+        every = self.every_s  # a new span since the row last learnt (NaN: never did)
+        due = np.floor(t / every) != np.floor(self.bank.t[b] / every)
+        if due.all():
+            self._score(b, t)
+        elif due.any():
+            self._score(b[due], t[due])
+
+    def _score(self, b: Rows, t: F64) -> None:
+        """Score, then learn, the mean of bank rows ``b``'s pending samples at ``t``."""
+        with np.errstate(all="ignore"):
+            x = self.pending[b] / self.count[b]  # NaN: no value since (nothing learnt)
+        x[~np.isfinite(x)] = np.nan  # a sum past float64's range: no mean to learn
+        self.pending[b] = self.count[b] = 0.0
         got = self.bank.update(b, t, x)
         # memory's normal shape is steps (caching allocators, reloads, batch jobs): the
         # held score would take each for a lasting deviation; its score is the onset's
         # (lasting growth is the leak detector's)
-        got = got._replace(score=np.where(np.tile(self.counted, len(rows)), got.score, got.onset))
+        got = got._replace(score=np.where(self.counted[b % self.k], got.score, got.onset))
         last = self.last
         last[b, SCORE], last[b, YHAT] = got.score, got.yhat
         last[b, LOWER], last[b, UPPER] = got.lower, got.upper
@@ -178,9 +233,6 @@ class ScoreBlock:
         taken = b[take]
         last[taken, PEAK], last[taken, PEAK_VALUE] = got.score[take], x[take]
         last[taken, PEAK_YHAT], self.peak_ts[taken] = got.yhat[take], t[take]
-        score = np.asarray(got.score, dtype=np.float64).reshape(len(rows), self.k)
-        held = last[b, HELD].astype(np.float64).reshape(len(rows), self.k)
-        return _with_summary(score, held, np.ones(len(rows), dtype=np.bool_), self)
 
     def scores(self, rows: Rows) -> dict[str, F64]:
         """Every ``<name>_score`` of ``rows``, and their summary."""
@@ -251,6 +303,8 @@ class ScoreBlock:
                 "last": self.last[part].tolist(),
                 "peak_ts": self.peak_ts[part].tolist(),
                 "held_since": self.held_since[part].tolist(),
+                "pending": self.pending[part].tolist(),
+                "count": self.count[part].tolist(),
             }
         )
         return dumped
@@ -269,19 +323,24 @@ class ScoreBlock:
             last = np.array(state["last"], dtype=np.float32).reshape(self.k, WIDTH)
             peak_ts = np.array(state["peak_ts"], dtype=np.float64).reshape(self.k)
             since = np.array(state["held_since"], dtype=np.float64).reshape(self.k)
+            # a snapshot of a build that scored every sample: nothing pending
+            pending = np.array(state.get("pending", [0.0] * self.k), dtype=np.float64)
+            count = np.array(state.get("count", [0.0] * self.k), dtype=np.float32)
+            pending, count = pending.reshape(self.k), count.reshape(self.k)
         except (AttributeError, KeyError, TypeError) as exc:
             raise ValueError(f"scores: {exc}") from None
-        return Checked(probe, last, peak_ts, since)
+        return Checked(probe, last, peak_ts, since, pending, count)
 
     def adopt(self, row: int, checked: Checked | None) -> None:
         """Row ``row`` from a :meth:`check` ed dump (None: not scored, nothing to do)."""
         if checked is None:
             return
-        probe, last, peak_ts, since = checked
+        probe, last, peak_ts, since, pending, count = checked
         s = int(self._take(np.array([row], dtype=np.intp))[0])
         at = np.arange(s * self.k, (s + 1) * self.k)
         self.bank.load(at, probe.dump(np.arange(self.k)))
         self.last[at], self.peak_ts[at], self.held_since[at] = last, peak_ts, since
+        self.pending[at], self.count[at] = pending, count
 
 
 def _with_summary(score: F64, held: F64, scored: npt.NDArray[np.bool_], block: ScoreBlock) -> F64:

@@ -85,6 +85,35 @@ def test_a_dump_restores_the_same_scores_and_a_foreign_one_is_refused() -> None:
     assert b.check(None) is None
 
 
+def test_a_series_is_scored_once_a_minute_on_the_mean_of_its_samples_since() -> None:
+    """Samples every 10 s: the detector learns one value a minute, the mean of the
+    minute's samples, at the first sample of the next minute; a dump keeps what is
+    pending; a clock jump back scores at once (a new span)."""
+    block, bank = ScoreBlock(("x",)), GenericBank(ScoreBlock(("x",)).bank.params, capacity=1)
+    block.grow(1)
+    rng = np.random.default_rng(3)
+    x = 50 + rng.normal(0, 2, 6 * 300)
+    row, pending = np.array([0]), []
+    for i, v in enumerate(x):
+        t = T0 + 10.0 * i
+        block.update(row, np.array([t]), np.array([[v]]))
+        pending.append(v)
+        if i % 6 == 0:  # T0 is a whole minute: this sample opens a new one
+            got = bank.update(np.array([0]), np.array([t]), np.array([np.mean(pending)]))
+            pending = []
+    assert block.learnt(0) == 300 == int(bank.n[0])
+    assert math.isclose(block.matrix(row)[0, 0], float(got.score[0]), abs_tol=1e-6)
+    assert math.isclose(block.scored(0)["x"][1] or 0.0, float(got.yhat[0]), rel_tol=1e-6)
+    other = ScoreBlock(("x",))
+    other.grow(1)
+    other.adopt(0, other.check(block.dump(0)))
+    assert other.dump(0) == block.dump(0)
+    block.update(row, np.array([T0 + 10.0 * len(x) - 5]), np.array([[50.0]]))  # same minute
+    assert block.learnt(0) == 300 and block.bank.late == 0
+    block.update(row, np.array([T0]), np.array([[50.0]]))  # the clock jumped back: a new
+    assert block.learnt(0) == 300 and block.bank.late == 1  # span, late for the detector
+
+
 def test_a_signal_counts_as_anomalous_once_held_out_of_its_band_for_a_while() -> None:
     block = ScoreBlock(("a", "b"))
     block.grow(1)
@@ -104,8 +133,12 @@ def test_memory_per_scored_signal_is_within_a_kibibyte() -> None:
     block = ScoreBlock(SCORED["service"])
     block.grow(1000)
     fed(block, list(range(1000)), 2)
-    per_signal = (block.nbytes() - block.slot.nbytes) / (block.slots * block.k)
+    # a scored signal's row: of the bank, and of what the block keeps beside it (the
+    # arrays' spare capacity, up to half of them after a doubling, is not a signal's)
+    beside = (block.last, block.peak_ts, block.held_since, block.pending, block.count)
+    per_signal = block.bank.nbytes() / block.bank.capacity + sum(a[0].nbytes for a in beside)
     assert per_signal <= 1024, per_signal
+    assert block.nbytes() - block.slot.nbytes >= per_signal * block.slots * block.k
 
 
 def gpu_env(ts: float, util: float, power: float) -> GpuEnvelope:
