@@ -73,6 +73,7 @@ from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain, Tap
 from ragwatch.streams.pipelines.budget import SeriesBudget
+from ragwatch.streams.pipelines.passed import Passed, PassedScores
 from ragwatch.streams.pipelines.scoring import ScoreBlock, score_names
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ class EngineSeries:
     bucket: int | None = None  # the open baseline bucket, and its sums: tokens/s, requests/s
     sums: tuple[float, float, int] = (0.0, 0.0, 0)
     relearned: tuple[float, float] | None = None  # when the baseline accepted a level, from
+    passed: dict[LabelKey, Passed] = field(default_factory=dict)  # scored (.passed)
 
 
 @dataclass
@@ -177,6 +179,7 @@ class MetricsStats:
     dropped_label_sets: int = 0
     dropped_series: int = 0
     evicted_series: int = 0
+    passed_dropped: int = 0  # passed-through label sets beyond a target's cap, not scored
 
 
 class MetricsPipeline:
@@ -210,6 +213,7 @@ class MetricsPipeline:
         self.series: dict[SeriesKey, EngineSeries] = {}
         self.tps = SeasonalBank(TPS_PARAMS, 16)  # every engine's baseline, a row each
         self.scores = ScoreBlock(SCORED[SERIES], on=scoring)  # its signals scored (.scoring)
+        self.passed = PassedScores(on=scoring)  # the metrics it passes through, scored
         self._free: list[int] = []  # rows of dropped engines, to reuse (reset)
         self._watermark = 0.0
         self.sweep_mark = math.inf  # see GpuPipeline.sweep_mark
@@ -232,6 +236,9 @@ class MetricsPipeline:
         elif s is not None:
             s.last_ts = env.ts
             self._add(s, env)
+            others = (x for x in env.samples if x.name not in COUNTERS and x.name not in GAUGES)
+            self.passed.take(s.passed, env.ts, others)
+            self.stats.passed_dropped = self.passed.dropped
             s.signals = self._signals(s, env.ts)
             self._score(s, env.ts)
             for rule in self.rules:
@@ -257,7 +264,11 @@ class MetricsPipeline:
         if not engines:  # most hosts scrape none
             return {"format": SNAPSHOT_FORMAT, "series": []}
         series = [
-            {**_dump_series(self.tps.dump([s.row]), k[1], s), "scores": self.scores.dump(s.row)}
+            {
+                **_dump_series(self.tps.dump([s.row]), k[1], s),
+                "scores": self.scores.dump(s.row),
+                "passed": self.passed.dump(s.passed),
+            }
             for k, s in engines.items()
         ]
         return {"format": SNAPSHOT_FORMAT, "series": series}
@@ -277,7 +288,9 @@ class MetricsPipeline:
                 "target": k[1],
                 "ts": s.last_ts,
                 "signals": dict(s.signals),
-                "scores": self.scores.scored(s.row),  # signal: [score, yhat, lower, upper]
+                # signal: [score, yhat, lower, upper, ...]; a passed-through metric's
+                # by its selector (.passed)
+                "scores": {**self.scores.scored(s.row), **self.passed.scored(s.passed)},
             }
             for k, s in self.host_series(host).items()
         ]
@@ -291,7 +304,9 @@ class MetricsPipeline:
     def forget(self, host: str) -> None:
         """Drop a host's engines without resolving anything (another worker owns it now)."""
         for k in self._by_host.pop(host, ()):
-            self._free.append(self.series.pop(k).row)
+            s = self.series.pop(k)
+            self._free.append(s.row)
+            self.passed.release(s.passed)
 
     def adopt(self, host: str, state: Any) -> int:
         """Take over a host's engines from a snapshot (:meth:`dump`), unless this pipeline
@@ -306,12 +321,16 @@ class MetricsPipeline:
             return 0
         keys = sorted(series)[: max(0, min(self.max_targets, self._room()))]
         scores = {d.get("target"): self.scores.check(d.get("scores")) for d in state["series"]}
+        passed = {
+            d.get("target"): self.passed.check(d.get("passed") or []) for d in state["series"]
+        }
         for k in keys:
             s, tps = series[k]
             s.row = self._row()
             if tps is not None:
                 self.tps.load([s.row], tps)
             self.scores.adopt(s.row, scores.get(k[1]))
+            self.passed.adopt(s.passed, passed.get(k[1]) or [])
             self.series[k] = s
         if keys:
             self._by_host[host] = set(keys)
@@ -356,6 +375,7 @@ class MetricsPipeline:
     def _drop(self, key: SeriesKey) -> EngineSeries:
         s = self.series.pop(key)
         self._free.append(s.row)
+        self.passed.release(s.passed)
         targets = self._by_host.get(key[0], set())
         targets.discard(key)
         if not targets:
