@@ -19,10 +19,19 @@ them. Each observation, scored against the state before it, then learnt:
   learn that large z are common; a flat series has z = 0 (score 0) until it moves.
 - **burst**: the short mean of u (the shorter of 30 min and 12 observations), judged the
   same way against its own histogram: a denser run of surprises than usual.
-- **onset**: the two surprises in decades, ``nl = (u - ln P(B >= b)) / ln 10``, mapped to
-  [0, 1]: 0 below 3 decades (p = 1e-3), 1 at 9: is this observation news? A shift is
-  news until the fast forecast has absorbed it (~30 min). The one-row view's
-  ``score_one`` (what NAB scores: only the first detection in an anomaly window counts).
+- **shape**: the window of the last 6 values, standardised by the row's mean and mean
+  |deviation| over ``memory_s`` and rotated so that its largest |value| is the last,
+  against 8 prototypes learnt online (int8; the nearest within 2 deviations RMS learns it,
+  a window farther from all replaces the least used one): its distance to the nearest,
+  judged against the row's histogram of such distances, ``v = -log10 P(D >= d)``. A
+  shape not seen in days (a burst, a new level, a flat stretch, a changed rhythm) is
+  news; one that recurs (a daily spike, a rhythm's edges) is not (KNN-CAD / ARTime idea).
+- **onset**: the residual's two surprises in decades, ``nl = (u - ln P(B >= b)) / ln 10``,
+  or twice the shape's ``v`` (one term: a window is already a run), the larger, mapped to
+  [0, 1]: 0 below 3 decades (p = 1e-3), 1 at 9: is this observation news? Reported once:
+  an onset not above the row's peak onset (decaying over a day) is 0. A shift is news
+  until the fast forecast has absorbed it (~30 min). The one-row view's ``score_one``
+  (what NAB scores: only the first detection in an anomaly window counts).
 - **held**: the residual against the *seasonal* forecast alone, ``zs = |x - seasonal| /
   slow`` (slow: the mean |x - seasonal| over ``memory_s``, each clipped at ``huber``, so a
   fault barely moves it), against ``q``, the 99 % quantile of the row's past zs, *held*
@@ -30,15 +39,17 @@ them. Each observation, scored against the state before it, then learnt:
   at q, so a fault does not widen the band): ``held = clip((zs / q - 1) / held_span, 0,
   1)``, 0 within the band, 1 at 1.5 times its width. A lasting shift keeps it until the
   slow level has learnt it (hours; a deviation of 20 scales takes ~10 h): the new normal.
-- **score** = ``max(onset, held)``: what the product's rules, status and advisor read
-  (a spike is news for a moment; a hung GPU stays anomalous). Warm-up: 0 for the first
-  ``warmup`` observations.
+- **score** = ``max(onset, held)``, the onset before its quiet period: what the product's
+  rules, status and advisor read (a spike is news for a moment, a hung GPU stays
+  anomalous). Warm-up: 0 for the first ``warmup`` observations.
 - **expected value and band**: ``yhat`` is the seasonal forecast, ``lower``/``upper`` =
   ``yhat -+ slow * q``: beyond them the held score rises.
 
 Non-finite values are not learnt and score 0; an observation not after its row's last
 learnt time is late: not learnt, counted in :attr:`GenericBank.late`, scored 0. Rows
-within one call must be distinct. Memory: 852 bytes a row (``nbytes() / capacity``).
+within one call must be distinct. Memory: 956 bytes a row (``nbytes() / capacity``): 124
+in scalars, the profile and its visits 288, the weekday offsets 56, the four histograms
+384, the shape's window, prototypes and their hits 104.
 Parameters: :class:`~.params.GenericParams`.
 
 >>> bank = GenericBank(capacity=2)
@@ -50,7 +61,7 @@ Parameters: :class:`~.params.GenericParams`.
 [0.0, 0.0]
 >>> out = bank.update([0, 1], t[-1] + 60, [30.0, 5.0])  # a jump of 30 sd; still flat
 >>> out.score.round(2).tolist(), out.onset.round(2).tolist(), out.yhat.round(1).tolist()
-([1.0, 0.0], [0.4, 0.0], [10.0, 5.0])
+([1.0, 0.0], [0.44, 0.0], [10.0, 5.0])
 """
 
 from __future__ import annotations
@@ -67,11 +78,14 @@ from ragwatch.detectors.generic.params import (
     BOOL,
     CAP,
     DAY,
+    DTYPES,
     F32,
     F64,
     IDX,
     N_MAX,
+    PROTO_STEP,
     SCALARS,
+    SHAPE_BINS,
     VECTORS,
     VERSION,
     WEEK,
@@ -83,10 +97,11 @@ DEFAULTS = GenericParams()
 
 
 class Scored(NamedTuple):
-    """Per observation: its anomaly score in [0, 1] (the larger of ``onset`` and
-    ``held``), the expected value and the band (the seasonal forecast, and where the held
-    score starts), the onset score (is this observation news? what NAB asks: the one-row
-    view's ``score_one``) and the held score (how far out of its band, in band widths)."""
+    """Per observation: its anomaly score in [0, 1] (the larger of the onset, before its
+    quiet period, and ``held``), the expected value and the band (the seasonal forecast,
+    and where the held score starts), the onset score (is this observation news? what NAB
+    asks: the one-row view's ``score_one``; 0 within the quiet period of a higher one) and
+    the held score (how far out of its band, in band widths)."""
 
     score: F64
     yhat: F64
@@ -94,6 +109,15 @@ class Scored(NamedTuple):
     upper: F64
     onset: F64
     held: F64
+
+
+class _Shape(NamedTuple):
+    """The shape of the window ending at an observation."""
+
+    window: F64  # the last shape_n values, x the last
+    e: F64  # ... standardised and aligned (NaN: the shape not judged)
+    near: IDX  # the nearest prototype
+    dist: F64  # ... its RMS distance (0: not judged, or no prototype yet)
 
 
 class _Step(NamedTuple):
@@ -108,6 +132,9 @@ class _Step(NamedTuple):
     zs: F64
     q: F64
     mixed: F64  # the forecast the onset score judged (seasonal and fast mixed)
+    shape: _Shape
+    raw: F64  # the onset before the quiet period
+    peak: F64  # the row's decayed peak onset before x
 
 
 def _ew(dt: F64, memory: float) -> F64:
@@ -135,19 +162,28 @@ class GenericBank:
     slow: F64
     slow_w: F64
     q_hold: F64
+    mean: F64
+    dev: F64
+    peak: F64
     profile: F32
-    visits: F32
+    visits: npt.NDArray[np.float16]
     weekly: F32
     weekly_days: F32
     hz: F32
     hb: F32
     hs: F32
+    win: F32
+    proto: npt.NDArray[np.int8]
+    use: F32
+    hn: F32
 
     def __init__(self, params: GenericParams = DEFAULTS, capacity: int = 16) -> None:
         self.params = params
         self.late = 0
         self._widths = {"profile": params.slots, "visits": params.slots, "weekly": WEEK}
         self._widths |= {"weekly_days": WEEK, "hz": BINS, "hb": BINS, "hs": BINS}
+        self._widths |= {"win": params.shape_n, "proto": params.shape_k * params.shape_n}
+        self._widths |= {"use": params.shape_k, "hn": SHAPE_BINS}
         self._capacity = 0
         self._grow(max(1, capacity))
 
@@ -165,7 +201,7 @@ class GenericBank:
                 new[:old] = getattr(self, name)
             setattr(self, name, new)
         for name in VECTORS:
-            new = np.zeros((capacity, self._widths[name]), dtype=np.float32)
+            new = np.zeros((capacity, self._widths[name]), dtype=DTYPES.get(name, np.float32))
             if old:
                 new[:old] = getattr(self, name)
             setattr(self, name, new)
@@ -263,26 +299,87 @@ class GenericBank:
         s = self._scale(r)
         with np.errstate(all="ignore"):
             ok = np.isfinite(x) & (self.n[r] > 0) & (t > self.t[r])
-            res = x - yhat
-            z = np.where(ok, np.where(res == 0, 0.0, np.where(s > 0, np.abs(res) / s, np.inf)), 0.0)
-            pz = surprise.tail(self.hz[r], self.hist_w[r], z, p.prior)
-            u = np.minimum(CAP * LN10, -np.log(np.maximum(pz, 1e-300)))
-            a = np.maximum(_ew(t - self.t[r], p.burst_s), 1.0 / p.burst_n)
-            burst = np.where(ok, self.burst[r] + a * (u - self.burst[r]), 0.0)
-            pb = surprise.tail(self.hb[r], self.hist_w[r], burst, p.prior)
-            nl = (u - np.log(np.maximum(pb, 1e-300))) / LN10
+            z, burst, nl = self._residual_news(r, t, x, yhat, s, ok)
+            shape = self._shape(r, x, ok)
+            nl = np.fmax(nl, p.shape_weight * self._decades(self.hn[r], r, shape.dist))
             onset = np.minimum(1.0, np.fmax(0.0, (nl - p.score_from) / p.score_span))
-            rs, ss, q = x - seasonal, self._slow(r), self._held_q(r)
-            zs = np.where(rs == 0, 0.0, np.where(ss > 0, np.abs(rs) / ss, np.inf))
-            zs = np.where(ok, zs, 0.0)
-            held = np.minimum(1.0, np.fmax(0.0, (zs / q - 1.0) / p.held_span))
-            known = self.n[r] > 0
-            expected = np.where(known, seasonal, math.nan)
-            lower, upper = expected - ss * q, expected + ss * q
+            zs, q, held, band = self._held(r, x, seasonal, ok)
         ready = ok & (self.n[r] >= p.warmup)
-        onset, held = np.where(ready, onset, 0.0), np.where(ready, held, 0.0)
-        out = Scored(np.fmax(onset, held), expected, lower, upper, onset, held)
-        return _Step(out, seasonal, fast, s, z, burst, zs, q, yhat)
+        raw, held = np.where(ready, onset, 0.0), np.where(ready, held, 0.0)
+        peak = self._peak(r, t, ok)
+        onset = np.where(raw > peak, raw, 0.0)  # news once: not within a recent peak
+        out = Scored(np.fmax(raw, held), *band, onset, held)
+        return _Step(out, seasonal, fast, s, z, burst, zs, q, yhat, shape, raw, peak)
+
+    def _decades(self, h: F32, r: IDX, f: F64) -> F64:
+        """The surprise of ``f`` against the histogram ``h`` of rows ``r``, in decades
+        (``-log10 P(F >= f)``, at most CAP)."""
+        pf = surprise.tail(h, self.hist_w[r], f, self.params.prior)
+        out: F64 = np.minimum(CAP, -np.log10(np.maximum(pf, 1e-300)))
+        return out
+
+    def _residual_news(
+        self, r: IDX, t: F64, x: F64, yhat: F64, s: F64, ok: BOOL
+    ) -> tuple[F64, F64, F64]:
+        """``(z, burst, nl)``: the residual in scales, the short mean of its surprise ``u``
+        and the two surprises together in decades (``u`` capped at CAP decades)."""
+        p = self.params
+        res = x - yhat
+        z = np.where(ok, np.where(res == 0, 0.0, np.where(s > 0, np.abs(res) / s, np.inf)), 0.0)
+        pz = surprise.tail(self.hz[r], self.hist_w[r], z, p.prior)
+        u = np.minimum(CAP * LN10, -np.log(np.maximum(pz, 1e-300)))
+        a = np.maximum(_ew(t - self.t[r], p.burst_s), 1.0 / p.burst_n)
+        burst = np.where(ok, self.burst[r] + a * (u - self.burst[r]), 0.0)
+        pb = surprise.tail(self.hb[r], self.hist_w[r], burst, p.prior)
+        nl = (u - np.log(np.maximum(pb, 1e-300))) / LN10
+        return z, burst, nl
+
+    def _held(
+        self, r: IDX, x: F64, seasonal: F64, ok: BOOL
+    ) -> tuple[F64, F64, F64, tuple[F64, F64, F64]]:
+        """``(zs, q, held, (expected, lower, upper))``: the residual against the seasonal
+        forecast in slow scales, its held quantile, the held score and the band."""
+        p = self.params
+        rs, ss, q = x - seasonal, self._slow(r), self._held_q(r)
+        zs = np.where(rs == 0, 0.0, np.where(ss > 0, np.abs(rs) / ss, np.inf))
+        zs = np.where(ok, zs, 0.0)
+        held = np.minimum(1.0, np.fmax(0.0, (zs / q - 1.0) / p.held_span))
+        expected = np.where(self.n[r] > 0, seasonal, math.nan)
+        return zs, q, held, (expected, expected - ss * q, expected + ss * q)
+
+    def _peak(self, r: IDX, t: F64, ok: BOOL) -> F64:
+        """The row's peak onset decayed to ``t`` over ``quiet_s`` (0: no quiet period)."""
+        quiet = self.params.quiet_s
+        if quiet == 0:
+            return np.zeros(len(r))
+        with np.errstate(invalid="ignore"):
+            dt = np.where(ok, t - self.t[r], 0.0)
+        out: F64 = self.peak[r] * np.exp(-dt / quiet)
+        return out
+
+    def _shape(self, r: IDX, x: F64, ok: BOOL) -> _Shape:
+        """The window with ``x`` shifted in, standardised and aligned (NaN where not
+        judged: a row younger than the window, flat so far, or ``x`` not learnt); its
+        nearest prototype and the RMS distance to it (0 where not judged or none yet)."""
+        p = self.params
+        k, w = p.shape_k, p.shape_n
+        window = np.concatenate([self.win[r, 1:], x[:, None]], axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dev = np.where(self.slow_w[r] > 0, self.dev[r] / self.slow_w[r], 0.0)
+            judged = ok & (self.n[r] >= w) & (dev > 0)
+            lim = 127.0 / PROTO_STEP
+            e = np.clip((window - self.mean[r][:, None]) / dev[:, None], -lim, lim)
+        # aligned: rotated so that its largest |value| is the last (a spike, a burst's
+        # peak: the same shape wherever it is in the window, one prototype, not shape_n)
+        shift = (w - 1 - np.argmax(np.abs(np.nan_to_num(e)), axis=1))[:, None]
+        e = np.take_along_axis(e, (np.arange(w)[None, :] - shift) % w, axis=1)
+        e = np.where(judged[:, None], e, math.nan)
+        protos = self.proto[r].reshape(len(r), k, w) / PROTO_STEP
+        d2 = ((protos - e[:, None, :]) ** 2).mean(axis=2)
+        d2 = np.where((self.use[r] > 0) & judged[:, None], d2, np.inf)
+        near = np.argmin(d2, axis=1)
+        dist = np.sqrt(d2[np.arange(len(r)), near])
+        return _Shape(window, e, near, np.where(np.isfinite(dist), dist, 0.0))  # none yet: 0
 
     # ------------------------------------------------------------------ learning
 
@@ -301,54 +398,117 @@ class GenericBank:
         self.late += int((finite & ~fresh & ~later).sum())
         f = r[fresh]
         self.t[f], self.level[f], self.fast[f], self.n[f] = t[fresh], x[fresh], x[fresh], 1
+        self.mean[f], self.win[f] = x[fresh], x[fresh][:, None]
         if later.any():
             self._learn(r[later], t[later], x[later], step, later)
         return step.out
 
     def _learn(self, g: IDX, t: F64, x: F64, step: _Step, m: BOOL) -> None:
-        p = self.params
         dt = t - self.t[g]
-        seasonal, fast, s, z = step.seasonal[m], step.fast[m], step.scale[m], step.z[m]
         zs, q = step.zs[m], step.q[m]
-        self._histograms(g, dt, z, step.burst[m], np.minimum(zs, q))
+        self._histograms(g, dt, step.z[m], step.burst[m], np.minimum(zs, q), step.shape.dist[m])
+        self._learn_shape(g, x, dt, step, m)
         self.q_hold[g] = np.where(zs > q, q, 0.0)  # deviating: its quantile is held
-        a = _ew(dt, p.scale_s)
-        self.scale_w[g] += a * (1.0 - self.scale_w[g])
-        res = np.abs(x - step.mixed[m])
-        self.scale[g] += a * (np.where(s > 0, np.minimum(res, 10.0 * s), res) - self.scale[g])
-        a, ss = _ew(dt, p.memory_s), self._slow(g)
-        self.slow_w[g] += a * (1.0 - self.slow_w[g])
-        rs = np.abs(x - seasonal)
-        self.slow[g] += a * (np.where(ss > 0, np.minimum(rs, p.huber * ss), rs) - self.slow[g])
-        a = _ew(dt, p.error_s)
-        self.err_seasonal[g] += a * ((x - seasonal) ** 2 - self.err_seasonal[g])
-        self.err_fast[g] += a * ((x - fast) ** 2 - self.err_fast[g])
-        e = x - seasonal
-        c = np.where(s > 0, p.huber * s, np.inf)
-        dev = np.maximum(-c, np.minimum(c, e))
-        self.level[g] += _ew(dt, p.level_s) * dev
-        self._seasons(g, t, dt, e, dev)
-        self.fast[g] += _ew(dt, p.fast_s) * (x - fast)
+        self._scales(g, dt, x, step, m)
+        self._forecasters(g, t, dt, x, step, m)
         self.t[g], self.n[g] = t, np.minimum(self.n[g] + 1, N_MAX)
         bad = ~(np.isfinite(self.level[g]) & np.isfinite(self.fast[g]))
         bad |= ~(np.isfinite(self.scale[g]) & np.isfinite(self.profile[g]).all(axis=1))
         if bad.any():
             self.reset(g[bad])  # overflowed (values near float's limits): start over
 
-    def _histograms(self, g: IDX, dt: F64, z: F64, burst: F64, zs: F64) -> None:
-        """Decay the counts by event time, count z, the burst and zs (clipped at the band:
+    def _scales(self, g: IDX, dt: F64, x: F64, step: _Step, m: BOOL) -> None:
+        """The scale (against the mixed forecast), the slow scale (against the seasonal
+        one) and the two forecasts' squared errors."""
+        p, s = self.params, step.scale[m]
+        a = _ew(dt, p.scale_s)
+        self.scale_w[g] += a * (1.0 - self.scale_w[g])
+        res = np.abs(x - step.mixed[m])
+        self.scale[g] += a * (np.where(s > 0, np.minimum(res, 10.0 * s), res) - self.scale[g])
+        a, ss = _ew(dt, p.memory_s), self._slow(g)
+        self.slow_w[g] += a * (1.0 - self.slow_w[g])
+        rs = np.abs(x - step.seasonal[m])
+        self.slow[g] += a * (np.where(ss > 0, np.minimum(rs, p.huber * ss), rs) - self.slow[g])
+        a = _ew(dt, p.error_s)
+        self.err_seasonal[g] += a * ((x - step.seasonal[m]) ** 2 - self.err_seasonal[g])
+        self.err_fast[g] += a * ((x - step.fast[m]) ** 2 - self.err_fast[g])
+
+    def _forecasters(self, g: IDX, t: F64, dt: F64, x: F64, step: _Step, m: BOOL) -> None:
+        """The level, the seasons and the fast level (residuals clipped at huber scales)."""
+        p, s = self.params, step.scale[m]
+        e = x - step.seasonal[m]
+        c = np.where(s > 0, p.huber * s, np.inf)
+        dev = np.maximum(-c, np.minimum(c, e))
+        self.level[g] += _ew(dt, p.level_s) * dev
+        self._seasons(g, t, dt, e, dev)
+        self.fast[g] += _ew(dt, p.fast_s) * (x - step.fast[m])
+
+    def _learn_shape(self, g: IDX, x: F64, dt: F64, step: _Step, m: BOOL) -> None:
+        """The peak onset, the window and its standardisation (dev's weight is slow_w,
+        learnt in :meth:`_learn`), the prototypes' hits (decayed over memory_s) and the
+        prototypes themselves."""
+        p = self.params
+        self.peak[g] = np.fmax(step.peak[m], step.raw[m])
+        self.win[g] = step.shape.window[m]
+        a = _ew(dt, p.memory_s)
+        self.mean[g] += a * (x - self.mean[g])
+        self.dev[g] += a * (np.abs(x - self.mean[g]) - self.dev[g])
+        self.use[g] *= np.exp(-dt / p.memory_s)[:, None]
+        e, near, dist = step.shape.e[m], step.shape.near[m], step.shape.dist[m]
+        judged = np.isfinite(e[:, 0])
+        hit = judged & (dist <= p.shape_r)
+        self._move_prototype(g[hit], near[hit], e[hit])
+        miss = judged & ~hit
+        self._replace_prototype(g[miss], e[miss])
+
+    def _move_prototype(self, h: IDX, j: IDX, e: F64) -> None:
+        """Prototype ``j`` of rows ``h`` (the nearest, within shape_r) moves towards the
+        window ``e``: a running mean of its hits, at least shape_lr."""
+        use = self.use[h, j].astype(np.float64) + 1.0
+        lr = np.maximum(1.0 / use, self.params.shape_lr)[:, None]
+        old = self._prototype(h, j)
+        self._set_prototype(h, j, old + lr * (e - old), use)
+
+    def _replace_prototype(self, h: IDX, e: F64) -> None:
+        """The window ``e``, far from all prototypes of rows ``h``, replaces the least used
+        one (the first of the unused)."""
+        j = np.argmin(self.use[h], axis=1)
+        self._set_prototype(h, j, e, np.ones(len(h)))
+
+    def _columns(self, j: IDX) -> IDX:
+        """Where prototype ``j`` lies in a row of :attr:`proto` (shape_n columns each)."""
+        w = self.params.shape_n
+        out: IDX = j[:, None] * w + np.arange(w)[None, :]
+        return out
+
+    def _prototype(self, h: IDX, j: IDX) -> F64:
+        """Prototype ``j`` of each row ``h``, in deviations."""
+        out: F64 = self.proto[h[:, None], self._columns(j)] / PROTO_STEP
+        return out
+
+    def _set_prototype(self, h: IDX, j: IDX, e: F64, use: F64) -> None:
+        """Prototype ``j`` of each row ``h`` takes ``e`` (rounded to PROTO_STEPs), its hits
+        ``use``."""
+        steps = np.clip(np.rint(e * PROTO_STEP), -127, 127).astype(np.int8)
+        self.proto[h[:, None], self._columns(j)] = steps
+        self.use[h, j] = use
+
+    def _histograms(self, g: IDX, dt: F64, z: F64, burst: F64, zs: F64, dist: F64) -> None:
+        """Decay the counts by event time, count z, the burst, zs (clipped at the band:
         a fault does not widen it; an infinite z, the first change of a series that never
-        moved, is not counted)."""
+        moved, is not counted) and the shape's distance."""
         fin = np.isfinite(z)
         h = g[fin]
         keep = np.exp(-dt[fin] / self.params.memory_s)
         self.hz[h] = self.hz[h] * keep[:, None]
         self.hb[h] = self.hb[h] * keep[:, None]
         self.hs[h] = self.hs[h] * keep[:, None]
+        self.hn[h] = self.hn[h] * keep[:, None]
         self.hist_w[h] = self.hist_w[h] * keep + 1.0
         surprise.add(self.hz, h, z[fin])
         surprise.add(self.hb, h, burst[fin])
         surprise.add(self.hs, h, zs[fin])
+        surprise.add(self.hn, h, dist[fin])
         self.burst[g] = burst
 
     def _seasons(self, g: IDX, t: F64, dt: F64, e: F64, dev: F64) -> None:
@@ -357,7 +517,7 @@ class GenericBank:
         p = self.params
         k = np.minimum((t % DAY / DAY * p.slots).astype(np.intp), p.slots - 1)
         d = np.mod(np.floor(t / DAY) + 3, WEEK).astype(np.intp)
-        visits = self.visits[g, k] + np.float32(1.0)
+        visits = self.visits[g, k].astype(np.float64) + 1.0  # float16 stops at 2048
         self.visits[g, k] = visits
         first = visits == 1.0
         a = np.where(first, 1.0, np.maximum(1.0 / visits, _ew(dt * p.slots, p.profile_s)))
@@ -386,7 +546,8 @@ class GenericBank:
         for name, (dt, _) in SCALARS.items():
             parts[name] = np.asarray(data[name], dtype=dt).reshape(len(r))
         for name in VECTORS:
-            parts[name] = np.asarray(data[name], dtype=np.float32).reshape(len(r), -1)
+            dtype = DTYPES.get(name, np.float32)
+            parts[name] = np.asarray(data[name], dtype=dtype).reshape(len(r), -1)
             if parts[name].shape[1] != self._widths[name]:
                 raise ValueError(f"generic bank: {name} of the wrong width")
         if len(r):

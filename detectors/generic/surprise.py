@@ -30,22 +30,24 @@ def _position(f: F64) -> F64:
 
 
 def _above(h: F32) -> F64:
-    """Counts at or above each edge: ``out[:, k] = h[:, k:].sum()``, ``out[:, BINS] = 0``."""
-    out = np.zeros((len(h), BINS + 1))
-    out[:, :BINS] = np.cumsum(h[:, ::-1], axis=1, dtype=np.float64)[:, ::-1]
+    """Counts at or above each edge: ``out[:, k] = h[:, k:].sum()``, ``out[:, nb] = 0``
+    (``nb`` bins: the histogram's width, BINS or fewer, the first ones)."""
+    nb = h.shape[1]
+    out = np.zeros((len(h), nb + 1))
+    out[:, :nb] = np.cumsum(h[:, ::-1], axis=1, dtype=np.float64)[:, ::-1]
     return out
 
 
 def tail(h: F32, w: F64, f: F64, prior: float) -> F64:
     """P(F >= f) for each row of ``h`` (counts; ``w`` all it counted, below the first bin
     included): linear within a bin; 1 for ``f <= 0``, 0 for ``f = inf``."""
-    pos = _position(f)
+    pos, nb = _position(f), h.shape[1]
     above = _above(h)
-    k = np.fmin(np.fmax(pos, 0.0), BINS - 1).astype(np.intp)  # NaN -> 0
+    k = np.fmin(np.fmax(pos, 0.0), nb - 1).astype(np.intp)  # NaN -> 0
     rows = np.arange(len(h))
     with np.errstate(divide="ignore", invalid="ignore"):
         inside = above[rows, k + 1] + h[rows, k] * (k + 1 - pos)
-        part = np.where(pos < 0, above[:, 0], np.where(pos >= BINS, 0.0, inside))
+        part = np.where(pos < 0, above[:, 0], np.where(pos >= nb, 0.0, inside))
         q = np.minimum(1.0, (part + prior * np.minimum(1.0, 1.0 / f)) / (w + prior))
     out: F64 = np.where(f > 0, np.where(np.isinf(f), 0.0, q), 1.0)
     return out
@@ -70,5 +72,5 @@ def add(h: F32, rows: IDX, f: F64) -> None:
     """Count each ``f`` in its row's bin (a value below the first bin: in none)."""
     pos = _position(f)
     ok = (f > 0) & (pos >= 0)
-    k = np.fmin(pos[ok], BINS - 1).astype(np.intp)
+    k = np.fmin(pos[ok], h.shape[1] - 1).astype(np.intp)
     h[rows[ok], k] += 1.0

@@ -2,7 +2,9 @@
 river's protocol (``learn_one`` / ``score_one`` / ``clone``), registered as ``generic``.
 The algorithm, its parameters and their reasons are the bank's (``bank.py``,
 ``params.py``): a seasonal and a fast forecast, the surprise of the residual and of a
-run of residuals judged against the series' own history, a score in [0, 1] and a band.
+run of residuals and the novelty of the last values' shape, judged against the series'
+own history, a score in [0, 1] (``score_one``: the onset, reported once in its quiet
+period) and a band.
 ``x = {"value": float, "t": epoch seconds}``; keyword arguments are
 :class:`~.params.GenericParams` fields.
 

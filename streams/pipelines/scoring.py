@@ -38,6 +38,7 @@ minute apart or more, are each scored).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -54,8 +55,10 @@ from ragwatch.catalog import (
     SCORE_SUMMARY,
 )
 from ragwatch.detectors.generic import GenericBank, GenericParams
+from ragwatch.detectors.generic.params import VERSION
 from ragwatch.schema import AnomalyFact
 
+log = logging.getLogger(__name__)
 F64 = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
 Rows = npt.NDArray[np.intp]
@@ -125,6 +128,7 @@ class ScoreBlock:
         self.count = np.zeros(16 * self.k, dtype=np.float32)
         self._free: list[int] = []
         self._taken = 0  # slots ever taken (the free ones among them in _free)
+        self.afresh = 0  # snapshots' scores of another build, not adopted (see check)
 
     @property
     def slots(self) -> int:
@@ -310,13 +314,26 @@ class ScoreBlock:
         return dumped
 
     def check(self, state: Any) -> Checked | None:
-        """A :meth:`dump` loaded apart (None for None); ValueError if it does not fit this
-        block (another build's signals, other parameters, other shapes): a snapshot is
-        checked whole before a row changes."""
+        """A :meth:`dump` loaded apart (None for None); ValueError if it is not one (other
+        shapes, missing parts): a snapshot is checked whole before a row changes. The
+        scores of another build (other signals, another version of the detector's state
+        or other parameters) are None, counted in :attr:`afresh`: those signals are learnt
+        again (hours), and the rest of the snapshot (a leak's evidence) is kept."""
         if state is None:
             return None
-        if not isinstance(state, Mapping) or list(state.get("names") or ()) != list(self.names):
-            raise ValueError("scores of other signals")
+        if not isinstance(state, Mapping):
+            raise ValueError("scores: not a mapping")
+        bank = state.get("bank")
+        if (
+            list(state.get("names") or ()) != list(self.names)
+            or not isinstance(bank, Mapping)
+            or bank.get("version") != VERSION
+            or bank.get("params") != self.bank.params.as_dict()
+        ):
+            self.afresh += 1
+            if self.afresh == 1:  # (one line, not one a series)
+                log.info("scores of %s in a snapshot of another build: learnt afresh", self.names)
+            return None
         probe = GenericBank(self.bank.params, capacity=self.k)
         try:
             probe.load(np.arange(self.k), state["bank"])

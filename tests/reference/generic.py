@@ -2,8 +2,10 @@
 :class:`~ragwatch.detectors.generic.GenericBank` written the simplest way, one object per
 series, plain Python floats, lists and loops (no numpy). ``tests/unit/test_generic.py``
 holds the bank to it within a tolerance. What the bank stores in float32 (the profile,
-the weekday offsets, the histograms) is rounded to float32 here too (:func:`f32`), so the
-two differ only by the order of float64 operations.
+the weekday offsets, the histograms, the shape's window and its prototypes' hits) is
+rounded to float32 here too (:func:`f32`), the profile's visits to float16 (:func:`f16`)
+and the prototypes to int8 steps (:func:`steps`), so the two differ only by the order of
+float64 operations.
 
 One observation ``(t, x)``, scored against the state before it, then learnt:
 
@@ -12,13 +14,20 @@ One observation ``(t, x)``, scored against the state before it, then learnt:
 2. ``z = |x - yhat| / scale``; its surprise ``u = -ln P(Z >= z)`` from the histogram of past
    z (plus a heavy-tailed prior); the burst ``b`` = short EW mean of u; its own tail
    probability from the histogram of past b; ``nl = (u + -ln P(B >= b)) / ln 10``;
-3. ``onset = clip((nl - score_from) / score_span, 0, 1)`` once ``warmup`` were learnt;
-4. held: ``zs = |x - seasonal| / slow`` (slow: the mean |x - seasonal| over ``memory_s``,
+3. shape: the last ``shape_n`` values standardised by the mean and mean |deviation|
+   (clipped at +-127 / PROTO_STEP), rotated so that the largest |value| is the last; ``d``
+   its RMS distance to the nearest used prototype; ``v = -log10 P(D >= d)`` from the
+   histogram of past d; ``nl = max(nl, shape_weight * v)``;
+4. ``raw = clip((nl - score_from) / score_span, 0, 1)`` once ``warmup`` were learnt; the
+   onset is ``raw`` if above the last peak onset decayed over ``quiet_s``, else 0;
+5. held: ``zs = |x - seasonal| / slow`` (slow: the mean |x - seasonal| over ``memory_s``,
    each clipped at ``huber`` slow scales), ``q`` the ``1 - held_p`` quantile of past zs
    (held at its value while a deviation, ``zs > q``, goes on), ``held = clip((zs / q - 1)
-   / held_span, 0, 1)``; ``score = max(onset, held)``; the expected value is ``seasonal``, the band
-   ``seasonal -+ slow * q``;
-5. learn: histograms (decayed by event time), the scale, the slow scale, the forecasters'
+   / held_span, 0, 1)``; ``score = max(raw, held)``; the expected value is ``seasonal``,
+   the band ``seasonal -+ slow * q``;
+6. learn: histograms (decayed by event time), the peak onset, the window, its mean and
+   deviation, the prototypes (the nearest within ``shape_r`` moves to the window, else
+   the window replaces the least used), the scale, the slow scale, the forecasters'
    errors, the level, the profile slot, the weekday offset and the fast level (residuals
    clipped at ``huber`` scales).
 """
@@ -30,7 +39,16 @@ import struct
 from dataclasses import dataclass, field
 
 from ragwatch.detectors.generic import GenericParams
-from ragwatch.detectors.generic.params import BINS, CAP, DAY, LO, STEP, WEEK
+from ragwatch.detectors.generic.params import (
+    BINS,
+    CAP,
+    DAY,
+    LO,
+    PROTO_STEP,
+    SHAPE_BINS,
+    STEP,
+    WEEK,
+)
 
 LN10 = math.log(10.0)
 
@@ -41,6 +59,17 @@ def f32(v: float) -> float:
         return float(struct.unpack("f", struct.pack("f", v))[0])
     except OverflowError:
         return math.copysign(math.inf, v)
+
+
+def f16(v: float) -> float:
+    """``v`` rounded to float16, as a float16 array stores it (counts up to 2049 here)."""
+    return float(struct.unpack("e", struct.pack("e", v))[0])
+
+
+def steps(e: list[float]) -> list[int]:
+    """A window in deviations as a prototype stores it: int8 steps of 1 / PROTO_STEP
+    (rounded half to even, as numpy's rint)."""
+    return [max(-127, min(127, round(v * PROTO_STEP))) for v in e]
 
 
 def ew(dt: float, memory: float) -> float:
@@ -58,7 +87,7 @@ def tail(h: list[float], w: float, f: float, prior: float) -> float:
     pos = (math.log2(f) - LO) / STEP
     if pos < 0:
         above = sum(h)
-    elif pos >= BINS:
+    elif pos >= len(h):  # BINS, or SHAPE_BINS for the shape's distances
         above = 0.0
     else:
         k = int(pos)
@@ -85,7 +114,7 @@ def add(h: list[float], f: float) -> None:
     if f > 0:
         pos = (math.log2(f) - LO) / STEP
         if pos >= 0:
-            k = BINS - 1 if pos >= BINS else int(pos)
+            k = len(h) - 1 if pos >= len(h) else int(pos)
             h[k] = f32(h[k] + 1.0)
 
 
@@ -115,6 +144,12 @@ class Step:
     zs: float = 0.0
     q: float = math.nan
     mixed: float = math.nan
+    raw: float = 0.0  # the onset before the quiet period
+    peak: float = 0.0  # the peak onset decayed to t
+    window: list[float] = field(default_factory=list)  # the last shape_n values
+    e: list[float] | None = None  # ... standardised and aligned (None: not judged)
+    near: int = 0  # the nearest prototype
+    dist: float = 0.0  # ... its RMS distance (0: not judged, or none yet)
 
 
 @dataclass
@@ -143,10 +178,20 @@ class GenericReference:
     hz: list[float] = field(default_factory=lambda: [0.0] * BINS)
     hb: list[float] = field(default_factory=lambda: [0.0] * BINS)
     hs: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    mean: float = 0.0
+    dev: float = 0.0
+    peak: float = 0.0
+    win: list[float] = field(default_factory=list)
+    proto: list[list[int]] = field(default_factory=list)
+    use: list[float] = field(default_factory=list)
+    hn: list[float] = field(default_factory=lambda: [0.0] * SHAPE_BINS)
 
     def __post_init__(self) -> None:
         self.profile = [0.0] * self.p.slots
         self.visits = [0.0] * self.p.slots
+        self.win = [0.0] * self.p.shape_n
+        self.proto = [[0] * self.p.shape_n for _ in range(self.p.shape_k)]
+        self.use = [0.0] * self.p.shape_k
 
     def forecasts(self, t: float) -> tuple[float, float, float]:
         """``(yhat, seasonal, fast)`` at ``t`` (NaN before the first observation)."""
@@ -194,14 +239,46 @@ class GenericReference:
         u = min(CAP * LN10, -math.log(max(tail(self.hz, self.hist_w, out.z, self.p.prior), 1e-300)))
         a = max(ew(t - self.t, self.p.burst_s), 1.0 / self.p.burst_n)
         out.burst = self.burst + a * (u - self.burst)
+        out.window = [*self.win[1:], x]
+        out.e, out.near, out.dist = self.shape(out.window)
         if self.n >= self.p.warmup:
-            pb = tail(self.hb, self.hist_w, out.burst, self.p.prior)
-            nl = (u - math.log(max(pb, 1e-300))) / LN10
-            out.onset = min(1.0, max(0.0, (nl - self.p.score_from) / self.p.score_span))
-            held = min(1.0, max(0.0, (out.zs / q - 1.0) / self.p.held_span)) if q > 0 else 1.0
-            out.held = held
-            out.score = max(out.onset, held)
+            out.raw = self.raw_onset(u, out.burst, out.dist)
+            out.held = min(1.0, max(0.0, (out.zs / q - 1.0) / self.p.held_span)) if q > 0 else 1.0
+            out.score = max(out.raw, out.held)
+        quiet = self.p.quiet_s
+        out.peak = self.peak * math.exp(-(t - self.t) / quiet) if quiet > 0 else 0.0
+        out.onset = out.raw if out.raw > out.peak else 0.0  # news once
         return out
+
+    def raw_onset(self, u: float, burst: float, dist: float) -> float:
+        """The onset before the quiet period: the residual's two surprises (``u`` and the
+        burst's) or the shape's, weighted, the larger, in decades, mapped to [0, 1]."""
+        p = self.p
+        pb = tail(self.hb, self.hist_w, burst, p.prior)
+        nl = (u - math.log(max(pb, 1e-300))) / LN10
+        v = min(CAP, -math.log10(max(tail(self.hn, self.hist_w, dist, p.prior), 1e-300)))
+        nl = max(nl, p.shape_weight * v)
+        return min(1.0, max(0.0, (nl - p.score_from) / p.score_span))
+
+    def shape(self, window: list[float]) -> tuple[list[float] | None, int, float]:
+        """The window standardised and rotated so that its largest |value| is the last
+        (None: fewer than shape_n learnt, or no deviation yet), the nearest prototype among
+        those used and its RMS distance (0 when none is used yet)."""
+        p = self.p
+        dev = self.dev / self.slow_w if self.slow_w > 0 else 0.0
+        if self.n < p.shape_n or not dev > 0:
+            return None, 0, 0.0
+        lim = 127.0 / PROTO_STEP
+        e = [max(-lim, min(lim, (v - self.mean) / dev)) for v in window]
+        top = max(range(len(e)), key=lambda i: abs(e[i]))  # the first of the largest
+        e = e[top + 1 :] + e[: top + 1]
+        near, best = 0, math.inf
+        for j, proto in enumerate(self.proto):
+            if self.use[j] > 0:
+                d2 = sum((s / PROTO_STEP - v) ** 2 for s, v in zip(proto, e, strict=True)) / len(e)
+                if d2 < best:
+                    near, best = j, d2
+        return e, near, math.sqrt(best) if best < math.inf else 0.0
 
     def update(self, t: float, x: float) -> Step:
         """Score, then learn (if ``x`` is finite and ``t`` after the last learnt)."""
@@ -210,6 +287,7 @@ class GenericReference:
             return step
         if self.n == 0:
             self.n, self.t, self.level, self.fast = 1, t, x, x
+            self.mean, self.win = x, [f32(x)] * self.p.shape_n
         elif not t > self.t:
             self.late += 1
         else:
@@ -217,19 +295,36 @@ class GenericReference:
         return step
 
     def learn(self, t: float, x: float, step: Step) -> None:
-        p, dt = self.p, t - self.t
-        if math.isfinite(step.z):  # a change of a series that never moved is not counted
-            keep = math.exp(-dt / p.memory_s)
-            self.hz = [f32(h * keep) for h in self.hz]
-            self.hb = [f32(h * keep) for h in self.hb]
-            self.hs = [f32(h * keep) for h in self.hs]
-            self.hist_w = self.hist_w * keep + 1.0
-            add(self.hz, step.z)
-            add(self.hb, step.burst)
-            add(self.hs, min(step.zs, step.q))  # clipped at the band: a fault does not widen it
+        dt = t - self.t
+        self.learn_histograms(dt, step)
+        self.learn_shape(dt, x, step)
         self.burst = step.burst
         self.q_hold = step.q if step.zs > step.q else 0.0  # deviating: q is held
-        r, s = x - step.mixed, step.scale
+        self.learn_scales(dt, x, step)
+        self.learn_forecasts(t, dt, x, step)
+        self.t, self.n = t, min(self.n + 1, 2**30)
+        if not all(map(math.isfinite, (self.level, self.fast, self.scale, *self.profile))):
+            self.__init__(self.p, self.late)  # type: ignore[misc]  # overflowed: start over
+
+    def learn_histograms(self, dt: float, step: Step) -> None:
+        """Decay the counts, count z, the burst, zs and the shape's distance; a change of
+        a series that never moved (z infinite) is not counted."""
+        if not math.isfinite(step.z):
+            return
+        keep = math.exp(-dt / self.p.memory_s)
+        self.hz = [f32(h * keep) for h in self.hz]
+        self.hb = [f32(h * keep) for h in self.hb]
+        self.hs = [f32(h * keep) for h in self.hs]
+        self.hn = [f32(h * keep) for h in self.hn]
+        self.hist_w = self.hist_w * keep + 1.0
+        add(self.hz, step.z)
+        add(self.hb, step.burst)
+        add(self.hs, min(step.zs, step.q))  # clipped at the band: a fault does not widen it
+        add(self.hn, step.dist)
+
+    def learn_scales(self, dt: float, x: float, step: Step) -> None:
+        """The scale, the slow scale and the two forecasts' squared errors."""
+        p, r, s = self.p, x - step.mixed, step.scale
         a = ew(dt, p.scale_s)
         self.scale_w += a * (1.0 - self.scale_w)
         self.scale += a * ((min(abs(r), 10.0 * s) if s > 0 else abs(r)) - self.scale)
@@ -240,18 +335,43 @@ class GenericReference:
         a = ew(dt, p.error_s)
         self.err_seasonal += a * ((x - step.seasonal) ** 2 - self.err_seasonal)
         self.err_fast += a * ((x - step.fast) ** 2 - self.err_fast)
+
+    def learn_forecasts(self, t: float, dt: float, x: float, step: Step) -> None:
+        """The level, the profile slot, the weekday offset and the fast level (residuals
+        clipped at huber scales)."""
+        p, s = self.p, step.scale
         e = x - step.seasonal
         c = p.huber * s if s > 0 else math.inf
         dev = max(-c, min(c, e))
         self.level += ew(dt, p.level_s) * dev
         k, d = slot_of(t, p.slots), weekday_of(t)
-        self.visits[k] = f32(self.visits[k] + 1.0)
-        first = self.visits[k] == 1.0
-        a = 1.0 if first else max(1.0 / self.visits[k], ew(dt * p.slots, p.profile_s))
+        visits = self.visits[k] + 1.0
+        self.visits[k] = f16(visits)  # it stays at 2048; the slot forgets by profile_s then
+        first = visits == 1.0
+        a = 1.0 if first else max(1.0 / visits, ew(dt * p.slots, p.profile_s))
         self.profile[k] = f32(self.profile[k] + a * (e if first else dev))
         self.weekly[d] = f32(self.weekly[d] + ew(dt * WEEK, p.weekly_s) * dev)
         self.weekly_days[d] = f32(self.weekly_days[d] + min(dt, 3600.0) / DAY)
         self.fast += ew(dt, p.fast_s) * (x - self.fast)
-        self.t, self.n = t, min(self.n + 1, 2**30)
-        if not all(map(math.isfinite, (self.level, self.fast, self.scale, *self.profile))):
-            self.__init__(p, self.late)  # type: ignore[misc]  # overflowed: start over
+
+    def learn_shape(self, dt: float, x: float, step: Step) -> None:
+        """The peak onset, the window, its mean and deviation, the prototypes' hits
+        (decayed) and the prototype the window moves or replaces."""
+        p = self.p
+        self.peak = max(step.peak, step.raw)
+        self.win = [f32(v) for v in step.window]
+        a = ew(dt, p.memory_s)
+        self.mean += a * (x - self.mean)
+        self.dev += a * (abs(x - self.mean) - self.dev)
+        keep = math.exp(-dt / p.memory_s)
+        self.use = [f32(u * keep) for u in self.use]
+        if step.e is None:
+            return
+        if step.dist <= p.shape_r:  # the nearest learns it: a running mean of its hits
+            j, use = step.near, self.use[step.near] + 1.0
+            lr = max(1.0 / use, p.shape_lr)
+            old = [s / PROTO_STEP for s in self.proto[j]]
+            new = [o + lr * (v - o) for o, v in zip(old, step.e, strict=True)]
+        else:  # far from all: it replaces the least used
+            j, use, new = self.use.index(min(self.use)), 1.0, step.e
+        self.proto[j], self.use[j] = steps(new), f32(use)

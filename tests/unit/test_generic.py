@@ -5,7 +5,8 @@ a float tolerance (the same arithmetic in another order: sums of histogram count
 irregular gaps, late and non-finite observations, steps and spikes. Then the behaviour the
 product relies on: a bank of N rows is N one-row views, scores stay in [0, 1], a constant
 scores 0, snapshots round-trip, a row fits in 1 KiB, a daily rhythm is learnt and a shift
-scores high, then becomes the new normal."""
+scores high, then becomes the new normal; a shape that recurs stops being news while a
+new one is news; an onset is reported once in its quiet period."""
 
 from __future__ import annotations
 
@@ -231,8 +232,53 @@ def test_a_daily_rhythm_is_learnt_and_a_shift_scores_high_then_is_accepted() -> 
     assert max(after[-100:]) < 0.1  # ... and within the day it is the new normal
 
 
+def steady(days: float, step_s: float, seed: int = 0) -> tuple[list[float], list[float]]:
+    rng = random.Random(seed)
+    t = [T0 + step_s * i for i in range(int(days * DAY / step_s))]
+    return t, [50 + rng.gauss(0, 1) for _ in t]
+
+
+def onsets(params: GenericParams, t: list[float], x: list[float]) -> list[float]:
+    bank = GenericBank(params, capacity=1)
+    return [float(bank.update([0], [tt], [v]).onset[0]) for tt, v in zip(t, x, strict=True)]
+
+
+def test_a_recurring_shape_stops_being_news_and_a_new_one_is_news() -> None:
+    t, x = steady(6.5, 300.0)
+    noon = [i for i, tt in enumerate(t) if tt % DAY == DAY / 2]
+    for i in noon:
+        x[i] += 15.0  # a spike at noon every day
+    burst = [i for i, tt in enumerate(t) if 0 <= tt - (T0 + 6 * DAY + 3600) < 1800]
+    for i in burst:
+        x[i] += 6.0 * (-1) ** i  # then half an hour of oscillation, never seen before
+    with_shape = onsets(GenericParams(quiet_s=0.0), t, x)
+    residual_only = onsets(GenericParams(quiet_s=0.0, shape_weight=1e-9), t, x)
+    first, *_, fourth, fifth, sixth = noon
+    assert with_shape[first] > residual_only[first]  # the first spike's shape is news ...
+    for i in (fourth, fifth, sixth):  # ... by the fourth day it is not (the residual's is low)
+        assert with_shape[i] <= residual_only[i] + 0.02 and with_shape[i] < 0.3
+    assert max(with_shape[i] for i in burst) > 0.35  # the new shape is news
+    assert max(residual_only[i] for i in burst) < 0.3  # where the residual alone is not
+
+
+def test_an_onset_is_reported_once_in_its_quiet_period() -> None:
+    t, x = steady(1.0, 60.0)
+    x[600] += 30.0
+    x[630] = x[600]  # the same spike half an hour later
+    quiet, control = GenericBank(capacity=1), GenericBank(GenericParams(quiet_s=0.0), capacity=1)
+    got = {}
+    for i, (tt, v) in enumerate(zip(t, x, strict=True)):
+        a, b = quiet.update([0], [tt], [v]), control.update([0], [tt], [v])
+        got[i] = (a.onset[0], b.onset[0], a.score[0], b.score[0])
+    assert got[600][0] == got[600][1] > 0.3  # news
+    assert got[630][0] == 0.0 < got[630][1]  # not news again, though its own onset is not 0
+    assert got[630][2] == got[630][3] >= got[630][1]  # the score keeps it
+
+
 def test_parameters_are_checked() -> None:
-    for bad in ({"slots": 0}, {"level_s": -1.0}, {"held_p": 1.0}, {"warmup": 1.5}):
+    bad_ones = [{"slots": 0}, {"level_s": -1.0}, {"held_p": 1.0}, {"warmup": 1.5}]
+    bad_ones += [{"shape_k": 0}, {"shape_lr": 0.0}, {"shape_r": -1.0}, {"quiet_s": -1.0}]
+    for bad in bad_ones:
         with pytest.raises(ValueError):
             GenericParams(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
