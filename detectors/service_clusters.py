@@ -62,6 +62,8 @@ CLUSTER_WARMUP = 200  # points the outlier window holds before a cluster is news
 # is known; a new kind beside a known one, more than half new, is news).
 FAMILIAR_SHARE = 0.5
 BUCKET_S = 60.0  # the request pipeline's default bucket: event time when none is given
+SCATTER_POINTS = 400  # the newest requests the live page's scatter draws
+USUAL, AWAY, FLAGGED = 0, 1, 2  # a scatter point: in the clusters, away, in a new one
 Point = tuple[float, float]
 Key = tuple[int, ...]
 
@@ -242,6 +244,40 @@ class ServiceClusters:
             pts, self.fresh = np.frombuffer(self.fresh, dtype=np.float64), array("d")
             self.memory.add(pts.reshape(-1, 2), at)
         self.memory.age(at)
+
+    def scatter(self, n: int = SCATTER_POINTS) -> dict[str, Any]:
+        """The newest ``n`` requests of the window as the live page draws them:
+        ``[context, output, kind]``, kind :data:`USUAL` (in or next to the cells of the
+        clusters of the last scan), :data:`AWAY` (away from them: the outliers) or
+        :data:`FLAGGED` (in the new cluster flagged now), and the clusters' centroids.
+        A few dict lookups a point: no scan of the clusters.
+
+        >>> from ragwatch.detectors.request_outliers import RequestOutliers
+        >>> svc = ServiceClusters(RequestOutliers(), "rag")
+        >>> _ = svc.score([(3000.0 + i % 7, 250.0 + i % 5) for i in range(300)], ScoredRun())
+        >>> _ = svc.new_cluster(0, 10, lambda inst: 0.0)
+        >>> _ = svc.score([(12000.0, 20.0)], ScoredRun())
+        >>> view = svc.scatter(3)
+        >>> view["points"], view["clusters"]
+        ([[3004.0, 253.0, 0], [3005.0, 254.0, 0], [12000.0, 20.0, 1]], [[3003.0, 252.0]])
+        """
+        det = self.detector
+        points = det.points()[-n:] if len(det) else []
+        scanned = self.scanned is not None
+        out = []
+        for p in points:
+            cell = det.cell(p)
+            kind = FLAGGED if cell in self.active_cells else USUAL
+            if kind == USUAL and scanned and cell not in self.dense:
+                kind = AWAY
+            out.append([*p, kind])
+        return {
+            "features": list(det.features or REQUEST_FEATURES),
+            "points": out,
+            "clusters": [[round(v, 1) for v in c] for c in self.known],
+            "flagged": None if self.active is None else [round(v, 1) for v in self.active],
+            "label": self.active_label,
+        }
 
     def _familiar(self, cluster: Cluster) -> bool:
         """Whether the cluster's requests are of kinds the service has served before."""

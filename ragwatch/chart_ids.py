@@ -87,3 +87,40 @@ def alert_series(
             charts = isinstance(rules, list) and rule in rules
             found.append((not charts, order.index(str(kind)), sid))
     return [sid for _, _, sid in sorted(found)]
+
+
+# the small multiples of an alert's page (what the seed's SRE hunted through Grafana for):
+# each GPU's memory, utilisation and power, its processes' memory, and each instance's
+# tokens/s, decode speed and per-stage P95, in this order
+MULTIPLES: dict[str, tuple[str, ...]] = {
+    "gpu": ("fb_used", "gpu_util", "power_w"),
+    "process": ("gpu_mem",),
+    "service": ("tokens_per_s", "decode_tps", "e2e_p95", "retriever_p95", "reranker_p95",
+                "llm_p95"),
+}  # fmt: skip
+MAX_MULTIPLES = 36
+
+
+def multiples(
+    index: Mapping[str, Mapping[str, Any]],
+    hosts: Iterable[str],
+    instances: Iterable[tuple[str, str]],
+) -> list[str]:
+    """The ids in ``index`` of the small multiples of ``hosts`` (their GPUs' and
+    processes') and of the service ``instances`` ((service, instance) pairs), in
+    :data:`MULTIPLES`' order, series by series, at most :data:`MAX_MULTIPLES`.
+
+    >>> index = {i: {} for i in ("gpu:h:0:power_w", "gpu:h:0:fb_used", "gpu:h2:0:fb_used",
+    ...                          "service:rag:r-1:decode_tps", "service:rag:r-1:errors")}
+    >>> multiples(index, ["h"], [("rag", "r-1")])
+    ['gpu:h:0:fb_used', 'gpu:h:0:power_w', 'service:rag:r-1:decode_tps']
+    """
+    starts = [*owner_prefixes(hosts, [])]
+    starts += [series_prefix("service", {"service": s, "instance": i}) for s, i in instances]
+    found = []
+    for sid in index:
+        kind, _, rest = sid.partition(":")
+        where, _, suffix = rest.rpartition(":")
+        if suffix in MULTIPLES.get(kind, ()) and sid.startswith(tuple(starts)):
+            found.append((list(MULTIPLES).index(kind), where, MULTIPLES[kind].index(suffix), sid))
+    return [sid for *_, sid in sorted(found)][:MAX_MULTIPLES]

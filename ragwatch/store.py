@@ -36,6 +36,7 @@ from Redis only.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -43,6 +44,8 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
+from ragwatch.advisor import MIN_SCORE, explain
+from ragwatch.chart_ids import multiples, owner_prefixes, series_prefix
 from ragwatch.codec import encode, from_dict
 from ragwatch.schema import Alert, Transition
 from ragwatch.silences import decode_all
@@ -386,6 +389,49 @@ def read_around(
     }
 
 
+def read_explained(
+    client: Any,
+    prefix: str,
+    *,
+    fingerprint: str | None = None,
+    host: str | None = None,
+    service: str | None = None,
+    min_score: float = MIN_SCORE,
+) -> dict[str, Any]:
+    """:func:`~ragwatch.advisor.explain` on what :func:`read_around` reads, with what an
+    alert's page draws beside it: the ids of its small multiples (``charts``) and each
+    service's newest requests (``requests``). LookupError as ``explain``."""
+    around = read_around(client, prefix, fingerprint=fingerprint, host=host, service=service)
+    found = explain(
+        around, fingerprint=fingerprint, host=host, service=service, min_score=min_score
+    )
+    found["charts"] = read_multiples(client, prefix, around, found["host"], found["service"])
+    found["requests"] = {
+        s["service"]: s["requests"] for s in around["services"] if s.get("requests")
+    }
+    return found
+
+
+def read_multiples(
+    client: Any, prefix: str, around: Mapping[str, Any], host: str | None, service: str | None
+) -> list[str]:
+    """The small multiples (:func:`~ragwatch.chart_ids.multiples`) around ``host`` and
+    ``service`` of what :func:`read_around` read: the host's GPUs and processes (without
+    a host: those of every host of the service), the instances on it, and every instance
+    of the service."""
+    hosts = [host] if host else [h["host"] for h in around.get("hosts") or []]
+    pairs = []
+    for s in around.get("services") or []:
+        for inst in s.get("instances") or []:
+            name = inst.get("instance") if isinstance(inst, dict) else None
+            on = isinstance(inst, dict) and inst.get("host") in hosts
+            if isinstance(name, str) and (s.get("service") == service or on):
+                pairs.append((str(s.get("service")), name))
+    starts = [*owner_prefixes(hosts, [])]
+    starts += [series_prefix("service", {"service": s, "instance": i}) for s, i in pairs]
+    return multiples(read_index_of(client, prefix, starts), hosts, pairs)
+
+
 def _on(instance: Any, host: str | None) -> bool:
     return host is not None and isinstance(instance, dict) and instance.get("host") == host
 
@@ -393,6 +439,17 @@ def _on(instance: Any, host: str | None) -> bool:
 def read_series_index(client: Any, prefix: str) -> dict[str, dict[str, Any]]:
     """series id -> {kind, labels, signal, unit}."""
     return _json_hash(client, Keys(prefix).series_index)
+
+
+def read_index_of(client: Any, prefix: str, starts: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The series index entries whose ids start with one of ``starts`` (a scan of the
+    index per start, matched in Redis: not the whole index over the wire)."""
+    key, out = Keys(prefix).series_index, {}
+    for start in dict.fromkeys(starts):
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", start) + "*"
+        found = client.hscan_iter(key, match=pattern, count=1000)
+        out.update(_json_objects((k.decode(errors="replace"), v) for k, v in found))
+    return out
 
 
 def read_series(

@@ -6,7 +6,8 @@ loopback ports, one ``ragwatch worker``, one ``ragwatch notify`` with a local we
 receiver, a simulated fleet of 4 hosts x 2 GPUs and 2 RAG services playing the leak
 scenario at 720x) plus ``ragwatch serve``, waits until ``GpuMemoryLeak`` is firing in
 Redis and the fleet has played ``--hours`` of telemetry, then shoots ``/`` and
-``/alerts/<fingerprint>`` at 1400x1000 in headless Chromium::
+``/alerts/<fingerprint>`` at 1400x1000 in headless Chromium (and the alert's page at
+1400x2800, down to its small multiples and its requests)::
 
     make setup chromium
     .venv/bin/python scripts/screenshots.py            # docs/screenshots/*.png
@@ -43,6 +44,7 @@ from ragwatch.store import Keys, blocking_client, read_alerts
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = (1400, 1000)
+TALL = (1400, 2800)  # an alert's page down to its small multiples and requests
 DAY = 86400.0
 NOTIFY_YAML = """\
 receivers:
@@ -195,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             time.sleep(2.0)  # the worker's next chart and status writes (every second)
             args.out.mkdir(parents=True, exist_ok=True)
-            pages = {"live-page.png": url + "/", "alert-detail.png": f"{url}/alerts/{fp}"}
-            for name, page in pages.items():
-                shoot(page, args.out / name, run_dir / f"profile-{name}")
+            pages = {
+                "live-page.png": (url + "/", WINDOW),
+                "alert-detail.png": (f"{url}/alerts/{fp}", WINDOW),
+                "alert-around.png": (f"{url}/alerts/{fp}", TALL),  # the small multiples too
+            }
+            for name, (page, window) in pages.items():
+                shoot(page, args.out / name, run_dir / f"profile-{name}", window)
                 say(f"{args.out / name}: {(args.out / name).stat().st_size / 1024:.0f} KB")
             ok = True
             if args.keep:

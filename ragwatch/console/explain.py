@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from ragwatch.advisor import MIN_SCORE, explain
+from ragwatch.advisor import MIN_SCORE
 from ragwatch.config import Settings, redact_url
 from ragwatch.console.status_view import clean
 from ragwatch.errors import ConfigError
@@ -30,11 +30,8 @@ def show_explain(
 ) -> int:
     """Print the explanation; exit 1 (with a line on ``out``) when the alert, host or
     service is not known, 0 otherwise. Redis unreachable: ``ConfigError``."""
-    status = _fetch(settings, fingerprint, host, service)
     try:
-        found = explain(
-            status, fingerprint=fingerprint, host=host, service=service, min_score=min_score
-        )
+        found = _fetch(settings, fingerprint, host, service, min_score)
     except LookupError as exc:
         out.write(f"ragwatch: {exc.args[0]}\n")
         return 1
@@ -67,16 +64,25 @@ def render(found: dict[str, Any]) -> str:
 
 
 def _fetch(
-    settings: Settings, fingerprint: str | None, host: str | None, service: str | None
+    settings: Settings,
+    fingerprint: str | None,
+    host: str | None,
+    service: str | None,
+    min_score: float,
 ) -> dict[str, Any]:
     from redis.exceptions import RedisError
 
-    from ragwatch.store import blocking_client, read_around
+    from ragwatch.store import blocking_client, read_explained
 
     client = blocking_client(settings.redis_url)
     try:
-        return read_around(
-            client, settings.redis_prefix, fingerprint=fingerprint, host=host, service=service
+        return read_explained(
+            client,
+            settings.redis_prefix,
+            fingerprint=fingerprint,
+            host=host,
+            service=service,
+            min_score=min_score,
         )
     except RedisError as exc:
         raise ConfigError(f"cannot read Redis at {redact_url(settings.redis_url)}: {exc}") from None

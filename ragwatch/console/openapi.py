@@ -30,6 +30,7 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
 
+COLUMNS = ["ts", "value", "forecast", "score"]
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _NUM_MAP = {"type": "object", "additionalProperties": _nullable("number")}
 
@@ -207,6 +208,21 @@ SCHEMAS: dict[str, Any] = {
         min_score={"type": "number"},
         moves=_array(_ref("Move")),
         summary={"type": "string", "example": "GPU 2 power -80 %, utilisation 0 %"},
+        charts=_array({"type": "string"})
+        | {"description": "the small multiples: chart series ids of the host's GPUs and "
+           "processes and of the service instances on it (and of the service's)"},
+        requests={"type": "object", "additionalProperties": _ref("Scatter"),
+                  "description": "each service's newest requests, for a scatter"},
+    ),
+    "Scatter": _obj(
+        ["features", "points"],
+        features=_array({"type": "string"}),
+        points=_array(_array({"type": "number"}))
+        | {"description": "[context tokens, output tokens, kind]: kind 0 in the usual "
+           "clusters, 1 away from them (outliers), 2 in a new cluster flagged now"},
+        clusters=_array(_array({"type": "number"})),
+        flagged={"type": ["array", "null"], "items": {"type": "number"}},
+        label={"type": ["string", "null"]},
     ),
     "SeriesMeta": _obj(
         ["id", "kind"],
@@ -216,6 +232,8 @@ SCHEMAS: dict[str, Any] = {
         signal={"type": "string"},
         unit={"type": "string"},
         rules=_array({"type": "string"}) | {"description": "the rules whose alerts it charts"},
+        band={"type": "boolean", "description": "the generic detector's expected value, "
+              "score and band: points [ts, value, expected, score, lower, upper]"},
     ),
     "SeriesIndex": _obj(["series", "total", "truncated"], series=_array(_ref("SeriesMeta")),
                         total={"type": "integer"}, truncated={"type": "boolean"}),
@@ -224,7 +242,8 @@ SCHEMAS: dict[str, Any] = {
             _ref("SeriesMeta"),
             _obj(
                 ["columns", "points"],
-                columns=_array({"type": "string", "enum": ["ts", "value", "forecast", "score"]}),
+                columns=_array({"type": "string", "enum": [*COLUMNS, "lower", "upper"]})
+                | {"description": "a band chart (band: true) has lower and upper too"},
                 points=_array(_array(_nullable("number")))
                 | {"description": "oldest first, a point a minute of event time"},
                 memory={**_ref("Memory"), "description": "only on a GPU's or a process's "

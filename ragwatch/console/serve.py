@@ -68,7 +68,7 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from ragwatch.advisor import MIN_SCORE, explain
+from ragwatch.advisor import MIN_SCORE
 from ragwatch.chart_ids import alert_prefixes, alert_series, series_prefix
 from ragwatch.config import Settings, redact_url
 from ragwatch.console.exporter import (
@@ -95,7 +95,7 @@ from ragwatch.store import (
     Keys,
     blocking_client,
     read_alerts,
-    read_around,
+    read_explained,
     read_host,
     read_series,
     read_series_index,
@@ -299,6 +299,10 @@ def _gpu_status(host: dict[str, Any] | None, labels: dict[str, Any]) -> dict[str
     return {}
 
 
+COLUMNS = ("ts", "value", "forecast", "score")
+BAND_COLUMNS = (*COLUMNS, "lower", "upper")  # a band chart's forecast: the expected value
+
+
 def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
@@ -373,15 +377,11 @@ async def explain_route(request: web.Request) -> web.Response:
             min_score = math.nan
         if not 0.0 <= min_score <= 1.0:
             raise BadRequest("min_score must be a number in 0..1")
-    fingerprint, host, service = (named.get(k) for k in ("fingerprint", "host", "service"))
-    around = await _read(request, read_around, fingerprint=fingerprint, host=host, service=service)
     try:
-        found = explain(
-            around, fingerprint=fingerprint, host=host, service=service, min_score=min_score
-        )
-        return _json(found)
+        found = await _read(request, read_explained, **named, min_score=min_score)
     except LookupError as exc:
         return _error(404, str(exc.args[0]))
+    return _json(found)
 
 
 async def series_index(request: web.Request) -> web.Response:
@@ -408,12 +408,13 @@ async def series(request: web.Request) -> web.Response:
     if found is None:
         return _error(404, f"no series {request.match_info['id']!r}")
     meta, points, memory = found
+    columns = BAND_COLUMNS if meta.get("band") else COLUMNS  # (.charts: the generic detector's)
     return _json(
         {
             **meta,
             "id": sid,
-            "columns": ["ts", "value", "forecast", "score"],
-            "points": [[*p, None, None][:4] for p in points],
+            "columns": list(columns),
+            "points": [[*p, None, None, None, None][: len(columns)] for p in points],
             **({"memory": memory} if memory is not None else {}),
         }
     )

@@ -9,8 +9,10 @@ newest 1,440 points per series). So a replay at 720x, or as fast as the CPU allo
 the same charts as the same telemetry played in real time (sampling the state once a
 second of wall time gave a point per 12 minutes of event time at 720x). The recorder
 reads the signals of the pipeline whose series moved, never the fleet. Points are
-``[ts, value, forecast, score]`` (forecast and score None where the series has none). The
-charts (:data:`CHARTS`):
+``[ts, value, forecast, score]`` (forecast and score None where the series has none); a
+chart of a signal the generic detector scores (``band``) has ``[ts, value, expected,
+score, lower, upper]``: its expected value, score and band (:mod:`.scoring`), the small
+multiples of an alert's page. The charts (:data:`CHARTS`):
 
 ========================================  ==============================================
 series id                                 value, forecast, score
@@ -27,11 +29,15 @@ series id                                 value, forecast, score
                                           none (only when a rule charts it)
 ``service:SVC:INSTANCE:retriever_p99``    retriever P99 ms, its baseline, none
 ``service:SVC:INSTANCE:e2e_p95``          e2e P95 ms, its baseline, none
+``service:SVC:INSTANCE:STAGE_p95``        the retriever's, reranker's, LLM's P95 ms,
+                                          expected, score, band
 ``service:SVC:INSTANCE:outliers``         outlier requests per bucket, none, none (only
                                           when a rule charts it)
 ``service:SVC:INSTANCE:SIGNAL``           a signal a service rule is about that no chart
                                           above holds, its ``expected`` signal, none
 ``gpu:HOST:GPU[:MIG]:fb_used``            framebuffer bytes, none, none
+``gpu:HOST:GPU[:MIG]:gpu_util``           utilisation %, expected, score, band
+``gpu:HOST:GPU[:MIG]:power_w``            power W, expected, score, band
 ``process:HOST:GPU[:MIG]:PID:gpu_mem``    the process's GPU bytes, none, leak score
 ``engine:HOST:TARGET:tokens_per_s``       generated tokens/s, forecast, score
 ========================================  ==============================================
@@ -54,17 +60,20 @@ that signal. Each series' index entry lists the rules it charts (``rules``), and
 >>> rec.observe(pipes.gpus, [("gpu-node-01", env.ts)])
 >>> rec.observe(pipes.requests, [("rag-api", env.ts)])
 >>> points = rec.take()
->>> len(points)  # the GPU, its 2 processes, and 9 charts of each of the 2 instances
-21
+>>> len(points)  # the GPU's 3, its 2 processes', and 12 charts of each of the 2 instances
+29
 >>> print(*points["process:gpu-node-01:0:4001:gpu_mem"][0]["rules"])
 GpuMemoryLeak GpuMemoryLeakSlow GpuOomKill GpuXidCritical
->>> for sid in sorted(points)[3:12]:  # an instance's: each default rule on its chart
+>>> for sid in sorted(points)[5:17]:  # an instance's: each default rule on its chart
 ...     print(sid, *points[sid][0]["rules"])
 service:rag-api:rag-api-0:decode_tps DecodeSpeedDrop ReplicaDecodeOutlier
 service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation ReplicaLatencyOutlier
 service:rag-api:rag-api-0:errors ErrorRateHigh ReplicaErrorsOutlier
+service:rag-api:rag-api-0:llm_p95
 service:rag-api:rag-api-0:outliers RequestOutlierCluster
 service:rag-api:rag-api-0:queue_p95 QueueWaitHigh
+service:rag-api:rag-api-0:reranker_p95
+service:rag-api:rag-api-0:retriever_p95
 service:rag-api:rag-api-0:retriever_p99 RetrievalSlowdown ReplicaRetrievalOutlier
 service:rag-api:rag-api-0:tokens_per_req TokensPerRequestDrop ReplicaTokensOutlier
 service:rag-api:rag-api-0:tokens_per_s ThroughputDrop
@@ -93,7 +102,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ragwatch.catalog import SCORE_SUMMARY
 from ragwatch.chart_ids import series_prefix
@@ -111,6 +120,13 @@ class _HasSignals(Protocol):
     def signals(self) -> Mapping[str, float | None]: ...
 
 
+@runtime_checkable
+class _HasBands(_HasSignals, Protocol):
+    """A series the generic detector scores (a GPU's, a process', an instance's)."""
+
+    def bands(self) -> Mapping[str, list[float | None]]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Chart:
     """One chart of each series of a ``kind``: id ``kind:WHERE:suffix``."""
@@ -123,6 +139,7 @@ class Chart:
     unit: str = ""
     about: tuple[str, ...] = ()  # signals derived from these (ratios, deviations, flags)
     main: bool = True  # recorded whatever the rules; else only for the rules that want it
+    band: bool = False  # the generic detector's expected value, score and band (.scoring)
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -131,6 +148,8 @@ class Chart:
 
 CHARTS = (
     Chart("gpu", "fb_used", "fb_used_bytes", unit="bytes"),
+    Chart("gpu", "gpu_util", "gpu_util", unit="%", band=True),
+    Chart("gpu", "power_w", "power_w", unit="W", band=True),
     Chart("process", "gpu_mem", "gpu_mem_bytes", score="leak_score", unit="bytes"),
     Chart("engine", "tokens_per_s", "generation_tokens_per_s", "tps_forecast", "tps_score",
           "tokens/s", ("tps_deviation",)),
@@ -152,12 +171,17 @@ CHARTS = (
           unit="ms", about=("retriever_p99_ratio",)),
     Chart("service", "e2e_p95", "e2e_p95_ms", "e2e_p95_baseline_ms", unit="ms",
           about=("e2e_p95_ratio",)),
+    *(Chart("service", f"{stage}_p95", f"{stage}_p95_ms", unit="ms", band=True)
+      for stage in ("retriever", "reranker", "llm")),
     Chart("service", "outliers", "outliers", unit="requests", main=False,
           about=("recent_outliers", "outlier_ratio", "new_outlier_cluster",
                  "outlier_cluster_size")),
 )  # fmt: skip
 # the chart of a host's series that shows its alerts when no chart holds their signal
-MAIN = {"gpu": CHARTS[0], "process": CHARTS[1], "engine": CHARTS[2]}
+MAIN = {
+    kind: next(c for c in CHARTS if (c.kind, c.suffix) == (kind, suffix))
+    for kind, suffix in (("gpu", "fb_used"), ("process", "gpu_mem"), ("engine", "tokens_per_s"))
+}
 # the chart of a series that shows its generic anomaly alerts (which signals moved is the
 # advisor's: ragwatch explain): its main chart; an instance's end-to-end P95
 GENERIC = {**MAIN, "service": next(c for c in CHARTS if c.suffix == "e2e_p95")}
@@ -205,7 +229,9 @@ def chart_plan(rules: Iterable[Rule]) -> Plan:
             charted.setdefault((c.kind, c.suffix), (c, []))[1].append(rule.name)
     plan: dict[str, list[tuple[Chart, dict[str, Any]]]] = {}
     for c, names in charted.values():
-        meta = {"kind": c.kind, "signal": c.value, "unit": c.unit, "rules": names}
+        meta: dict[str, Any] = {"kind": c.kind, "signal": c.value, "unit": c.unit, "rules": names}
+        if c.band:  # its points: [ts, value, expected, score, lower, upper]
+            meta["band"] = True
         plan.setdefault(c.kind, []).append((c, meta))
     return {kind: tuple(charts) for kind, charts in plan.items()}
 
@@ -334,13 +360,19 @@ class SeriesRecorder:
     ) -> None:
         """The due points; a series taken already since the last :meth:`take` (its index
         entry is held) gets the plan's entry as it is, not a copy with its labels."""
-        signals = holder.signals
+        signals, bands = holder.signals, None
         for sid, chart, meta in due:
             v = signals.get(chart.value)
             if v is None:
                 continue
             self._written(sid, ts)
+            entry = meta if sid in self._taken else {**meta, "labels": dict(labels)}
+            if chart.band:
+                if bands is None:
+                    bands = holder.bands() if isinstance(holder, _HasBands) else {}
+                score, yhat, lower, upper = (bands.get(chart.value) or [None] * 4)[:4]
+                out[sid] = (entry, [ts, v, yhat, score, lower, upper])
+                continue
             ref = signals.get(chart.reference) if chart.reference else None
             score = signals.get(chart.score) if chart.score else None
-            entry = meta if sid in self._taken else {**meta, "labels": dict(labels)}
             out[sid] = (entry, [ts, v, ref, score])

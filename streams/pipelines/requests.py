@@ -687,7 +687,9 @@ class RequestPipeline:
             }
             for inst, row in self._instances(service)
         ]
-        return {"service": service, "instances": instances}
+        svc = self._services.get(service)  # its requests, for the live page's scatter
+        scatter = svc.scatter() if svc is not None else None
+        return {"service": service, "instances": instances, "requests": scatter}
 
     def service_state(self, service: str) -> tuple[dict[SeriesKey, ServiceView], Any]:
         """The service's series (views) and shared outlier state."""

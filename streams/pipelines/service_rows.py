@@ -326,6 +326,10 @@ class ServiceView:
     def bucket_end(self) -> float | None:
         return self._rows.bucket_end(self._row)
 
+    def bands(self) -> dict[str, list[float | None]]:
+        """Its scored signals' newest score, expected value and band (.scoring)."""
+        return self._rows.scores.scored(self._row)
+
     @property
     def host(self) -> str | None:
         return self._rows.host[self._row]

@@ -284,6 +284,10 @@ def test_the_live_page_puts_the_most_urgent_alert_and_its_chart_on_screen(
                        dom)  # fmt: skip
     assert shown == page.order
     assert int(chart["data-points"]) >= 100
+    # around the most urgent alert: its host's and services' small multiples
+    drawn = multiples_of(dom)
+    assert f"gpu:{page.leak.labels['host']}:{page.leak.labels['gpu']}:gpu_util" in drawn
+    assert len(drawn) >= 12 and 'data-points="0"' not in dom.split('id="scatter"')[1][:200]
     # where the alert went pending and firing, from its history
     changes = get(f"{page.url}/api/v1/alerts/{page.leak.fingerprint}").json()["history"]
     marks = sorted([h["status"], h["at"]] for h in changes)
@@ -324,3 +328,65 @@ def test_an_alerts_page_charts_its_changes_total_memory_and_the_oom(
     assert chart["data-series"] == gpu_series
     check_memory(chart, dom, page.gpu_status)
     assert json.loads(chart["data-lines"])[0] == "GPU 1 used (GB)"
+
+
+def multiples_of(dom: str) -> dict[str, dict[str, str]]:
+    """Each small multiple drawn: its series id -> its data attributes."""
+    found = re.findall(r'<div class="multiple"[^>]*>', dom)
+    out = {}
+    for tag in found:
+        attrs = {k: html.unescape(v) for k, v in re.findall(r'([\w-]+)="([^"]*)"', tag)}
+        out[attrs["data-series"]] = attrs
+    return out
+
+
+@pytest.mark.usefixtures("chromium")
+def test_an_alerts_page_shows_its_host_and_services_small_with_bands_scores_and_requests(
+    page: Page, tmp_path: Path
+) -> None:
+    """Issue 34, point 5: the seed's Grafana hunt without the hunt. The leak's page draws
+    the leaking host's GPUs (memory with its total and projection, utilisation and power
+    with their expected band) and the instances on it (tokens/s, decode speed, per-stage
+    P95), each with its anomaly score strip, and the requests of its service as a
+    scatter; the screenshot is kept for a person to look at."""
+    url = f"{page.url}/alerts/{page.leak.fingerprint}?token={TOKEN}"
+    dom = browse(url, tmp_path / "around")
+    assert re.search(r'id="error"[^>]*></span>', dom), dom[-3000:]
+    drawn = multiples_of(dom)
+    host, gpu = page.leak.labels["host"], page.leak.labels["gpu"]
+    mine = [sid for sid in drawn if sid.startswith(f"gpu:{host}:{gpu}:")]
+    assert sorted(s.rsplit(":", 1)[1] for s in mine) == ["fb_used", "gpu_util", "power_w"]
+    assert not [sid for sid in drawn if sid.startswith("gpu:") and f":{host}:" not in sid]
+    for sid in (f"gpu:{host}:{gpu}:gpu_util", f"gpu:{host}:{gpu}:power_w"):
+        m = drawn[sid]
+        assert m["data-band"] == "1" and int(m["data-points"]) >= 100
+        assert json.loads(m["data-lines"])[1:] == ["expected", "band upper", "band lower"]
+        assert 0.0 <= float(m["data-score-max"]) <= 1.0
+    memory = drawn[f"gpu:{host}:{gpu}:fb_used"]
+    assert any("total" in line for line in json.loads(memory["data-lines"]))
+    services = {sid.split(":")[2] for sid in drawn if sid.startswith("service:")}
+    assert services, drawn.keys()
+    stages = {sid.rsplit(":", 1)[1] for sid in drawn if sid.startswith("service:")}
+    assert {"tokens_per_s", "decode_tps", "e2e_p95", "retriever_p95", "llm_p95"} <= stages
+    assert all(drawn[s]["data-band"] == "1" for s in drawn if s.endswith("_p95") and "e2e" not in s)
+    # every multiple has the alert's state changes marked
+    assert dom.count('class="mark marker firing"') >= len(drawn)
+    # the requests: a scatter of the newest, kinds counted
+    scatter = re.search(r'<canvas id="scatter"[^>]*>', dom)
+    assert scatter, dom[-2000:]
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', scatter.group(0)))
+    assert int(attrs["data-points"]) >= 100
+    kinds = json.loads(html.unescape(attrs["data-kinds"]))
+    assert sum(kinds) == int(attrs["data-points"]) and kinds[0] > 0
+    assert "anomalous in the last hour" in dom
+    shot = tmp_path / "around.png"
+    out = subprocess.run(
+        [
+            "chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            f"--user-data-dir={tmp_path / 'shot'}", "--window-size=1400,2600",
+            "--virtual-time-budget=12000", f"--screenshot={shot}", "--hide-scrollbars", url,
+        ],
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0 and shot.stat().st_size > 50_000, out.stderr[-2000:]

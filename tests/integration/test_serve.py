@@ -243,7 +243,12 @@ def test_explain_api_is_what_explain_json_prints_and_what_the_whole_status_says(
     assert api["alert"]["rule"] == "GpuMemoryLeak" and api["host"] == leak.labels["host"]
     whole = explain(get(served.url + "/api/v1/status").json(), fingerprint=leak.fingerprint,
                     min_score=0.0)  # fmt: skip
-    assert api == whole
+    assert {k: v for k, v in api.items() if k not in ("charts", "requests")} == whole
+    # what the alert's page draws beside it: its host's charts first, its services' requests
+    host = leak.labels["host"]
+    assert api["charts"][0] == f"gpu:{host}:0:fb_used"
+    assert {c.split(":")[1] for c in api["charts"] if not c.startswith("service:")} == {host}
+    assert api["requests"]["rag-api"]["points"]
     assert api["moves"] and {m["kind"] for m in api["moves"]} <= {
         "gpu",
         "process",
@@ -405,7 +410,7 @@ def test_hostile_label_values_are_data_everywhere(served: Served) -> None:
     page = get(served.url + "/", token=None)
     assert "script-src 'self'" in page.headers["Content-Security-Policy"]
     scripts = list((Path(__file__).parents[2] / "ragwatch/console/web").glob("*.js"))
-    assert {p.name for p in scripts} == {"app.js", "chart.js"}
+    assert {p.name for p in scripts} == {"app.js", "chart.js", "multiples.js"}
     assert not any("innerHTML" in p.read_text() for p in scripts)
     text = run_ragwatch("status", env=served.env).stdout
     assert "\x1b" not in text and "\\x1b[2J" in text  # no terminal escapes get through
@@ -504,7 +509,8 @@ def test_alert_api_gives_the_alert_its_changes_and_the_series_of_its_signal(
     assert gone["series"][0] == fleet.leak_series
     # No series of the hostile alert's process: its GPU's memory.
     hostile = get(served.url + f"/api/v1/alerts/{fleet.hostile.fingerprint}").json()
-    assert hostile["series"] == ["gpu:gpu-node-02:0:fb_used"]
+    gpu = "gpu:gpu-node-02:0:"  # its memory first, then its other charts
+    assert hostile["series"] == [gpu + "fb_used", gpu + "gpu_util", gpu + "power_w"]
     assert hostile["alert"]["labels"]["process"] == HOSTILE
 
 

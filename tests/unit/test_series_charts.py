@@ -135,14 +135,18 @@ def test_a_device_event_shows_the_processs_memory_then_its_gpus() -> None:
     (process,) = (sid for sid in index if sid.endswith(":4001:gpu_mem"))
     labels = {k: index[process]["labels"][k] for k in ("host", "gpu", "mig", "pid")}
     gpu = f"gpu:{labels['host']}:{labels['gpu']}:fb_used"
-    assert alert_series("GpuOomKill", {**labels, "type": "oom_kill"}, index) == [process, gpu]
+    found = alert_series("GpuOomKill", {**labels, "type": "oom_kill"}, index)
+    assert found[:2] == [process, gpu]  # then the GPU's other charts (utilisation, power)
+    assert {sid.rsplit(":", 1)[1] for sid in found[2:]} == {"gpu_util", "power_w"}
     no_pid = {k: v for k, v in labels.items() if k != "pid"}
-    assert alert_series("GpuXidCritical", no_pid, index) == [gpu]
+    assert alert_series("GpuXidCritical", no_pid, index)[0] == gpu
     assert alert_series("GpuOomKill", {**labels, "host": "elsewhere"}, index) == []
     # a MIG instance is another GPU
     mig = {"kind": "gpu", "labels": {**no_pid, "mig": "1g.10gb"}, "rules": ["GpuXidCritical"]}
     with_mig = {**index, f"gpu:{labels['host']}:{labels['gpu']}:1g.10gb:fb_used": mig}
-    assert alert_series("GpuXidCritical", no_pid, with_mig) == [gpu]
+    assert alert_series("GpuXidCritical", no_pid, with_mig) == alert_series(
+        "GpuXidCritical", no_pid, index
+    )
 
 
 def test_charts_only_for_the_rules_that_want_them() -> None:
@@ -150,6 +154,7 @@ def test_charts_only_for_the_rules_that_want_them() -> None:
     suffixes = {sid.rsplit(":", 1)[1] for sid in index if sid.startswith("service:")}
     # without RequestOutlierCluster no outliers chart; LlmSlow's own signal charted
     main = {"tokens_per_s", "tokens_per_req", "decode_tps", "retriever_p99", "e2e_p95"}
+    main |= {"retriever_p95", "reranker_p95", "llm_p95"}  # the band charts (multiples)
     wanted = {"errors", "queue_p95", "ttft_net_p95"}  # by the default rules on them
     assert suffixes == main | wanted | {"llm_p99_ms"}
     llm = next(m for sid, m in index.items() if sid.endswith(":llm_p99_ms"))

@@ -269,11 +269,12 @@
     return null;
   }
 
-  // Each state change of the alerts this series charts: [{status, ts}], oldest first.
+  // Each state change of the alerts this series charts (sid null: of every alert in
+  // ``founds``): [{status, ts}], oldest first.
   function markersFor(sid, founds) {
     const out = [];
     for (const found of founds) {
-      if (!(found.series || []).includes(sid)) continue;
+      if (sid !== null && !(found.series || []).includes(sid)) continue;
       for (const h of found.history || []) {
         const ts = num(h.at) === null ? (h.status === "resolved" ? h.ends_at : h.starts_at) : h.at;
         if (num(ts) !== null) out.push({ status: h.status, ts: ts, fingerprint: h.fingerprint });
@@ -372,11 +373,25 @@
       await readDetails(alerts);
       await chooseSeries(alerts);
       await loadSeries(Array.from(details.values()));
+      await aroundTop(alerts);
       $("updated").textContent = "updated " + clock(Date.now());
       $("error").textContent = "";
     } catch (err) {
       $("error").textContent = String(err.message || err);
     }
+  }
+
+  // What is around the most urgent alert: drawn again when it changes, else every
+  // INDEX_REFRESH_MS (two dozen small charts every 5 s would only flicker).
+  let aroundOf = null, aroundAt = 0;
+  async function aroundTop(alerts) {
+    const top = alerts.length ? details.get(alerts[0].fingerprint) : null;
+    const fp = top ? top.alert.fingerprint : null;
+    if (fp === aroundOf && Date.now() - aroundAt < INDEX_REFRESH_MS) return;
+    aroundOf = fp;
+    aroundAt = Date.now();
+    if (top) await renderAround(top);
+    else $("around-summary").textContent = "no alert";
   }
 
   // ------------------------------------------------------------------ one alert's page
@@ -435,6 +450,36 @@
 
   let alertFound = [];  // the alert of this page, for the markers of a series picked
 
+  // What moved around the alert (the advisor), its host's and services' charts small,
+  // its service's requests: ragwatchMultiples (multiples.js).
+  async function renderAround(found) {
+    const labels = found.alert.labels || {};
+    const query = ["host", "service"].filter((k) => labels[k])
+      .map((k) => k + "=" + encodeURIComponent(labels[k])).join("&");
+    if (!query) {
+      $("around-summary").textContent = "no host or service on this alert";
+      return;
+    }
+    let around;
+    try {
+      around = await api("api/v1/explain?" + query);
+    } catch (err) {
+      if (err.status !== 404) throw err;
+      $("around-summary").textContent = "its host and service are no longer in the status";
+      return;
+    }
+    $("around-summary").textContent = around.moves.length
+      ? "anomalous in the last hour: " + around.summary : "nothing scored anomalous in the last hour";
+    const marks = markersFor(null, [found]);
+    await window.ragwatchMultiples.draw(api, $("multiples"), around.charts || [], marks);
+    const requests = around.requests || {};
+    const name = labels.service && requests[labels.service] ? labels.service
+      : Object.keys(requests).sort()[0];
+    $("scatter-title").textContent = name ? "Requests of " + name +
+      " (the newest, context against output tokens)" : "Requests: none recorded";
+    window.ragwatchMultiples.scatter($("scatter"), $("scatter-legend"), name ? requests[name] : null);
+  }
+
   async function refreshAlert() {
     const fp = pageFingerprint();
     try {
@@ -443,6 +488,7 @@
       renderAlertPage(found);
       chooseAlertSeries(found.series || []);
       await loadSeries([found]);
+      await renderAround(found);
       $("updated").textContent = "updated " + clock(Date.now());
       $("error").textContent = "";
     } catch (err) {

@@ -1,7 +1,8 @@
 // ragwatch charts: one series drawn with uPlot (vendored), every time in UTC.
 //
 // A chart shows a series' value, its forecast or baseline (dashed, the band between them
-// shaded) and, below, its anomaly score. A chart of memory (a GPU's or a process's bytes)
+// shaded) and, below, its anomaly score; a chart of a signal the generic detector scores
+// (a band chart) shows its expected value (dashed) and its band (shaded) instead. A chart of memory (a GPU's or a process's bytes)
 // also shows a line at the GPU's total memory and a dashed projection from the GPU's last
 // point at its current growth to where it meets the total (when the status says it runs
 // out of memory), labelled with the UTC time of the OOM; a process's chart has its own
@@ -20,7 +21,7 @@
   const MIN_HORIZON_S = 12 * HOUR;  // a projection is drawn to the OOM up to
   const HORIZON_SPANS = 2;          // max(12 h, 2x the data's span) past the last point
   const COLORS = { value: "#1565c0", gpu: "#7e57c2", total: "#424242", forecast: "#6d4c41",
-                   score: "#c62828" };
+                   score: "#c62828", band: "rgba(109,76,65,0.45)" };
   const MARK_COLORS = { pending: "#e0a100", firing: "#c62828", resolved: "#2e7d32" };
 
   // ---------------------------------------------------------------- UTC text
@@ -65,7 +66,17 @@
     m.lines.push({ opts: { label: valueLabel(s, unit), stroke: COLORS.value, width: 2, scale: "y" },
                    data: col((p) => scale(p[1])) });
     const forecast = col((p) => scale(p[2]));
-    if (forecast.some((v) => v !== null)) {
+    if (s.band) {  // [ts, value, expected, score, lower, upper]: the band shaded
+      m.lines.push({ opts: { label: "expected", stroke: COLORS.forecast, dash: [6, 4], width: 1.5,
+                             scale: "y" }, data: forecast });
+      for (const [label, at] of [["band upper", 5], ["band lower", 4]]) {
+        m.lines.push({ opts: { label: label, stroke: COLORS.band, width: 1, scale: "y",
+                               points: { show: false } }, data: col((p) => scale(p[at])) });
+      }
+      m.bands = [{ series: [3, 4], fill: "rgba(109,76,65,0.14)" }];
+      m.band = true;
+      m.ranges.y = bandRange(m.lines.map((l) => l.data));
+    } else if (forecast.some((v) => v !== null)) {
       m.lines.push({ opts: { label: "forecast / baseline", stroke: COLORS.forecast,
                              dash: [6, 4], width: 1.5, scale: "y" }, data: forecast });
       // the band between actual and forecast: red where below it, amber where above
@@ -78,6 +89,22 @@
     widen(m);
     if (bytes && s.memory) addMemory(m, s, gpu ? gpu.points : null);
     return m;
+  }
+
+  // A band chart's y range: its values and expected values, and its band where it is not
+  // much wider than usual (a young detector's band is wide: it would flatten the rest).
+  function bandRange(lines) {
+    const [value, expected, upper, lower] = lines;
+    const widths = upper.map((u, i) => (u !== null && lower[i] !== null ? u - lower[i] : null))
+      .filter((w) => w !== null).sort((a, b) => a - b);
+    const usual = widths.length ? widths[Math.floor(widths.length / 2)] : 0;
+    const ys = value.concat(expected).filter((v) => v !== null);
+    upper.forEach((u, i) => {
+      if (u !== null && lower[i] !== null && u - lower[i] <= 2 * usual) ys.push(u, lower[i]);
+    });
+    if (!ys.length) return [0, 1];
+    const lo = Math.min(...ys), hi = Math.max(...ys), pad = Math.max((hi - lo) * 0.08, 1e-9);
+    return [lo - pad, hi + pad];
   }
 
   function valueLabel(s, unit) {
@@ -182,8 +209,10 @@
     };
   }
 
-  function valueChart(el, width, m) {
-    const opts = base(el, width, 280);
+  // ``small``: a small multiple (shorter, no legend: its title says what it is)
+  function valueChart(el, width, m, small) {
+    const opts = base(el, width, small ? 130 : 280);
+    if (small) opts.legend = { show: false };
     opts.series = opts.series.concat(m.lines.map((l) => l.opts));
     const lab = m.lines[0].opts.label;
     if (m.memory && m.memory.scale === "gpu") {
@@ -191,12 +220,12 @@
       opts.axes.push({ scale: "gpu", side: 1, label: m.memory.gpu + " (GB)", size: 60,
                        stroke: COLORS.gpu, grid: { show: false } });
     } else {
-      opts.axes.push({ scale: "y", label: m.unit, size: 60 });
+      opts.axes.push({ scale: "y", label: small ? "" : m.unit, size: small ? 48 : 60 });
     }
     for (const [key, range] of Object.entries(m.ranges)) opts.scales[key] = { range: () => range };
     if (m.bands.length) opts.bands = m.bands;
     el.ragwatchModel = m;
-    opts.hooks = { draw: [(u) => overlay(u, el.ragwatchModel, true)] };
+    opts.hooks = { draw: [(u) => overlay(u, el.ragwatchModel, !small, true)] };
     const u = new uPlot(opts, [m.x, ...m.lines.map((l) => l.data)], el);
     describe(el, m);
     return u;
@@ -213,7 +242,7 @@
                        grid: { show: false }, ticks: { show: false } });
     }
     el.ragwatchModel = m;
-    opts.hooks = { draw: [(u) => overlay(u, el.ragwatchModel, false)] };
+    opts.hooks = { draw: [(u) => overlay(u, el.ragwatchModel, false, false)] };
     return new uPlot(opts, [m.x, m.score], el);
   }
 
@@ -226,8 +255,9 @@
     describe(els[0], m);
   }
 
-  // Markers and the OOM label, as elements over the plot (drawn again on every redraw).
-  function overlay(u, m, labelled) {
+  // Markers (their times written beside when ``labelled``) and the OOM label (``oom``), as
+  // elements over the plot (drawn again on every redraw).
+  function overlay(u, m, labelled, oom) {
     for (const old of u.over.querySelectorAll(".mark")) old.remove();
     const width = u.over.clientWidth;
     m.marks.forEach((k, i) => {
@@ -248,7 +278,7 @@
       u.over.append(line);
     });
     const mem = m.memory;
-    if (!labelled || !mem || mem.oomAt === null) return;
+    if (!oom || !mem || mem.oomAt === null) return;
     const at = mem.beyond ? mem.end : mem.oomAt;
     const label = document.createElement("div");
     label.className = "mark oom" + (mem.beyond ? " beyond" : "");
