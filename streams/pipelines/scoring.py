@@ -207,8 +207,11 @@ class ScoreBlock:
         seen = np.isfinite(x)
         self.pending[b] += np.where(seen, x, 0.0)
         self.count[b] += seen
-        every = self.every_s  # a new span since the row last learnt (NaN: never did)
-        due = np.floor(t / every) != np.floor(self.bank.t[b] / every)
+        # a series is due in a new span since it last learnt (any of its signals: one that
+        # has no value does not learn, and must not make the series due at every sample)
+        last = np.fmax.reduce(self.bank.t[b].reshape(len(rows), self.k), axis=1)
+        every = self.every_s
+        due = np.repeat(np.floor(ts / every) != np.floor(last / every), self.k)  # NaN: never
         if due.all():
             self._score(b, t)
         elif due.any():

@@ -118,6 +118,19 @@ def test_a_series_is_scored_once_a_minute_on_the_mean_of_its_samples_since() -> 
     assert block.learnt(0) == 300 and block.bank.late == 1  # span, late for the detector
 
 
+def test_a_signal_without_values_does_not_make_its_series_due_at_every_sample() -> None:
+    """A GPU without copy utilisation (NaN at every sample): the series is still scored
+    once a minute, not at each of its 10 s samples (the bank is called 6x less)."""
+    block = ScoreBlock(("x", "never"))
+    block.grow(1)
+    calls = []
+    update = block.bank.update
+    block.bank.update = lambda *a: calls.append(1) or update(*a)  # type: ignore[method-assign]
+    for i in range(600):
+        block.update(np.array([0]), np.array([T0 + 10.0 * i]), np.array([[50.0, np.nan]]))
+    assert len(calls) == 100 and block.learnt(0) == 100
+
+
 def test_a_signal_counts_as_anomalous_once_held_out_of_its_band_for_a_while() -> None:
     block = ScoreBlock(("a", "b"))
     block.grow(1)
