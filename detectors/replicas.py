@@ -189,7 +189,7 @@ def peer_stats(x: F64) -> tuple[F64, F64]:
     pairs = lo * k + hi
     for pair in np.unique(pairs).tolist():  # at most 3 distinct
         at = np.flatnonzero(pairs == pair)
-        centre = (s[pair // k] + s[pair % k]) / 2
+        centre = s[pair // k] / 2 + s[pair % k] / 2  # (a + b) / 2 overflows near 1.8e308
         med[at] = centre
         dev = np.abs(s - centre)
         dorder = np.argsort(dev, kind="stable")

@@ -316,3 +316,11 @@ def test_bad_updates_are_refused() -> None:
     with pytest.raises(ValueError, match="finite"):
         bank.update("s", "x", math.nan, ["a"], [1.0])
     assert bank.rows == 0
+
+
+def test_peer_medians_of_values_near_the_largest_float_stay_finite() -> None:
+    """Found by the pipelines' fuzz test (issue 34's stop): two instances at 1.79e308 ms
+    made the peer median (a + b) / 2 overflow to inf."""
+    med, mad = peer_stats(np.array([1.79e308, 1.79e308, 1.0]))
+    assert np.isfinite(med).all() and np.isfinite(mad).all()
+    assert med.tolist() == [8.95e307 + 0.5, 8.95e307 + 0.5, 1.79e308]
