@@ -387,9 +387,11 @@ def score_wave(pipe: GpuPipeline, rows: Rows, ts: F64) -> None:
     processes each in their block (``pipe.scores``)."""
     gpu = pipe.is_gpu[rows]
     for flag in (True, False):
+        block = pipe.scores[flag]
         at = np.flatnonzero(gpu == flag)
+        at = at[block.due(rows[at], ts[at])]  # a series once a minute: only those gathered
         if len(at):
-            block, arrays = pipe.scores[flag], SignalArrays(pipe, rows[at], flag)
+            arrays = SignalArrays(pipe, rows[at], flag)
             with np.errstate(all="ignore"):
                 values = np.column_stack([arrays[n] for n in block.names])
             block.learn(rows[at], ts[at], values)

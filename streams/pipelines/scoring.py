@@ -13,10 +13,11 @@ its start, not only by what is anomalous at the moment it is read). Rules read
 
 The block learns on event time: the pipeline hands it the values of a wave's rows with
 their sample times, so a replay gives the scores the live worker gave. A series is scored
-at most once a minute of event time (``every_s``): the first sample of a new minute
-scores the mean of the samples since the last scoring, at that sample's time. The
+at most once a minute of event time (``every_s``): its first sample in a new minute is
+scored and learnt, the others of that minute are not looked at (:meth:`ScoreBlock.due`
+says which rows to gather values for), as a 1-minute scrape of a gauge would see it. The
 detector's memories are minutes to weeks, so it loses nothing it could use, and a GPU
-sampled every 10 s costs a sixth of the updates (a service instance's window closes, a
+sampled every 10 s costs a sixth of the work (a service instance's window closes, a
 minute apart or more, are each scored).
 
 >>> import numpy as np
@@ -27,7 +28,7 @@ minute apart or more, are each scored).
 >>> block.learnt(2)  # one update a minute
 3
 >>> _ = block.update(np.array([2]), np.array([150.0]), np.array([[70.0, 60.0]]))
->>> block.learnt(2)  # the same minute as 120 s: kept for the next minute's mean
+>>> block.learnt(2)  # the same minute as 120 s: not looked at
 3
 >>> block.scores(np.array([0, 2]))["util_score"].tolist()  # row 0 never scored: NaN
 [nan, 0.0]
@@ -78,8 +79,6 @@ class Checked(NamedTuple):
     last: F32
     peak_ts: F64
     held_since: F64
-    pending: F64  # (k,): the sum of the samples since the last scoring
-    counts: F32  # (k,): ... how many
 
 
 def score_names(names: Sequence[str]) -> tuple[str, ...]:
@@ -122,10 +121,6 @@ class ScoreBlock:
         self.last = np.full((16 * self.k, WIDTH), np.nan, dtype=np.float32)
         self.peak_ts = np.full(16 * self.k, np.nan)
         self.held_since = np.full(16 * self.k, np.nan)  # out of its band since (NaN: not)
-        # the samples since a bank row was last scored: their sum and count (the span of
-        # its last scoring is its bank row's last learnt time's)
-        self.pending = np.zeros(16 * self.k)
-        self.count = np.zeros(16 * self.k, dtype=np.float32)
         self._free: list[int] = []
         self._taken = 0  # slots ever taken (the free ones among them in _free)
         self.afresh = 0  # snapshots' scores of another build, not adopted (see check)
@@ -137,7 +132,7 @@ class ScoreBlock:
 
     def nbytes(self) -> int:
         """The memory of the scores (bank and newest values), bytes."""
-        arrays = (self.last, self.peak_ts, self.held_since, self.pending, self.count, self.slot)
+        arrays = (self.last, self.peak_ts, self.held_since, self.slot)
         return int(self.bank.nbytes() + sum(a.nbytes for a in arrays))
 
     def grow(self, capacity: int) -> None:
@@ -175,13 +170,10 @@ class ScoreBlock:
             self.last = np.concatenate([self.last, fresh])
             self.peak_ts = np.concatenate([self.peak_ts, np.full(more, np.nan)])
             self.held_since = np.concatenate([self.held_since, np.full(more, np.nan)])
-            self.pending = np.concatenate([self.pending, np.zeros(more)])
-            self.count = np.concatenate([self.count, np.zeros(more, dtype=np.float32)])
         bank_rows = np.arange(slot * self.k, need)
         self.bank.reset(bank_rows)
         self.last[bank_rows] = np.nan
         self.peak_ts[bank_rows] = self.held_since[bank_rows] = np.nan
-        self.pending[bank_rows] = self.count[bank_rows] = 0.0
 
     def learnt(self, row: int) -> int:
         """How many values the detector has learnt of row ``row``'s first signal."""
@@ -191,38 +183,42 @@ class ScoreBlock:
     def update(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> F64:
         """Take the newest value of each signal of ``rows`` (distinct), sampled at
         ``ts``: ``values`` is ``(len(rows), len(names))``, NaN where a signal has no
-        value; rows in a new span of ``every_s`` are scored, then learnt (the mean since
-        their last scoring). Returns the scores and their summary, as :meth:`matrix`."""
+        value; rows :meth:`due` are scored, then learnt. Returns the scores and their
+        summary, as :meth:`matrix`."""
         if not self.on or not len(rows):
             return np.full((len(rows), self.k + len(SCORE_SUMMARY)), np.nan)
         self.learn(rows, ts, values)
         return self.matrix(rows)
 
+    def due(self, rows: Rows, ts: F64) -> npt.NDArray[np.bool_]:
+        """Which of ``rows`` a sample at ``ts`` would be scored for: those in a new span
+        of ``every_s`` since they last learnt (any of a series' signals: one that has no
+        value never learns, and must not make its series due at every sample), and
+        those never scored. None when scoring is off."""
+        if not self.on:
+            return np.zeros(len(rows), dtype=np.bool_)
+        s = self.slot[rows]
+        b = np.where(s >= 0, s, 0)[:, None] * self.k + np.arange(self.k)
+        last = np.where(s >= 0, np.fmax.reduce(self.bank.t[b], axis=1), np.nan)
+        every = self.every_s
+        out: npt.NDArray[np.bool_] = np.floor(ts / every) != np.floor(last / every)  # NaN: due
+        return out
+
     def learn(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> None:
-        """:meth:`update` without the scores returned (the GPU path reads them later)."""
+        """:meth:`update` without the scores returned (the GPU path reads them later, and
+        gathers ``values`` only for the rows :meth:`due`)."""
         if not self.on or not len(rows):
             return
-        b = (self._take(rows)[:, None] * self.k + np.arange(self.k)).ravel()
-        x, t = np.asarray(values, np.float64).ravel(), np.repeat(ts, self.k)
-        seen = np.isfinite(x)
-        self.pending[b] += np.where(seen, x, 0.0)
-        self.count[b] += seen
-        # a series is due in a new span since it last learnt (any of its signals: one that
-        # has no value does not learn, and must not make the series due at every sample)
-        last = np.fmax.reduce(self.bank.t[b].reshape(len(rows), self.k), axis=1)
-        every = self.every_s
-        due = np.repeat(np.floor(ts / every) != np.floor(last / every), self.k)  # NaN: never
-        if due.all():
-            self._score(b, t)
-        elif due.any():
-            self._score(b[due], t[due])
+        due = self.due(rows, ts)
+        if not due.all():
+            rows, ts, values = rows[due], ts[due], np.asarray(values)[due]
+        if len(rows):
+            b = (self._take(rows)[:, None] * self.k + np.arange(self.k)).ravel()
+            x, t = np.asarray(values, np.float64).ravel(), np.repeat(ts, self.k)
+            self._score(b, t, x)
 
-    def _score(self, b: Rows, t: F64) -> None:
-        """Score, then learn, the mean of bank rows ``b``'s pending samples at ``t``."""
-        with np.errstate(all="ignore"):
-            x = self.pending[b] / self.count[b]  # NaN: no value since (nothing learnt)
-        x[~np.isfinite(x)] = np.nan  # a sum past float64's range: no mean to learn
-        self.pending[b] = self.count[b] = 0.0
+    def _score(self, b: Rows, t: F64, x: F64) -> None:
+        """Score, then learn, bank rows ``b``'s values ``x`` at ``t``."""
         got = self.bank.update(b, t, x)
         # memory's normal shape is steps (caching allocators, reloads, batch jobs): the
         # held score would take each for a lasting deviation; its score is the onset's
@@ -310,8 +306,6 @@ class ScoreBlock:
                 "last": self.last[part].tolist(),
                 "peak_ts": self.peak_ts[part].tolist(),
                 "held_since": self.held_since[part].tolist(),
-                "pending": self.pending[part].tolist(),
-                "count": self.count[part].tolist(),
             }
         )
         return dumped
@@ -343,24 +337,19 @@ class ScoreBlock:
             last = np.array(state["last"], dtype=np.float32).reshape(self.k, WIDTH)
             peak_ts = np.array(state["peak_ts"], dtype=np.float64).reshape(self.k)
             since = np.array(state["held_since"], dtype=np.float64).reshape(self.k)
-            # a snapshot of a build that scored every sample: nothing pending
-            pending = np.array(state.get("pending", [0.0] * self.k), dtype=np.float64)
-            count = np.array(state.get("count", [0.0] * self.k), dtype=np.float32)
-            pending, count = pending.reshape(self.k), count.reshape(self.k)
         except (AttributeError, KeyError, TypeError) as exc:
             raise ValueError(f"scores: {exc}") from None
-        return Checked(probe, last, peak_ts, since, pending, count)
+        return Checked(probe, last, peak_ts, since)
 
     def adopt(self, row: int, checked: Checked | None) -> None:
         """Row ``row`` from a :meth:`check` ed dump (None: not scored, nothing to do)."""
         if checked is None:
             return
-        probe, last, peak_ts, since, pending, count = checked
+        probe, last, peak_ts, since = checked
         s = int(self._take(np.array([row], dtype=np.intp))[0])
         at = np.arange(s * self.k, (s + 1) * self.k)
         self.bank.load(at, probe.dump(np.arange(self.k)))
         self.last[at], self.peak_ts[at], self.held_since[at] = last, peak_ts, since
-        self.pending[at], self.count[at] = pending, count
 
 
 def _with_summary(score: F64, held: F64, scored: npt.NDArray[np.bool_], block: ScoreBlock) -> F64:

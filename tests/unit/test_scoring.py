@@ -89,22 +89,21 @@ def test_a_dump_restores_the_same_scores_and_a_foreign_one_is_refused() -> None:
     assert b.check(None) is None
 
 
-def test_a_series_is_scored_once_a_minute_on_the_mean_of_its_samples_since() -> None:
-    """Samples every 10 s: the detector learns one value a minute, the mean of the
-    minute's samples, at the first sample of the next minute; a dump keeps what is
-    pending; a clock jump back scores at once (a new span)."""
+def test_a_series_is_scored_once_a_minute_on_its_first_sample_of_the_minute() -> None:
+    """Samples every 10 s: the detector learns one value a minute, the first sample of
+    each new minute (as a 1-minute scrape would see it); the others are not looked at;
+    a clock jump back scores at once (a new span)."""
     block, bank = ScoreBlock(("x",)), GenericBank(ScoreBlock(("x",)).bank.params, capacity=1)
     block.grow(1)
     rng = np.random.default_rng(3)
     x = 50 + rng.normal(0, 2, 6 * 300)
-    row, pending = np.array([0]), []
+    row = np.array([0])
     for i, v in enumerate(x):
         t = T0 + 10.0 * i
+        assert bool(block.due(row, np.array([t]))[0]) == (i % 6 == 0)
         block.update(row, np.array([t]), np.array([[v]]))
-        pending.append(v)
         if i % 6 == 0:  # T0 is a whole minute: this sample opens a new one
-            got = bank.update(np.array([0]), np.array([t]), np.array([np.mean(pending)]))
-            pending = []
+            got = bank.update(np.array([0]), np.array([t]), np.array([v]))
     assert block.learnt(0) == 300 == int(bank.n[0])
     assert math.isclose(block.matrix(row)[0, 0], float(got.score[0]), abs_tol=1e-6)
     assert math.isclose(block.scored(0)["x"][1] or 0.0, float(got.yhat[0]), rel_tol=1e-6)
@@ -152,7 +151,7 @@ def test_memory_per_scored_signal_is_within_a_kibibyte() -> None:
     fed(block, list(range(1000)), 2)
     # a scored signal's row: of the bank, and of what the block keeps beside it (the
     # arrays' spare capacity, up to half of them after a doubling, is not a signal's)
-    beside = (block.last, block.peak_ts, block.held_since, block.pending, block.count)
+    beside = (block.last, block.peak_ts, block.held_since)
     per_signal = block.bank.nbytes() / block.bank.capacity + sum(a[0].nbytes for a in beside)
     assert per_signal <= 1024, per_signal
     assert block.nbytes() - block.slot.nbytes >= per_signal * block.slots * block.k
