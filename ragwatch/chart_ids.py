@@ -99,6 +99,17 @@ MULTIPLES: dict[str, tuple[str, ...]] = {
                 "llm_p95"),
 }  # fmt: skip
 MAX_MULTIPLES = 36
+# the columns of a chart's points (streams/pipelines/charts.py), and of a band chart's: its
+# forecast is the generic detector's expected value, its band lower to upper
+POINT_COLUMNS = ("ts", "value", "forecast", "score")
+BAND_COLUMNS = (*POINT_COLUMNS, "lower", "upper")
+
+
+def multiple_starts(hosts: Iterable[str], instances: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """The starts of the ids of the small multiples of ``hosts`` and of the service
+    ``instances`` ((service, instance) pairs)."""
+    own = [series_prefix("service", {"service": s, "instance": i}) for s, i in instances]
+    return (*owner_prefixes(hosts, []), *own)
 
 
 def multiples(
@@ -115,12 +126,11 @@ def multiples(
     >>> multiples(index, ["h"], [("rag", "r-1")])
     ['gpu:h:0:fb_used', 'gpu:h:0:power_w', 'service:rag:r-1:decode_tps']
     """
-    starts = [*owner_prefixes(hosts, [])]
-    starts += [series_prefix("service", {"service": s, "instance": i}) for s, i in instances]
+    starts = multiple_starts(hosts, instances)
     found = []
     for sid in index:
         kind, _, rest = sid.partition(":")
         where, _, suffix = rest.rpartition(":")
-        if suffix in MULTIPLES.get(kind, ()) and sid.startswith(tuple(starts)):
+        if suffix in MULTIPLES.get(kind, ()) and sid.startswith(starts):
             found.append((list(MULTIPLES).index(kind), where, MULTIPLES[kind].index(suffix), sid))
     return [sid for *_, sid in sorted(found)][:MAX_MULTIPLES]

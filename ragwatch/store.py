@@ -45,7 +45,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from ragwatch.advisor import MIN_SCORE, explain
-from ragwatch.chart_ids import multiples, owner_prefixes, series_prefix
+from ragwatch.chart_ids import multiple_starts, multiples
 from ragwatch.codec import encode, from_dict
 from ragwatch.schema import Alert, Transition
 from ragwatch.silences import decode_all
@@ -427,9 +427,7 @@ def read_multiples(
             on = isinstance(inst, dict) and inst.get("host") in hosts
             if isinstance(name, str) and (s.get("service") == service or on):
                 pairs.append((str(s.get("service")), name))
-    starts = [*owner_prefixes(hosts, [])]
-    starts += [series_prefix("service", {"service": s, "instance": i}) for s, i in pairs]
-    return multiples(read_index_of(client, prefix, starts), hosts, pairs)
+    return multiples(read_index_of(client, prefix, multiple_starts(hosts, pairs)), hosts, pairs)
 
 
 def _on(instance: Any, host: str | None) -> bool:

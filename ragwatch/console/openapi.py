@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ragwatch import __version__
+from ragwatch.chart_ids import BAND_COLUMNS
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -30,7 +31,6 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
 
-COLUMNS = ["ts", "value", "forecast", "score"]
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _NUM_MAP = {"type": "object", "additionalProperties": _nullable("number")}
 
@@ -242,7 +242,7 @@ SCHEMAS: dict[str, Any] = {
             _ref("SeriesMeta"),
             _obj(
                 ["columns", "points"],
-                columns=_array({"type": "string", "enum": [*COLUMNS, "lower", "upper"]})
+                columns=_array({"type": "string", "enum": list(BAND_COLUMNS)})
                 | {"description": "a band chart (band: true) has lower and upper too"},
                 points=_array(_array(_nullable("number")))
                 | {"description": "oldest first, a point a minute of event time"},

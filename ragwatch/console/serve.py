@@ -69,7 +69,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from ragwatch.advisor import MIN_SCORE
-from ragwatch.chart_ids import alert_prefixes, alert_series, series_prefix
+from ragwatch.chart_ids import (
+    BAND_COLUMNS,
+    POINT_COLUMNS,
+    alert_prefixes,
+    alert_series,
+    series_prefix,
+)
 from ragwatch.config import Settings, redact_url
 from ragwatch.console.exporter import (
     METRIC_NAMES,
@@ -299,10 +305,6 @@ def _gpu_status(host: dict[str, Any] | None, labels: dict[str, Any]) -> dict[str
     return {}
 
 
-COLUMNS = ("ts", "value", "forecast", "score")
-BAND_COLUMNS = (*COLUMNS, "lower", "upper")  # a band chart's forecast: the expected value
-
-
 def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
@@ -408,7 +410,7 @@ async def series(request: web.Request) -> web.Response:
     if found is None:
         return _error(404, f"no series {request.match_info['id']!r}")
     meta, points, memory = found
-    columns = BAND_COLUMNS if meta.get("band") else COLUMNS  # (.charts: the generic detector's)
+    columns = BAND_COLUMNS if meta.get("band") else POINT_COLUMNS
     return _json(
         {
             **meta,

@@ -394,7 +394,7 @@ def score_wave(pipe: GpuPipeline, rows: Rows, ts: F64) -> None:
             arrays = SignalArrays(pipe, rows[at], flag)
             with np.errstate(all="ignore"):
                 values = np.column_stack([arrays[n] for n in block.names])
-            block.learn(rows[at], ts[at], values)
+            block.learn_due(rows[at], ts[at], values)
 
 
 def anomalous_of(pipe: GpuPipeline, pairs: list[tuple[SeriesKey, int]]) -> tuple[AnomalyFact, ...]:

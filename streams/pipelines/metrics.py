@@ -68,7 +68,7 @@ import numpy as np
 from ragwatch.catalog import SCORED
 from ragwatch.detectors.counts import count_z
 from ragwatch.detectors.seasonal import DAY, DAY_LIMIT, SeasonalBank, SeasonalParams
-from ragwatch.schema import MetricsEnvelope, Transition
+from ragwatch.schema import MetricSample, MetricsEnvelope, Transition
 from ragwatch.streams.alerting.engine import AlertEngine
 from ragwatch.streams.alerting.rules import Rule
 from ragwatch.streams.pipelines.base import ChartSeries, Domain, Tap
@@ -235,8 +235,7 @@ class MetricsPipeline:
             self.stats.duplicates += 1
         elif s is not None:
             s.last_ts = env.ts
-            self._add(s, env)
-            others = (x for x in env.samples if x.name not in COUNTERS and x.name not in GAUGES)
+            others = self._add(s, env)
             self.passed.take(s.passed, env.ts, others)
             self.stats.passed_dropped = self.passed.dropped
             s.signals = self._signals(s, env.ts)
@@ -383,10 +382,14 @@ class MetricsPipeline:
             self.swept.add(key[0])
         return s
 
-    def _add(self, s: EngineSeries, env: MetricsEnvelope) -> None:
+    def _add(self, s: EngineSeries, env: MetricsEnvelope) -> list[MetricSample]:
+        """Take the scrape's counters and gauges; returns the samples it passes through
+        (:mod:`.passed`)."""
+        others = []
         for sample in env.samples:
             name = sample.name
             if name not in COUNTERS and name not in GAUGES:
+                others.append(sample)
                 continue
             key = (name, tuple(sorted(sample.labels.items())))
             if name in GAUGES:
@@ -407,6 +410,7 @@ class MetricsPipeline:
                 self.stats.counter_resets += 1
             elif seen == "implausible":
                 self.stats.implausible_counters += 1
+        return others
 
     def _signals(self, s: EngineSeries, ts: float) -> dict[str, float | None]:
         rates: dict[str, float] = {}

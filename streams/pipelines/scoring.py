@@ -205,14 +205,18 @@ class ScoreBlock:
         return out
 
     def learn(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> None:
-        """:meth:`update` without the scores returned (the GPU path reads them later, and
-        gathers ``values`` only for the rows :meth:`due`)."""
+        """:meth:`update` without the scores returned."""
         if not self.on or not len(rows):
             return
         due = self.due(rows, ts)
         if not due.all():
             rows, ts, values = rows[due], ts[due], np.asarray(values)[due]
-        if len(rows):
+        self.learn_due(rows, ts, values)
+
+    def learn_due(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> None:
+        """:meth:`learn` of ``rows`` a caller found :meth:`due` already (the GPU path,
+        which gathers ``values`` for those rows only)."""
+        if self.on and len(rows):
             b = (self._take(rows)[:, None] * self.k + np.arange(self.k)).ravel()
             x, t = np.asarray(values, np.float64).ravel(), np.repeat(ts, self.k)
             self._score(b, t, x)
