@@ -32,22 +32,25 @@ them. Each observation, scored against the state before it, then learnt:
   an onset not above the row's peak onset (decaying over a day) is 0. A shift is news
   until the fast forecast has absorbed it (~30 min). The one-row view's ``score_one``
   (what NAB scores: only the first detection in an anomaly window counts).
-- **held**: the residual against the *seasonal* forecast alone, ``zs = |x - seasonal| /
-  slow`` (slow: the mean |x - seasonal| over ``memory_s``, each clipped at ``huber``, so a
-  fault barely moves it), against ``q``, the 99 % quantile of the row's past zs, *held*
-  at its value while the deviation goes on (``zs > q``; the histogram counts zs clipped
-  at q, so a fault does not widen the band): ``held = clip((zs / q - 1) / held_span, 0,
-  1)``, 0 within the band, 1 at 1.5 times its width. A lasting shift keeps it until the
-  slow level has learnt it (hours; a deviation of 20 scales takes ~10 h): the new normal.
+- **held**: the residual against the *seasonal* forecast alone, on a level of its own
+  (the *anchor*: it learns as the slow level does, but not while a deviation lasts, for
+  up to ``hold_s``, 4 h), ``zs = |x - anchored| / slow`` (slow: the mean |x - anchored|
+  over ``memory_s``, each clipped at ``huber``, so a fault barely moves it), against
+  ``q``, the 99 % quantile of the row's past zs, *held* at its value while the deviation
+  goes on (``zs > q``; the histogram counts zs clipped at q, so a fault does not widen
+  the band): ``held = clip((zs / q - 1) / held_span, 0, 1)``, 0 within the band, 1 at 1.5
+  times its width. A fault of hours is not half-learnt, so its end is no deviation of its
+  own; a shift lasting longer keeps the score until the anchor has learnt it (hours
+  more; a deviation of 20 scales takes ~10 h): the new normal.
 - **score** = ``max(onset, held)``, the onset before its quiet period: what the product's
   rules, status and advisor read (a spike is news for a moment, a hung GPU stays
   anomalous). Warm-up: 0 for the first ``warmup`` observations.
-- **expected value and band**: ``yhat`` is the seasonal forecast, ``lower``/``upper`` =
-  ``yhat -+ slow * q``: beyond them the held score rises.
+- **expected value and band**: ``yhat`` is the anchored seasonal forecast, ``lower`` /
+  ``upper`` = ``yhat -+ slow * q``: beyond them the held score rises.
 
 Non-finite values are not learnt and score 0; an observation not after its row's last
 learnt time is late: not learnt, counted in :attr:`GenericBank.late`, scored 0. Rows
-within one call must be distinct. Memory: 956 bytes a row (``nbytes() / capacity``): 124
+within one call must be distinct. Memory: 968 bytes a row (``nbytes() / capacity``): 136
 in scalars, the profile and its visits 288, the weekday offsets 56, the four histograms
 384, the shape's window, prototypes and their hits 104.
 Parameters: :class:`~.params.GenericParams`.
@@ -132,6 +135,7 @@ class _Step(NamedTuple):
     zs: F64
     q: F64
     mixed: F64  # the forecast the onset score judged (seasonal and fast mixed)
+    anchored: F64  # the seasonal forecast on the anchor: what the held score judged
     shape: _Shape
     raw: F64  # the onset before the quiet period
     peak: F64  # the row's decayed peak onset before x
@@ -162,6 +166,8 @@ class GenericBank:
     slow: F64
     slow_w: F64
     q_hold: F64
+    anchor: F64
+    held_for: F32
     mean: F64
     dev: F64
     peak: F64
@@ -272,9 +278,14 @@ class GenericBank:
         r = np.asarray(rows, dtype=np.intp).ravel()
         tt = np.broadcast_to(np.asarray(t, dtype=np.float64), r.shape)
         _, seasonal, _ = self._forecasts(r, tt)
-        seasonal = np.where(self.n[r] > 0, seasonal, math.nan)
+        anchored = np.where(self.n[r] > 0, self._anchored(r, seasonal), math.nan)
         half = self._slow(r) * self._held_q(r)
-        return seasonal, seasonal - half, seasonal + half
+        return anchored, anchored - half, anchored + half
+
+    def _anchored(self, r: IDX, seasonal: F64) -> F64:
+        """The seasonal forecast on the anchor instead of the slow level."""
+        out: F64 = seasonal + (self.anchor[r] - self.level[r])
+        return out
 
     def score(self, rows: npt.ArrayLike, t: npt.ArrayLike, x: npt.ArrayLike) -> Scored:
         """What :meth:`update` would return, changing nothing."""
@@ -303,13 +314,14 @@ class GenericBank:
             shape = self._shape(r, x, ok)
             nl = np.fmax(nl, p.shape_weight * self._decades(self.hn[r], r, shape.dist))
             onset = np.minimum(1.0, np.fmax(0.0, (nl - p.score_from) / p.score_span))
-            zs, q, held, band = self._held(r, x, seasonal, ok)
+            anchored = self._anchored(r, seasonal)
+            zs, q, held, band = self._held(r, x, anchored, ok)
         ready = ok & (self.n[r] >= p.warmup)
         raw, held = np.where(ready, onset, 0.0), np.where(ready, held, 0.0)
         peak = self._peak(r, t, ok)
         onset = np.where(raw > peak, raw, 0.0)  # news once: not within a recent peak
         out = Scored(np.fmax(raw, held), *band, onset, held)
-        return _Step(out, seasonal, fast, s, z, burst, zs, q, yhat, shape, raw, peak)
+        return _Step(out, seasonal, fast, s, z, burst, zs, q, yhat, anchored, shape, raw, peak)
 
     def _decades(self, h: F32, r: IDX, f: F64) -> F64:
         """The surprise of ``f`` against the histogram ``h`` of rows ``r``, in decades
@@ -337,8 +349,9 @@ class GenericBank:
     def _held(
         self, r: IDX, x: F64, seasonal: F64, ok: BOOL
     ) -> tuple[F64, F64, F64, tuple[F64, F64, F64]]:
-        """``(zs, q, held, (expected, lower, upper))``: the residual against the seasonal
-        forecast in slow scales, its held quantile, the held score and the band."""
+        """``(zs, q, held, (expected, lower, upper))``: the residual against the
+        (anchored) seasonal forecast in slow scales, its held quantile, the held score and
+        the band."""
         p = self.params
         rs, ss, q = x - seasonal, self._slow(r), self._held_q(r)
         zs = np.where(rs == 0, 0.0, np.where(ss > 0, np.abs(rs) / ss, np.inf))
@@ -398,6 +411,7 @@ class GenericBank:
         self.late += int((finite & ~fresh & ~later).sum())
         f = r[fresh]
         self.t[f], self.level[f], self.fast[f], self.n[f] = t[fresh], x[fresh], x[fresh], 1
+        self.anchor[f] = x[fresh]
         self.mean[f], self.win[f] = x[fresh], x[fresh][:, None]
         if later.any():
             self._learn(r[later], t[later], x[later], step, later)
@@ -409,10 +423,14 @@ class GenericBank:
         self._histograms(g, dt, step.z[m], step.burst[m], np.minimum(zs, q), step.shape.dist[m])
         self._learn_shape(g, x, dt, step, m)
         self.q_hold[g] = np.where(zs > q, q, 0.0)  # deviating: its quantile is held
+        held_for = np.where(zs > q, self.held_for[g] + dt, 0.0).astype(np.float32)
+        self.held_for[g] = held_for
+        learns = (zs <= q) | (held_for > self.params.hold_s)  # the anchor's hold
         self._scales(g, dt, x, step, m)
-        self._forecasters(g, t, dt, x, step, m)
+        self._forecasters(g, t, dt, x, step, m, learns)
         self.t[g], self.n[g] = t, np.minimum(self.n[g] + 1, N_MAX)
         bad = ~(np.isfinite(self.level[g]) & np.isfinite(self.fast[g]))
+        bad |= ~np.isfinite(self.anchor[g])
         bad |= ~(np.isfinite(self.scale[g]) & np.isfinite(self.profile[g]).all(axis=1))
         if bad.any():
             self.reset(g[bad])  # overflowed (values near float's limits): start over
@@ -427,19 +445,25 @@ class GenericBank:
         self.scale[g] += a * (np.where(s > 0, np.minimum(res, 10.0 * s), res) - self.scale[g])
         a, ss = _ew(dt, p.memory_s), self._slow(g)
         self.slow_w[g] += a * (1.0 - self.slow_w[g])
-        rs = np.abs(x - step.seasonal[m])
+        rs = np.abs(x - step.anchored[m])
         self.slow[g] += a * (np.where(ss > 0, np.minimum(rs, p.huber * ss), rs) - self.slow[g])
         a = _ew(dt, p.error_s)
         self.err_seasonal[g] += a * ((x - step.seasonal[m]) ** 2 - self.err_seasonal[g])
         self.err_fast[g] += a * ((x - step.fast[m]) ** 2 - self.err_fast[g])
 
-    def _forecasters(self, g: IDX, t: F64, dt: F64, x: F64, step: _Step, m: BOOL) -> None:
-        """The level, the seasons and the fast level (residuals clipped at huber scales)."""
+    def _forecasters(
+        self, g: IDX, t: F64, dt: F64, x: F64, step: _Step, m: BOOL, learns: BOOL
+    ) -> None:
+        """The level, the anchor (where it ``learns``: not held), the seasons and the
+        fast level (residuals clipped at huber scales)."""
         p, s = self.params, step.scale[m]
         e = x - step.seasonal[m]
         c = np.where(s > 0, p.huber * s, np.inf)
         dev = np.maximum(-c, np.minimum(c, e))
-        self.level[g] += _ew(dt, p.level_s) * dev
+        a = _ew(dt, p.level_s)
+        self.level[g] += a * dev
+        ea = np.maximum(-c, np.minimum(c, x - step.anchored[m]))
+        self.anchor[g] += np.where(learns, a * ea, 0.0)
         self._seasons(g, t, dt, e, dev)
         self.fast[g] += _ew(dt, p.fast_s) * (x - step.fast[m])
 

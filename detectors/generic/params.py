@@ -17,7 +17,7 @@ IDX = npt.NDArray[np.intp]
 BOOL = npt.NDArray[np.bool_]
 DAY = 86400.0
 WEEK = 7  # weekdays
-VERSION = 2  # of row_state / dump
+VERSION = 3  # of row_state / dump (3: the held score's anchor)
 # The surprise histograms: log2 bins of half an octave from 2**-4 (a sixteenth of the
 # scale: anything smaller is no surprise) to 2**9 (512 scales).
 LO, STEP, BINS = -4.0, 0.5, 26
@@ -76,6 +76,12 @@ class GenericParams:
     # times its width.
     held_p: float = 0.01
     held_span: float = 0.5
+    # The held score's level, the anchor, learns as the slow level does, but not while a
+    # deviation lasts, for up to hold_s of event time: a fault of hours is not half-learnt
+    # as the new normal (whose end would then read as a deviation of its own); one that
+    # lasts longer is learnt from then on, as a new level is. The forecast (and so the
+    # onset) is not held: it follows the series as it is. 0: no hold.
+    hold_s: float = 4 * 3600.0
     # Shape novelty (the KNN-CAD / ARTime idea, in bounded memory): the window of the last
     # shape_n values, standardised by the row's mean and mean |deviation| over memory_s and
     # rotated so that its largest |value| is the last (a spike or a burst's peak anywhere
@@ -87,7 +93,7 @@ class GenericParams:
     # row's histogram of such distances: a shape not seen in days is news (a burst, a new
     # level, a flat stretch, a changed rhythm), a recurring one is not (a daily spike, a
     # rhythm's edges). 8 to 16 prototypes score alike on NAB (~67.8); 8 keep a row of the
-    # bank at 956 bytes, under 1 KiB with the ~64 bytes the product holds beside it.
+    # bank at 968 bytes, under 1 KiB with the ~52 bytes the product holds beside it.
     shape_n: int = 6
     shape_k: int = 8
     shape_r: float = 2.0
@@ -113,8 +119,10 @@ class GenericParams:
             _positive(self, name)
         if not 0 < self.shape_lr <= 1:
             raise ValueError(f"shape_lr must be in (0, 1], got {self.shape_lr!r}")
-        if not (math.isfinite(self.quiet_s) and self.quiet_s >= 0):
-            raise ValueError(f"quiet_s must be >= 0, got {self.quiet_s!r}")
+        for name in ("quiet_s", "hold_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be >= 0, got {v!r}")
         if not (math.isfinite(self.weekly_days) and self.weekly_days >= 0):
             raise ValueError(f"weekly_days must be >= 0, got {self.weekly_days!r}")
         if not math.isfinite(self.score_from):
@@ -136,7 +144,8 @@ def _positive(p: GenericParams, name: str) -> None:
 # n how many were learnt (capped), scale / scale_w the unnormalised EW mean |residual| and
 # its weight (a young row's mean is not biased to 0), hist_w the histograms' total count;
 # mean / dev the shape's standardisation (dev's weight: slow_w, the same memory), peak
-# the row's peak onset (decaying over quiet_s: the quiet period).
+# the row's peak onset (decaying over quiet_s: the quiet period); anchor the held score's
+# level, held_for how long the deviation under way has lasted (0: none).
 SCALARS: dict[str, tuple[type[np.generic], float]] = {
     "t": (np.float64, math.nan), "n": (np.int32, 0), "level": (np.float64, 0.0),
     "fast": (np.float64, 0.0), "err_seasonal": (np.float64, 0.0),
@@ -144,6 +153,7 @@ SCALARS: dict[str, tuple[type[np.generic], float]] = {
     "burst": (np.float64, 0.0), "hist_w": (np.float64, 0.0),
     "slow": (np.float64, 0.0), "slow_w": (np.float64, 0.0), "q_hold": (np.float64, 0.0),
     "mean": (np.float64, 0.0), "dev": (np.float64, 0.0), "peak": (np.float64, 0.0),
+    "anchor": (np.float64, 0.0), "held_for": (np.float32, 0.0),
 }  # fmt: skip
 # Per-row vectors (float32 unless DTYPES says otherwise: offsets and counts, far from
 # float32's limits of precision): the daily profile and its visits per slot, the weekday

@@ -20,16 +20,18 @@ One observation ``(t, x)``, scored against the state before it, then learnt:
    histogram of past d; ``nl = max(nl, shape_weight * v)``;
 4. ``raw = clip((nl - score_from) / score_span, 0, 1)`` once ``warmup`` were learnt; the
    onset is ``raw`` if above the last peak onset decayed over ``quiet_s``, else 0;
-5. held: ``zs = |x - seasonal| / slow`` (slow: the mean |x - seasonal| over ``memory_s``,
-   each clipped at ``huber`` slow scales), ``q`` the ``1 - held_p`` quantile of past zs
-   (held at its value while a deviation, ``zs > q``, goes on), ``held = clip((zs / q - 1)
-   / held_span, 0, 1)``; ``score = max(raw, held)``; the expected value is ``seasonal``,
-   the band ``seasonal -+ slow * q``;
+5. held: ``anchored = anchor + profile + weekday offset`` (the seasonal forecast on the
+   anchor, a level that learns as ``level`` does but not while a deviation lasts, up to
+   ``hold_s``), ``zs = |x - anchored| / slow`` (slow: the mean |x - anchored| over
+   ``memory_s``, each clipped at ``huber`` slow scales), ``q`` the ``1 - held_p`` quantile
+   of past zs (held at its value while a deviation, ``zs > q``, goes on), ``held =
+   clip((zs / q - 1) / held_span, 0, 1)``; ``score = max(raw, held)``; the expected value
+   is ``anchored``, the band ``anchored -+ slow * q``;
 6. learn: histograms (decayed by event time), the peak onset, the window, its mean and
    deviation, the prototypes (the nearest within ``shape_r`` moves to the window, else
    the window replaces the least used), the scale, the slow scale, the forecasters'
-   errors, the level, the profile slot, the weekday offset and the fast level (residuals
-   clipped at ``huber`` scales).
+   errors, the level, the anchor (not while held), the profile slot, the weekday offset
+   and the fast level (residuals clipped at ``huber`` scales).
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class Step:
     zs: float = 0.0
     q: float = math.nan
     mixed: float = math.nan
+    anchored: float = math.nan
     raw: float = 0.0  # the onset before the quiet period
     peak: float = 0.0  # the peak onset decayed to t
     window: list[float] = field(default_factory=list)  # the last shape_n values
@@ -171,6 +174,8 @@ class GenericReference:
     slow: float = 0.0
     slow_w: float = 0.0
     q_hold: float = 0.0
+    anchor: float = 0.0
+    held_for: float = 0.0
     profile: list[float] = field(default_factory=list)
     visits: list[float] = field(default_factory=list)
     weekly: list[float] = field(default_factory=lambda: [0.0] * WEEK)
@@ -212,9 +217,9 @@ class GenericReference:
         return quantile(self.hs, self.hist_w, self.p.held_p, self.p.prior)
 
     def forecast(self, t: float) -> tuple[float, float, float]:
-        seasonal = self.forecasts(t)[1]
+        anchored = self.forecasts(t)[1] - self.level + self.anchor
         half = self.slow_now() * self.held_q()
-        return seasonal, seasonal - half, seasonal + half
+        return anchored, anchored - half, anchored + half
 
     def scale_now(self) -> float:
         return self.scale / self.scale_w if self.scale_w > 0 else 0.0
@@ -225,16 +230,17 @@ class GenericReference:
     def score(self, t: float, x: float) -> Step:
         """Score ``x`` at ``t`` against the state, changing nothing."""
         yhat, seasonal, fast = self.forecasts(t)
+        anchored = seasonal + (self.anchor - self.level)
         s, slow, q = self.scale_now(), self.slow_now(), self.held_q()
         half = slow * q
-        out = Step(0.0, seasonal, seasonal - half, seasonal + half)
+        out = Step(0.0, anchored, anchored - half, anchored + half)
         out.seasonal, out.fast, out.scale = seasonal, fast, s
-        out.q, out.mixed = q, yhat
+        out.q, out.mixed, out.anchored = q, yhat, anchored
         if not (math.isfinite(x) and self.n > 0 and t > self.t):
             return out
         r = x - yhat
         out.z = 0.0 if r == 0 else math.inf if s <= 0 else abs(r) / s
-        rs = x - seasonal
+        rs = x - anchored
         out.zs = 0.0 if rs == 0 else math.inf if slow <= 0 else abs(rs) / slow
         u = min(CAP * LN10, -math.log(max(tail(self.hz, self.hist_w, out.z, self.p.prior), 1e-300)))
         a = max(ew(t - self.t, self.p.burst_s), 1.0 / self.p.burst_n)
@@ -286,7 +292,7 @@ class GenericReference:
         if not (math.isfinite(x) and math.isfinite(t)):
             return step
         if self.n == 0:
-            self.n, self.t, self.level, self.fast = 1, t, x, x
+            self.n, self.t, self.level, self.fast, self.anchor = 1, t, x, x, x
             self.mean, self.win = x, [f32(x)] * self.p.shape_n
         elif not t > self.t:
             self.late += 1
@@ -300,10 +306,14 @@ class GenericReference:
         self.learn_shape(dt, x, step)
         self.burst = step.burst
         self.q_hold = step.q if step.zs > step.q else 0.0  # deviating: q is held
+        self.held_for = f32(self.held_for + dt) if step.zs > step.q else 0.0
+        learns = step.zs <= step.q or self.held_for > self.p.hold_s  # the anchor's hold
         self.learn_scales(dt, x, step)
-        self.learn_forecasts(t, dt, x, step)
+        self.learn_forecasts(t, dt, x, step, learns)
         self.t, self.n = t, min(self.n + 1, 2**30)
-        if not all(map(math.isfinite, (self.level, self.fast, self.scale, *self.profile))):
+        if not all(
+            map(math.isfinite, (self.level, self.anchor, self.fast, self.scale, *self.profile))
+        ):
             self.__init__(self.p, self.late)  # type: ignore[misc]  # overflowed: start over
 
     def learn_histograms(self, dt: float, step: Step) -> None:
@@ -330,20 +340,22 @@ class GenericReference:
         self.scale += a * ((min(abs(r), 10.0 * s) if s > 0 else abs(r)) - self.scale)
         a, slow = ew(dt, p.memory_s), self.slow_now()
         self.slow_w += a * (1.0 - self.slow_w)
-        rs = abs(x - step.seasonal)
+        rs = abs(x - step.anchored)
         self.slow += a * ((min(rs, p.huber * slow) if slow > 0 else rs) - self.slow)
         a = ew(dt, p.error_s)
         self.err_seasonal += a * ((x - step.seasonal) ** 2 - self.err_seasonal)
         self.err_fast += a * ((x - step.fast) ** 2 - self.err_fast)
 
-    def learn_forecasts(self, t: float, dt: float, x: float, step: Step) -> None:
-        """The level, the profile slot, the weekday offset and the fast level (residuals
-        clipped at huber scales)."""
+    def learn_forecasts(self, t: float, dt: float, x: float, step: Step, learns: bool) -> None:
+        """The level, the anchor (not while held: ``learns`` False), the profile slot, the
+        weekday offset and the fast level (residuals clipped at huber scales)."""
         p, s = self.p, step.scale
         e = x - step.seasonal
         c = p.huber * s if s > 0 else math.inf
         dev = max(-c, min(c, e))
         self.level += ew(dt, p.level_s) * dev
+        if learns:
+            self.anchor += ew(dt, p.level_s) * max(-c, min(c, x - step.anchored))
         k, d = slot_of(t, p.slots), weekday_of(t)
         visits = self.visits[k] + 1.0
         self.visits[k] = f16(visits)  # it stays at 2048; the slot forgets by profile_s then
