@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from ragwatch.schema import Alert, Envelope, Transition
 from ragwatch.streams.alerting.rules import Rule, load_rules
-from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES, InhibitRule
+from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES, TAIL_S, InhibitRule
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 DAY = 86400.0
@@ -202,34 +202,51 @@ def notified(
 ) -> list[Alert]:
     """The firing transitions a receiver is told of, under the notifier's inhibition
     (``ragwatch notify`` without a file): one muted while an inhibiting alert fires is told
-    when the last such alert resolves, if it still fires then (as Alertmanager does)."""
+    when the last such alert resolves (and its rule's linger has passed; one that fired
+    while its source fired, a rule with a linger mutes until it resolves, up to TAIL_S),
+    if it still fires then (as Alertmanager does, linger aside)."""
     firing: dict[str, Alert] = {}
+    ended: dict[str, tuple[Alert, float]] = {}  # resolved sources: (alert, when)
     muted: set[str] = set()
     out: list[Alert] = []
 
-    def inhibited(a: Alert) -> bool:
-        return any(
-            r.inhibits(src.labels, a.labels)
-            for src in firing.values()
-            if src.fingerprint != a.fingerprint
-            for r in rules
-        )
+    def free_at(a: Alert) -> float:
+        """When nothing mutes ``a`` any more (inf: a firing source does; -inf: none)."""
+        if any(r.inhibits(s.labels, a.labels) for s in firing.values()
+               if s.fingerprint != a.fingerprint for r in rules):  # fmt: skip
+            return math.inf
+        fired = a.at or 0.0  # a tail (fired while its source did) stays muted up to TAIL_S
+        ends = [end + (TAIL_S if fired <= end else r.linger_s) for s, end in ended.values()
+                if s.fingerprint != a.fingerprint
+                for r in rules if r.linger_s and r.inhibits(s.labels, a.labels)]  # fmt: skip
+        return max(ends, default=-math.inf)
+
+    def release(now: float) -> None:
+        for fp in sorted(muted):
+            free = free_at(firing[fp])
+            if free <= now and free < math.inf:
+                muted.discard(fp)  # told now: nothing mutes it any more
+                out.append(replace(firing[fp], at=now if free == -math.inf else free))
 
     for t in transitions:
         a = t.alert
+        now = a.at or 0.0
+        release(now)
         if a.status == "firing":
             fresh = t.previous != "firing"
             firing[a.fingerprint] = a
-            if fresh and inhibited(a):
+            ended.pop(a.fingerprint, None)
+            if fresh and free_at(a) > now:
                 muted.add(a.fingerprint)
             elif fresh:
                 out.append(a)
             continue
-        firing.pop(a.fingerprint, None)
+        src = firing.pop(a.fingerprint, None)
         muted.discard(a.fingerprint)
-        for fp in [fp for fp in muted if not inhibited(firing[fp])]:
-            muted.discard(fp)
-            out.append(replace(firing[fp], at=a.at))  # told now: nothing mutes it any more
+        if src is not None:
+            ended[a.fingerprint] = (src, now)
+        release(now)
+    release(math.inf)
     return out
 
 

@@ -11,11 +11,12 @@ Muting happens here, at flush time: an alert inhibited by a firing source alert
 (``inhibit_rules``, with Alertmanager's rule for an alert matching both sides of a rule:
 see :class:`~ragwatch.streams.notifier.inhibition.InhibitRule`) or matched by a silence is
 left out, and the group is checked again later, so the alert is sent once the source
-resolves or the silence expires. A resolution is always sent to a
-receiver that was told the alert was firing, silenced or not: a PagerDuty incident must
-not stay open because someone muted the alert meanwhile. A resolution of an alert the
-group never saw firing (it was only pending, or it fired before the notifier knew the
-group) is dropped.
+resolves (and its rule's ``linger`` has passed, or, for an alert that fired while the
+source fired, once it resolves too: the source's tail) or the silence expires. A
+resolution is always sent to a receiver that was told the alert was firing, silenced or
+not: a PagerDuty incident must not stay open because someone muted the alert meanwhile.
+A resolution of an alert the group never saw firing (it was only pending, or it fired
+before the notifier knew the group) is dropped.
 
 The clock is the caller's ``now``: the notifier passes event time (the alerts' ``at``)
 advanced by the wall clock between alerts, so a replay at 720x groups as it would live.
@@ -42,6 +43,7 @@ time its group was due: live, the 08:44 page went out long before the OOM.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,7 @@ import orjson
 
 from ragwatch.codec import from_dict, to_dict
 from ragwatch.schema import Alert
+from ragwatch.streams.notifier.inhibition import TAIL_S
 from ragwatch.streams.notifier.notification import Notification
 from ragwatch.streams.notifier.routing import NotifyConfig, Route
 
@@ -88,6 +91,9 @@ class Grouper:
         self.external_url = external_url
         self.groups: dict[str, Group] = {}
         self.firing: dict[str, Alert] = {}  # every alert firing now (inhibition sources)
+        # sources resolved within TAIL_S, if a rule has a linger: (alert, when)
+        self.ended: dict[str, tuple[Alert, float]] = {}
+        self._linger = any(r.linger_s for r in config.inhibit_rules)
         self.stats = GrouperStats()
         self._routes = {r.path: r for r in _walk(config.route)}
 
@@ -98,10 +104,7 @@ class Grouper:
         self.stats.transitions += 1
         fp = alert.fingerprint
         at = min(now, alert.at) if alert.at is not None else now  # a late one: its own time
-        if alert.status == "firing":
-            self.firing[fp] = alert
-        else:
-            self.firing.pop(fp, None)
+        self._source(alert, at)
         if not self.config.receivers:
             return
         for route in self.config.route.match(alert.labels):
@@ -185,14 +188,31 @@ class Grouper:
             reason=reason,
         )
 
+    def _source(self, alert: Alert, at: float) -> None:
+        """Keep the firing alerts (inhibition sources), and those that resolved within
+        TAIL_S (a rule with a linger mutes after its source resolved)."""
+        fp = alert.fingerprint
+        if alert.status == "firing":
+            self.firing[fp] = alert
+            self.ended.pop(fp, None)
+            return
+        src = self.firing.pop(fp, None)
+        if src is not None and self._linger:
+            self.ended[fp] = (src, at)
+        for old in [k for k, (_, end) in self.ended.items() if end + TAIL_S < at]:
+            del self.ended[old]
+
     def _inhibited(self, target: Alert, at: float) -> bool:
-        """Whether an alert other than ``target``, firing by event time ``at``, mutes it
-        by some inhibit rule."""
+        """Whether an alert other than ``target``, firing by event time ``at`` (or
+        resolved, by its rule's linger), mutes it by some inhibit rule."""
+        sources = [(src, math.inf) for src in self.firing.values()]
+        sources += self.ended.values()
         return any(
-            rule.inhibits(src.labels, target.labels)
+            (end == math.inf or rule.mutes_after(end, _fired(target), at))
+            and rule.inhibits(src.labels, target.labels)
             for rule in self.config.inhibit_rules
-            for fp, src in self.firing.items()
-            if fp != target.fingerprint and (src.at if src.at is not None else src.starts_at) <= at
+            for src, end in sources
+            if src.fingerprint != target.fingerprint and _fired(src) <= at
         )
 
     # ------------------------------------------------------------------ persistence
@@ -214,6 +234,7 @@ class Grouper:
                     for k, g in self.groups.items()
                 },
                 "firing": [to_dict(a) for a in self.firing.values()],
+                "ended": [[to_dict(a), end] for a, end in self.ended.values()],
             }
         )
 
@@ -222,6 +243,8 @@ class Grouper:
         dropped. Returns the number of groups restored."""
         d: dict[str, Any] = orjson.loads(data)
         self.firing = {a.fingerprint: a for a in _alerts(d.get("firing", []))}
+        ended = [(a, float(end)) for raw, end in d.get("ended", []) for a in _alerts([raw])]
+        self.ended = {a.fingerprint: (a, end) for a, end in ended}
         for key, raw in d.get("groups", {}).items():
             route = self._routes.get(raw.get("route"))
             if route is None or key != _key(route, raw["labels"]):
@@ -236,6 +259,11 @@ class Grouper:
                 raw["repeat_at"],
             )
         return len(self.groups)
+
+
+def _fired(a: Alert) -> float:
+    """When ``a`` fired, by event time."""
+    return a.at if a.at is not None else a.starts_at
 
 
 def _alerts(raw: list[Any]) -> list[Alert]:

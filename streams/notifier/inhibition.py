@@ -1,7 +1,8 @@
 """Inhibition rules as Alertmanager defines them, and the warnings a set of them earns.
 
 A firing alert matching a rule's source mutes the alerts matching its target that have
-the same values of the rule's ``equal`` labels. An alert that matches both sides is muted
+the same values of the rule's ``equal`` labels (and, with the rule's ``linger``, a
+ragwatch extension, for that long after it resolved). An alert that matches both sides is muted
 only by a source that does not match the target side, never by itself. Rules that can
 match one alert on both sides, and cycles of rules that can mute each other's sources,
 are accepted (as Alertmanager does) with a warning naming them
@@ -25,7 +26,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class InhibitRule:
     """A firing alert matching ``source`` mutes alerts matching ``target`` that have the
-    same values of the ``equal`` labels, as Alertmanager's inhibition does.
+    same values of the ``equal`` labels, as Alertmanager's inhibition does. With
+    ``linger_s`` (ours; 0 in Alertmanager's terms) a source that resolved still mutes the
+    targets that fired after it for that long (a target firing on past it is told then),
+    and those that fired while it fired until they resolve, for up to :data:`TAIL_S`:
+    they are its incident's tail (the grouper applies it, :meth:`mutes_after`).
 
     A label missing on an alert counts as the empty value, so ``equal`` labels missing on
     both alerts are equal. An alert that matches both sides can be muted only by a source
@@ -44,6 +49,7 @@ class InhibitRule:
     source: tuple[Matcher, ...]
     target: tuple[Matcher, ...]
     equal: tuple[str, ...] = ()
+    linger_s: float = 0.0
 
     def is_source(self, labels: Mapping[str, str]) -> bool:
         return all(m.matches(labels) for m in self.source)
@@ -60,9 +66,18 @@ class InhibitRule:
             and not (self.is_source(target) and self.is_target(source))
         )
 
+    def mutes_after(self, ended: float, target_fired: float, at: float) -> bool:
+        """Whether a source that resolved at ``ended`` still mutes, at ``at``, a target
+        that fired at ``target_fired`` (both matched, :meth:`inhibits`)."""
+        if not self.linger_s:
+            return False
+        tail = target_fired <= ended  # it fired while the source did
+        return at < ended + (TAIL_S if tail else self.linger_s)
+
     def __str__(self) -> str:
         equal = f" equal [{', '.join(self.equal)}]" if self.equal else ""
-        return f"source {shown(self.source)} target {shown(self.target)}{equal}"
+        linger = f" linger {self.linger_s:g}s" if self.linger_s else ""
+        return f"source {shown(self.source)} target {shown(self.target)}{equal}{linger}"
 
 
 def warn_about_inhibit_rules(rules: Sequence[InhibitRule], source: str) -> None:
@@ -145,6 +160,10 @@ def _paths(edges: Sequence[Sequence[int]], start: int) -> dict[int, list[int]]:
     return paths
 
 
+GENERIC_LINGER_S = 1800.0
+# how long a resolved source (of a rule with a linger) keeps muting the alerts that fired
+# while it fired, at most: a generic alert relearning a fault of hours resolves within it
+TAIL_S = 86400.0
 # The inhibition the notifier applies without a notify file (a file states its own; the
 # example in docs/notifications.md carries this one): a firing leak alert of a GPU, which
 # already says when it will OOM, mutes that GPU's "memory over 95 %". The leak filling
@@ -172,12 +191,16 @@ DEFAULT_INHIBIT_RULES = (
     ),
     # the generic anomaly rules (label anomaly=generic) say nothing that a specific rule
     # on the same series says: its alert mutes theirs (a GPU's or a process's on its GPU;
-    # an instance's; an engine's)
+    # an instance's; an engine's); after it resolved, a generic alert that fired with it
+    # stays muted until it resolves (the incident's tail: windows still holding the
+    # fault's requests, a rhythm that learnt part of a long fault), and one that fires
+    # within GENERIC_LINGER_S after it is told only if it still fires then
     *(
         InhibitRule(
             (Matcher("anomaly", ""), Matcher(key, ".+", regex=True)),
             (Matcher("alertname", target, regex=True),),
             equal,
+            GENERIC_LINGER_S,
         )
         for target, key, equal in (
             ("GpuAnomaly|GpuRunningHot", "gpu", ("host", "gpu")),

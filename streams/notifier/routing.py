@@ -23,6 +23,7 @@ A YAML file (``RAGWATCH_NOTIFY_FILE``) in Alertmanager's shape::
       - source_matchers: {alertname: GpuOomKill}
         target_matchers: {alertname: GpuMemoryLeak}
         equal: [host, gpu]
+        linger: 30m                # ours: the source mutes this long after it resolved
 
 Inhibition follows Alertmanager (:class:`InhibitRule`): only a firing source mutes, a
 label missing on both alerts counts as equal, and an alert matching both sides of a rule
@@ -262,7 +263,7 @@ def _config(d: Any, env: Mapping[str, str], source: str) -> NotifyConfig:
     return NotifyConfig(receivers, route, rules, attempts, source)
 
 
-INHIBIT_FIELDS = ("source_matchers", "target_matchers", "equal")
+INHIBIT_FIELDS = ("source_matchers", "target_matchers", "equal", "linger")
 
 
 def _inhibit_rules(raw: Any) -> tuple[InhibitRule, ...]:
@@ -286,7 +287,7 @@ def _inhibit_rules(raw: Any) -> tuple[InhibitRule, ...]:
                     f"{where}.{key}: required (without it the rule would mute on any alert)"
                 )
         equal = yamlfile.label_names(r.get("equal", []), f"{where}.equal")
-        rules.append(InhibitRule(source, target, equal))
+        rules.append(InhibitRule(source, target, equal, _interval(r, "linger", 0.0, where)))
     return tuple(rules)
 
 

@@ -395,3 +395,38 @@ def test_ragwatch_notify_refuses_a_bad_receiver_before_it_connects(tmp_path: Pat
         ConfigError, match=r"notify\.yaml:1:13: receivers\[0\]: unknown field\(s\) timeout"
     ):
         run_notifier(Settings.from_env(env), env)
+
+
+def test_a_generic_alert_outliving_its_specific_cause_is_its_tail_and_not_told() -> None:
+    """Without a file, a specific alert on an instance mutes its ServiceAnomaly while it
+    fires; after it resolved, a ServiceAnomaly that fired with it is the incident's tail,
+    muted until it resolves (a rhythm that learnt part of a long fault takes hours), and
+    one that fires after it is muted for 30 min (its linger), told if it still fires
+    then. A restarted notifier remembers the source that resolved."""
+    g = Grouper(default_config(["http://a/1"]))
+    generic = {"service": "rag", "anomaly": "generic"}
+    g.add(alert("QueueWaitHigh", at=0.0, service="rag", instance="a"), now=0.0)
+    g.add(alert("QueueWaitHigh", at=0.0, service="rag", instance="b"), now=0.0)
+    g.add(alert("ServiceAnomaly", at=600.0, instance="a", **generic), now=600.0)
+    assert sent(g.flush(now=601.0), "instance") == [("QueueWaitHigh", "a"), ("QueueWaitHigh", "b")]
+    for inst in ("a", "b"):
+        g.add(alert("QueueWaitHigh", "resolved", at=3600.0, service="rag", instance=inst), 3600.0)
+    g.add(alert("ServiceAnomaly", at=3700.0, instance="b", **generic), now=3700.0)
+    assert sent(g.flush(now=3701.0), "instance") == [("QueueWaitHigh", "a"), ("QueueWaitHigh", "b")]
+    restarted = Grouper(default_config(["http://a/1"]))
+    restarted.loads(g.dumps())
+    assert restarted.flush(now=3600.0 + 1799.0) == []  # b: still in the linger
+    told = restarted.flush(now=3600.0 + 1800.0 + 60.0)
+    assert sent(told, "instance") == [("ServiceAnomaly", "b")]  # a: the tail, muted
+    assert restarted.flush(now=4 * 3600.0) == []
+    restarted.add(alert("ServiceAnomaly", "resolved", at=5 * 3600.0, instance="a", **generic),
+                  now=5 * 3600.0)  # fmt: skip
+    assert restarted.flush(now=5 * 3600.0 + 60) == []  # never told, so its end is not either
+
+
+def test_a_linger_in_a_notify_file_is_a_duration() -> None:
+    rule = {"source_matchers": {"alertname": "A"}, "target_matchers": {"alertname": "B"}}
+    g = with_rules({**rule, "linger": "10m"})
+    assert g.config.inhibit_rules[0].linger_s == 600.0
+    with pytest.raises(ConfigError, match=r"inhibit_rules\[0\]\.linger: bad duration"):
+        with_rules({**rule, "linger": "soon"})
