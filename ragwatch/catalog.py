@@ -154,7 +154,8 @@ SCORE_FIELDS = (
 )  # fmt: skip
 PEAK_S = 3600.0
 # and of each scored series: the highest of its scores now, and how many of its signals
-# are held out of their band (held score >= ANOMALOUS_SCORE) for 5 minutes already (the
+# are held out of their band (held score >= ANOMALOUS_SCORE, by ANOMALOUS_MOVE of their
+# expected value at least) for 5 minutes already (the
 # default rules page on several together, sustained; a burst of load is no deviation), of
 # the signals that corroborate each other: not GPU or process memory, whose ratio and
 # growth are one quantity seen twice and whose shapes (caching allocators, reloads,
@@ -163,20 +164,42 @@ PEAK_S = 3600.0
 SCORE_SUMMARY = ("anomaly_max", "anomalous_signals")
 NOT_CORROBORATING = frozenset({"fb_used_ratio", "gb_per_hour", "gpu_mem_bytes", "rss_bytes"})
 # signals that are one quantity seen several ways count once in anomalous_signals: a
-# GPU's utilisation and copy utilisation (its load), a stage's P50, P95 and P99, the
-# end-to-end latency with the LLM's (which is most of it: one long answer moves both
-# P99s), an engine's rates of requests and tokens (its traffic), its mean latencies
-CORROBORATION_GROUP: dict[str, str] = {
+# GPU's utilisation and copy utilisation (its load), a retrieval stage's P95 and P99 (its
+# tail: a few slow calls move both), the end-to-end latency with the LLM's, P50 to P99
+# (the LLM is most of it, and the mix of answer lengths moves all of them), an engine's
+# rates of requests and tokens (its traffic), its mean latencies. A retrieval stage's
+# P50 is a group of its own: its median and its tail out of their bands together are
+# the whole stage slower, not a few slow calls (a reranker swapped for a larger model).
+# None: in no group, a product of signals counted themselves (an instance's output
+# tokens/s is its requests/s times its tokens per request: fewer requests on a weekend
+# move both, and are one anomaly, not two)
+CORROBORATION_GROUP: dict[str, str | None] = {
     "mem_copy_util": "gpu_util",
-    "output_tokens_per_s": "tokens_per_request",
-    **{f"{stage}_{q}_ms": group for stage, group in (
-        ("retriever", "retriever"), ("reranker", "reranker"), ("e2e", "e2e"), ("llm", "e2e"))
-       for q in ("p50", "p95", "p99")},
+    "output_tokens_per_s": None,
+    **{f"{stage}_{q}_ms": stage for stage in ("retriever", "reranker") for q in ("p95", "p99")},
+    **{f"{stage}_{q}_ms": "e2e" for stage in ("e2e", "llm") for q in ("p50", "p95", "p99")},
     "generation_tokens_per_s": "requests_per_s",
     "prompt_tokens_per_s": "requests_per_s",
     "e2e_mean_s": "tpot_mean_s",
 }  # fmt: skip
 ANOMALOUS_SCORE = 0.9
+# ... and moved by at least this much of its expected value (vmanomaly's
+# min_dev_from_expected, relative): a very steady signal's band is narrow, and a move of
+# a few percent (a deploy making the LLM 10 % slower, a load's drift) is no anomaly to
+# page on, however many band widths it is
+ANOMALOUS_MOVE = 0.2
+# ... in the direction that is a fault (vmanomaly's detection_direction): +1 above its
+# expected value only (latencies, errors, queues: a service faster or calmer than usual
+# at a quiet hour, or as a fault's windows drain, is no anomaly to page on), -1 below it
+# only (decode speed); both for the rest (requests/s, utilisation, power: a hang and a
+# flood are both faults)
+_ABOVE = (
+    "errors_ratio", "ttft_p95_ms", "queue_p95_ms", "preemptions_per_s", "requests_waiting",
+    "kv_cache_usage_ratio", "e2e_mean_s", "ttft_mean_s", "queue_mean_s", "tpot_mean_s",
+    *(f"{stage}_{q}_ms" for stage in ("e2e", "retriever", "reranker", "llm")
+      for q in ("p50", "p95", "p99")),
+)  # fmt: skip
+ANOMALOUS_DIRECTION: dict[str, int] = {**dict.fromkeys(_ABOVE, 1), "decode_tps": -1}
 for _kind, _names in SCORED.items():
     assert set(_names) <= set(SERIES_SIGNALS[_kind]), _kind
     SERIES_SIGNALS[_kind] += (*(f"{n}_score" for n in _names), *SCORE_SUMMARY)

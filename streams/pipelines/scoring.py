@@ -48,6 +48,8 @@ import numpy.typing as npt
 
 from ragwatch.advisor import MIN_SCORE
 from ragwatch.catalog import (
+    ANOMALOUS_DIRECTION,
+    ANOMALOUS_MOVE,
     ANOMALOUS_SCORE,
     CORROBORATION_GROUP,
     NOT_CORROBORATING,
@@ -107,7 +109,7 @@ class ScoreBlock:
         self.k = len(self.names)
         self.counted = np.array([n not in NOT_CORROBORATING for n in self.names])
         groups = [CORROBORATION_GROUP.get(n, n) for n in self.names]
-        kinds = sorted({g for g, c in zip(groups, self.counted, strict=True) if c})
+        kinds = sorted({g for g, c in zip(groups, self.counted, strict=True) if c and g})
         # (k, groups): which group each counted signal is of (anomalous_signals counts groups)
         self.groups = np.array(
             [
@@ -116,6 +118,7 @@ class ScoreBlock:
             ],
             dtype=np.float64,
         ).reshape(self.k, len(kinds))
+        self.direction = np.array([ANOMALOUS_DIRECTION.get(n, 0) for n in self.names])
         self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)
         self.slot: Rows = np.zeros(0, dtype=np.intp)  # per pipeline row (-1: none)
         self.last = np.full((16 * self.k, WIDTH), np.nan, dtype=np.float32)
@@ -231,7 +234,7 @@ class ScoreBlock:
         last = self.last
         last[b, SCORE], last[b, YHAT] = got.score, got.yhat
         last[b, LOWER], last[b, UPPER] = got.lower, got.upper
-        out = got.held >= ANOMALOUS_SCORE
+        out = (got.held >= ANOMALOUS_SCORE) & _material(x, got.yhat, self.direction[b % self.k])
         since = self.held_since[b] = np.where(out, np.fmin(self.held_since[b], t), np.nan)
         last[b, VALUE], last[b, HELD] = x, np.where(t - since >= SUSTAIN_S, got.held, 0.0)
         # the peak of the last PEAK_S: a higher score, or the first since it expired
@@ -354,6 +357,17 @@ class ScoreBlock:
         at = np.arange(s * self.k, (s + 1) * self.k)
         self.bank.load(at, probe.dump(np.arange(self.k)))
         self.last[at], self.peak_ts[at], self.held_since[at] = last, peak_ts, since
+
+
+def _material(x: F64, yhat: F64, direction: npt.NDArray[np.int_]) -> npt.NDArray[np.bool_]:
+    """Whether ``x`` is off its expected value by :data:`~ragwatch.catalog.ANOMALOUS_MOVE`
+    of it at least (any move of an expected 0), in its ``direction`` (+1 above, -1 below,
+    0 either: :data:`~ragwatch.catalog.ANOMALOUS_DIRECTION`)."""
+    with np.errstate(invalid="ignore"):
+        move = x - yhat
+        out: npt.NDArray[np.bool_] = np.abs(move) >= ANOMALOUS_MOVE * np.abs(yhat)
+        out &= (direction == 0) | (np.sign(move) == direction)
+    return out
 
 
 def _with_summary(score: F64, held: F64, scored: npt.NDArray[np.bool_], block: ScoreBlock) -> F64:

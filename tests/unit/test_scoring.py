@@ -198,6 +198,50 @@ def test_one_quantity_seen_several_ways_counts_once() -> None:
     assert block.matrix(np.array([0]))[0, -1] == 1.0
     block.last[at["reranker_p95_ms"], HELD] = 1.0  # the reranker too: two groups
     assert block.matrix(np.array([0]))[0, -1] == 2.0
+    block.last[at["reranker_p99_ms"], HELD] = 1.0  # its tail, seen twice: still two
+    assert block.matrix(np.array([0]))[0, -1] == 2.0
+    block.last[at["reranker_p50_ms"], HELD] = 1.0  # its median as well: slower as a whole
+    assert block.matrix(np.array([0]))[0, -1] == 3.0
+
+
+def test_a_move_of_a_few_percent_is_no_anomaly_however_narrow_the_band() -> None:
+    """A very steady signal's band is narrow: 8 % up is far out of it, held, scored 1,
+    but not counted; 40 % up is."""
+    block = ScoreBlock(("a", "b"))
+    block.grow(1)
+    rng = np.random.default_rng(2)
+    row = np.array([0])
+    for i in range(400):  # 100 +- 0.2
+        block.update(row, np.array([T0 + 60.0 * i]), 100.0 + rng.normal(0, 0.2, size=(1, 2)))
+    for i in range(12):
+        got = block.update(row, np.array([T0 + 60.0 * (400 + i)]), np.array([[108.0, 140.0]]))
+    assert got[0, 0] == 1.0 and got[0, 1] == 1.0  # both far out of their bands
+    assert got[0, -1] == 1.0  # only b's move counts
+
+
+def test_only_a_move_in_the_direction_of_a_fault_counts() -> None:
+    """A quiet weekend on a new install: fewer requests (counted), a shorter queue (not: a
+    queue shorter than usual is no fault), fewer output tokens/s (requests/s times tokens
+    per request: counted through them). A longer queue counts; a decode speed counts
+    only when slower."""
+    names = ("rps", "queue_p95_ms", "output_tokens_per_s", "decode_tps")
+    block = ScoreBlock(names)
+    block.grow(1)
+    rng = np.random.default_rng(4)
+    row = np.array([0])
+    for i in range(1500):  # a day of history: every slot of the daily profile seen
+        noise = rng.normal(0, 0.01, size=(1, 4))
+        block.update(
+            row, np.array([T0 + 60.0 * i]), np.array([[10.0, 100.0, 1500.0, 40.0]]) + noise
+        )
+
+    def count(values: list[float], start: int) -> float:
+        for i in range(12):
+            got = block.update(row, np.array([T0 + 60.0 * (start + i)]), np.array([values]))
+        return float(got[0, -1])
+
+    assert count([2.5, 20.0, 375.0, 80.0], 1500) == 1.0  # only the requests
+    assert count([10.0, 400.0, 1500.0, 10.0], 1600) == 2.0  # a long queue, a slow decode
 
 
 def test_a_specific_alert_on_the_series_mutes_the_generic_one() -> None:
