@@ -32,16 +32,16 @@ them. Each observation, scored against the state before it, then learnt:
   an onset not above the row's peak onset (decaying over a day) is 0. A shift is news
   until the fast forecast has absorbed it (~30 min). The one-row view's ``score_one``
   (what NAB scores: only the first detection in an anomaly window counts).
-- **held**: the residual against the *seasonal* forecast alone, on a level of its own
-  (the *anchor*: it learns as the slow level does, but not while a deviation lasts, for
-  up to ``hold_s``, 4 h), ``zs = |x - anchored| / slow`` (slow: the mean |x - anchored|
-  over ``memory_s``, each clipped at ``huber``, so a fault barely moves it), against
-  ``q``, the 99 % quantile of the row's past zs, *held* at its value while the deviation
-  goes on (``zs > q``; the histogram counts zs clipped at q, so a fault does not widen
-  the band): ``held = clip((zs / q - 1) / held_span, 0, 1)``, 0 within the band, 1 at 1.5
-  times its width. A fault of hours is not half-learnt, so its end is no deviation of its
-  own; a shift lasting longer keeps the score until the anchor has learnt it (hours
-  more; a deviation of 20 scales takes ~10 h): the new normal.
+- **held**: the residual against the *seasonal* forecast alone, on a level of its own (the
+  *anchor*: it learns as the slow level does, but not while a deviation lasts, from
+  ``hold_from_s``, 10 min, up to ``hold_s``, 4 h), ``zs = |x - anchored| / slow`` (slow:
+  the mean |x - anchored| over ``memory_s``, each clipped at ``huber``, so a fault barely
+  moves it), against ``q``, the 99 % quantile of the row's past zs, *held* at its value
+  while the deviation goes on (``zs > q``; the histogram counts zs clipped at q, so a fault
+  does not widen the band): ``held = clip((zs / q - 1) / held_span, 0, 1)``, 0 within the
+  band, 1 at 1.5 times its width. A fault of hours is not half-learnt, so its end is no
+  deviation of its own; a shift lasting longer keeps the score until the anchor has learnt
+  it (hours more; a deviation of 20 scales takes ~10 h): the new normal.
 - **score** = ``max(onset, held)``, the onset before its quiet period: what the product's
   rules, status and advisor read (a spike is news for a moment, a hung GPU stays
   anomalous). Warm-up: 0 for the first ``warmup`` observations.
@@ -425,7 +425,7 @@ class GenericBank:
         self.q_hold[g] = np.where(zs > q, q, 0.0)  # deviating: its quantile is held
         held_for = np.where(zs > q, self.held_for[g] + dt, 0.0).astype(np.float32)
         self.held_for[g] = held_for
-        learns = (zs <= q) | (held_for > self.params.hold_s)  # the anchor's hold
+        learns = self._anchor_learns(g, zs, q, held_for)
         self._scales(g, dt, x, step, m)
         self._forecasters(g, t, dt, x, step, m, learns)
         self.t[g], self.n[g] = t, np.minimum(self.n[g] + 1, N_MAX)
@@ -434,6 +434,14 @@ class GenericBank:
         bad |= ~(np.isfinite(self.scale[g]) & np.isfinite(self.profile[g]).all(axis=1))
         if bad.any():
             self.reset(g[bad])  # overflowed (values near float's limits): start over
+
+    def _anchor_learns(self, g: IDX, zs: F64, q: F64, held_for: F32) -> BOOL:
+        """Whether the anchor learns: not while a deviation lasts (hold_from_s already,
+        up to hold_s), nor once warm (before, a deviation is not yet known from normal)."""
+        p = self.params
+        held = (zs > q) & (held_for >= p.hold_from_s) & (held_for <= p.hold_s)
+        out: BOOL = ~held | (self.n[g] < p.warmup)
+        return out
 
     def _scales(self, g: IDX, dt: F64, x: F64, step: _Step, m: BOOL) -> None:
         """The scale (against the mixed forecast), the slow scale (against the seasonal

@@ -77,10 +77,14 @@ class GenericParams:
     held_p: float = 0.01
     held_span: float = 0.5
     # The held score's level, the anchor, learns as the slow level does, but not while a
-    # deviation lasts, for up to hold_s of event time: a fault of hours is not half-learnt
+    # deviation lasts (from hold_from_s on: an excursion of a few minutes, the band's 1 %,
+    # is learnt as before, so a healthy series' anchor is its level), for up to hold_s of
+    # event time: a fault of hours is not half-learnt
     # as the new normal (whose end would then read as a deviation of its own); one that
-    # lasts longer is learnt from then on, as a new level is. The forecast (and so the
-    # onset) is not held: it follows the series as it is. 0: no hold.
+    # lasts longer is learnt from then on, as a new level is; nor during the warm-up (a
+    # deviation is not known from normal yet). The forecast (and so the onset) is not
+    # held: it follows the series as it is. 0: no hold.
+    hold_from_s: float = 600.0
     hold_s: float = 4 * 3600.0
     # Shape novelty (the KNN-CAD / ARTime idea, in bounded memory): the window of the last
     # shape_n values, standardised by the row's mean and mean |deviation| over memory_s and
@@ -119,7 +123,7 @@ class GenericParams:
             _positive(self, name)
         if not 0 < self.shape_lr <= 1:
             raise ValueError(f"shape_lr must be in (0, 1], got {self.shape_lr!r}")
-        for name in ("quiet_s", "hold_s"):
+        for name in ("quiet_s", "hold_from_s", "hold_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be >= 0, got {v!r}")

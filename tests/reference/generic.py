@@ -21,12 +21,12 @@ One observation ``(t, x)``, scored against the state before it, then learnt:
 4. ``raw = clip((nl - score_from) / score_span, 0, 1)`` once ``warmup`` were learnt; the
    onset is ``raw`` if above the last peak onset decayed over ``quiet_s``, else 0;
 5. held: ``anchored = anchor + profile + weekday offset`` (the seasonal forecast on the
-   anchor, a level that learns as ``level`` does but not while a deviation lasts, up to
-   ``hold_s``), ``zs = |x - anchored| / slow`` (slow: the mean |x - anchored| over
-   ``memory_s``, each clipped at ``huber`` slow scales), ``q`` the ``1 - held_p`` quantile
-   of past zs (held at its value while a deviation, ``zs > q``, goes on), ``held =
-   clip((zs / q - 1) / held_span, 0, 1)``; ``score = max(raw, held)``; the expected value
-   is ``anchored``, the band ``anchored -+ slow * q``;
+   anchor, a level that learns as ``level`` does but not while a deviation lasts, from
+   ``hold_from_s`` up to ``hold_s``, once warm), ``zs = |x - anchored| / slow`` (slow: the
+   mean |x - anchored| over ``memory_s``, each clipped at ``huber`` slow scales), ``q`` the
+   ``1 - held_p`` quantile of past zs (held at its value while a deviation, ``zs > q``,
+   goes on), ``held = clip((zs / q - 1) / held_span, 0, 1)``; ``score = max(raw, held)``;
+   the expected value is ``anchored``, the band ``anchored -+ slow * q``;
 6. learn: histograms (decayed by event time), the peak onset, the window, its mean and
    deviation, the prototypes (the nearest within ``shape_r`` moves to the window, else
    the window replaces the least used), the scale, the slow scale, the forecasters'
@@ -307,7 +307,9 @@ class GenericReference:
         self.burst = step.burst
         self.q_hold = step.q if step.zs > step.q else 0.0  # deviating: q is held
         self.held_for = f32(self.held_for + dt) if step.zs > step.q else 0.0
-        learns = step.zs <= step.q or self.held_for > self.p.hold_s  # the anchor's hold
+        p = self.p
+        held = step.zs > step.q and p.hold_from_s <= self.held_for <= p.hold_s
+        learns = not held or self.n < p.warmup  # the anchor's hold
         self.learn_scales(dt, x, step)
         self.learn_forecasts(t, dt, x, step, learns)
         self.t, self.n = t, min(self.n + 1, 2**30)

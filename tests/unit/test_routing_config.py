@@ -116,7 +116,7 @@ def test_route_keys_are_checked(tmp_path: Path, route: str, message: str) -> Non
         (
             "inhibit_rules:\n  - source_match: {alertname: A}\n    target_matchers: {x: y}\n",
             ":6:5: inhibit_rules[0]: unknown field(s) source_match (an inhibit rule takes "
-            "source_matchers, target_matchers, equal)",
+            "source_matchers, target_matchers, equal, linger)",
         ),
         (
             "inhibit_rules:\n  - source_matchers: {alertname: A}\n",
