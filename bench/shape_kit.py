@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from ragwatch.schema import Alert, Envelope, Transition
 from ragwatch.streams.alerting.rules import Rule, load_rules
-from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES, TAIL_S, InhibitRule
+from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES, InhibitRule
 from ragwatch.streams.pipelines.fleet import Pipelines
 
 DAY = 86400.0
@@ -215,8 +215,8 @@ def notified(
         if any(r.inhibits(s.labels, a.labels) for s in firing.values()
                if s.fingerprint != a.fingerprint for r in rules):  # fmt: skip
             return math.inf
-        fired = a.at or 0.0  # a tail (fired while its source did) stays muted up to TAIL_S
-        ends = [end + (TAIL_S if fired <= end else r.linger_s) for s, end in ended.values()
+        fired = a.at or 0.0
+        ends = [r.mutes_until(end, fired) for s, end in ended.values()
                 if s.fingerprint != a.fingerprint
                 for r in rules if r.linger_s and r.inhibits(s.labels, a.labels)]  # fmt: skip
         return max(ends, default=-math.inf)

@@ -437,15 +437,15 @@ class GenericBank:
 
     def _anchor_learns(self, g: IDX, zs: F64, q: F64, held_for: F32) -> BOOL:
         """Whether the anchor learns: not while a deviation lasts (hold_from_s already,
-        up to hold_s), nor once warm (before, a deviation is not yet known from normal)."""
+        up to hold_s), once warm (before, a deviation is not yet known from normal)."""
         p = self.params
         held = (zs > q) & (held_for >= p.hold_from_s) & (held_for <= p.hold_s)
         out: BOOL = ~held | (self.n[g] < p.warmup)
         return out
 
     def _scales(self, g: IDX, dt: F64, x: F64, step: _Step, m: BOOL) -> None:
-        """The scale (against the mixed forecast), the slow scale (against the seasonal
-        one) and the two forecasts' squared errors."""
+        """The scale (against the mixed forecast), the slow scale (against the anchored
+        seasonal one) and the two forecasts' squared errors."""
         p, s = self.params, step.scale[m]
         a = _ew(dt, p.scale_s)
         self.scale_w[g] += a * (1.0 - self.scale_w[g])

@@ -13,6 +13,7 @@ are accepted (as Alertmanager does) with a warning naming them
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,13 +67,18 @@ class InhibitRule:
             and not (self.is_source(target) and self.is_target(source))
         )
 
+    def mutes_until(self, ended: float, target_fired: float) -> float:
+        """Until when a source that resolved at ``ended`` mutes a target that fired at
+        ``target_fired`` (both matched, :meth:`inhibits`); -inf without a linger."""
+        if not self.linger_s:
+            return -math.inf
+        tail = target_fired <= ended  # it fired while the source did
+        return ended + (TAIL_S if tail else self.linger_s)
+
     def mutes_after(self, ended: float, target_fired: float, at: float) -> bool:
         """Whether a source that resolved at ``ended`` still mutes, at ``at``, a target
         that fired at ``target_fired`` (both matched, :meth:`inhibits`)."""
-        if not self.linger_s:
-            return False
-        tail = target_fired <= ended  # it fired while the source did
-        return at < ended + (TAIL_S if tail else self.linger_s)
+        return at < self.mutes_until(ended, target_fired)
 
     def __str__(self) -> str:
         equal = f" equal [{', '.join(self.equal)}]" if self.equal else ""
