@@ -560,12 +560,12 @@ class GenericBank:
     # ------------------------------------------------------------------ snapshots
 
     def dump(self, rows: npt.ArrayLike) -> dict[str, Any]:
-        """The state of ``rows`` as plain data (lists of floats, a version, the
-        parameters); :meth:`load` puts it back, onto any rows of a bank like this one."""
+        """The state of ``rows`` as plain data (lists of floats, NaN as None, a version,
+        the parameters); :meth:`load` puts it back, onto any rows of a bank like this one."""
         r = np.asarray(rows, dtype=np.intp).ravel()
         out: dict[str, Any] = {"version": VERSION, "params": self.params.as_dict()}
         for name in (*SCALARS, *VECTORS):
-            out[name] = getattr(self, name)[r].tolist()
+            out[name] = plain_list(getattr(self, name)[r])
         return out
 
     def load(self, rows: npt.ArrayLike, data: dict[str, Any]) -> None:
@@ -596,3 +596,20 @@ class GenericBank:
         """Row ``row`` takes a :meth:`row_state` (of this or another bank)."""
         data = {k: [v] if k in SCALARS or k in VECTORS else v for k, v in state.items()}
         self.load([row], data)
+
+
+def plain_list(a: npt.NDArray[Any]) -> list[Any]:
+    """``a`` as (nested) lists of Python numbers, NaN as None: plain data that compares
+    equal to itself (numpy reads None back as NaN).
+
+    >>> plain_list(np.array([[1.5, np.nan]], dtype=np.float32))
+    [[1.5, None]]
+    """
+    if a.dtype.kind != "f":
+        return list(a.tolist())
+    nan = np.isnan(a)
+    if not nan.any():
+        return list(a.tolist())
+    out = a.astype(np.float64).astype(object)
+    out[nan] = None
+    return list(out.tolist())

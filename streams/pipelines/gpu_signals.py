@@ -113,7 +113,7 @@ class SeriesView:
         """Every signal the rules of this series can read (None: no value)."""
         return self._rows.row(self._at)
 
-    def bands(self) -> dict[str, list[float | None]]:
+    def bands(self) -> Mapping[str, list[float | None]]:
         """Its scored signals' newest score, expected value and band (.scoring)."""
         return self._rows.bands(self._at)
 
@@ -141,11 +141,11 @@ class RowSignals:
             self._split()
         return _RowView(self, at, self._gpu[at])
 
-    def bands(self, at: int) -> dict[str, list[float | None]]:
+    def bands(self, at: int) -> Mapping[str, list[float | None]]:
         """Row ``at``'s scored signals: ``{signal: [score, yhat, lower, upper, ...]}``
-        (:meth:`~.scoring.ScoreBlock.scored`)."""
+        (:meth:`~.scoring.ScoreBlock.scored`), each read when asked."""
         row = int(self._rows[at])
-        return self._pipe.scores[self._gpu[at]].scored(row)
+        return self._pipe.scores[self._gpu[at]].bands(row)
 
     def column(self, name: str) -> list[float | None]:
         """One signal of every row (None: no value, or not a signal of the row's kind)."""

@@ -39,8 +39,19 @@ def dump(pipe: GpuPipeline, host: str) -> dict[str, Any]:
         "columns": columns,
         "leak": pipe.bank.dump(r),
         # each row's generic detector state and newest scores (.scoring; None: not scored)
-        "scores": [pipe.scores[bool(pipe.is_gpu[row])].dump(row) for _, row in keyed],
+        "scores": _scores(pipe, [row for _, row in keyed]),
     }
+
+
+def _scores(pipe: GpuPipeline, rows: list[int]) -> list[dict[str, Any] | None]:
+    """Each row's :meth:`~.scoring.ScoreBlock.dump`, GPUs' and processes' each read
+    together."""
+    out: list[dict[str, Any] | None] = [None] * len(rows)
+    for flag in (True, False):
+        at = [i for i, row in enumerate(rows) if bool(pipe.is_gpu[row]) == flag]
+        for i, dumped in zip(at, pipe.scores[flag].dump_many([rows[i] for i in at]), strict=True):
+            out[i] = dumped
+    return out
 
 
 def adopt(pipe: GpuPipeline, host: str, state: Any) -> int:

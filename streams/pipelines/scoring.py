@@ -40,7 +40,7 @@ minute apart or more, are each scored).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -58,6 +58,7 @@ from ragwatch.catalog import (
     SCORE_SUMMARY,
 )
 from ragwatch.detectors.generic import GenericBank, GenericParams
+from ragwatch.detectors.generic.bank import plain_list
 from ragwatch.detectors.generic.params import VERSION
 from ragwatch.schema import AnomalyFact
 
@@ -87,6 +88,32 @@ def score_names(names: Sequence[str]) -> tuple[str, ...]:
     """The signals a rule reads the scores of ``names`` by: ``<name>_score``, and the
     summary of them all (:data:`~ragwatch.catalog.SCORE_SUMMARY`)."""
     return (*(f"{n}_score" for n in names), *SCORE_SUMMARY)
+
+
+class RowBands(Mapping[str, "list[float | None]"]):
+    """One row's scored signals, as :meth:`ScoreBlock.scored` has them, each read when
+    asked (``first``: the row's first bank row, -1: the row is not scored)."""
+
+    __slots__ = ("_block", "_first")
+
+    def __init__(self, block: ScoreBlock, first: int) -> None:
+        self._block, self._first = block, first
+
+    def __getitem__(self, name: str) -> list[float | None]:
+        j = self._block.index.get(name)
+        got = None if j is None or self._first < 0 else self._block._field_row(self._first + j)
+        if got is None:
+            raise KeyError(name)
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        if self._first < 0:
+            return iter(())
+        at = self._block.peak_ts[self._first : self._first + self._block.k]
+        return iter([n for n, a in zip(self._block.names, at.tolist(), strict=True) if a == a])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class ScoreBlock:
@@ -119,6 +146,8 @@ class ScoreBlock:
             dtype=np.float64,
         ).reshape(self.k, len(kinds))
         self.direction = np.array([ANOMALOUS_DIRECTION.get(n, 0) for n in self.names])
+        self._columns = np.arange(self.k)
+        self.index = {n: j for j, n in enumerate(self.names)}
         self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)
         self.slot: Rows = np.zeros(0, dtype=np.intp)  # per pipeline row (-1: none)
         self.last = np.full((16 * self.k, WIDTH), np.nan, dtype=np.float32)
@@ -201,7 +230,7 @@ class ScoreBlock:
         if not self.on:
             return np.zeros(len(rows), dtype=np.bool_)
         s = self.slot[rows]
-        b = np.where(s >= 0, s, 0)[:, None] * self.k + np.arange(self.k)
+        b = np.where(s >= 0, s, 0)[:, None] * self.k + self._columns
         last = np.where(s >= 0, np.fmax.reduce(self.bank.t[b], axis=1), np.nan)
         every = self.every_s
         out: npt.NDArray[np.bool_] = np.floor(ts / every) != np.floor(last / every)  # NaN: due
@@ -220,7 +249,7 @@ class ScoreBlock:
         """:meth:`learn` of ``rows`` a caller found :meth:`due` already (the GPU path,
         which gathers ``values`` for those rows only)."""
         if self.on and len(rows):
-            b = (self._take(rows)[:, None] * self.k + np.arange(self.k)).ravel()
+            b = (self._take(rows)[:, None] * self.k + self._columns).ravel()
             x, t = np.asarray(values, np.float64).ravel(), np.repeat(ts, self.k)
             self._score(b, t, x)
 
@@ -253,27 +282,31 @@ class ScoreBlock:
         highest of them and how many are held out of their band by at least
         :data:`~ragwatch.catalog.ANOMALOUS_SCORE` (NaN: the row is not scored)."""
         s = self.slot[rows]
-        b = np.where(s >= 0, s, 0)[:, None] * self.k + np.arange(self.k)
-        both = self.last[b].astype(np.float64)  # (rows, k, WIDTH)
-        score = np.where((s >= 0)[:, None], both[:, :, SCORE], np.nan)
-        return _with_summary(score, both[:, :, HELD], s >= 0, self)
+        scored = s >= 0
+        b = np.where(scored, s, 0)[:, None] * self.k + self._columns
+        score = self.last[b, SCORE].astype(np.float64)  # (rows, k)
+        if not scored.all():
+            score[~scored] = np.nan
+        return _with_summary(score, self.last[b, HELD], scored, self)
 
     def scored(self, row: int) -> dict[str, list[float | None]]:
         """What status shows of row ``row``'s scored signals: ``{signal: [score, yhat,
         lower, upper, value, peak, peak_value, peak_yhat, peak_ts]}``
         (:data:`~ragwatch.catalog.SCORE_FIELDS`; None: no value), each signal that has
         been scored."""
+        return dict(self.bands(row))
+
+    def bands(self, row: int) -> Mapping[str, list[float | None]]:
+        """:meth:`scored`, each signal read when asked (a chart reads one)."""
         s = int(self.slot[row]) if row < len(self.slot) else -1
-        if s < 0:
-            return {}
-        first = s * self.k
-        block = self.last[first : first + self.k, :HELD].tolist()
-        at = self.peak_ts[first : first + self.k].tolist()
-        return {
-            n: [_round(v) for v in vals] + [at[j]]
-            for j, (n, vals) in enumerate(zip(self.names, block, strict=True))
-            if at[j] == at[j]  # NaN: never scored
-        }
+        return RowBands(self, s * self.k if s >= 0 else -1)
+
+    def _field_row(self, b: int) -> list[float | None] | None:
+        """Bank row ``b``'s :meth:`scored` entry (None: never scored)."""
+        at = float(self.peak_ts[b])
+        if at != at:
+            return None
+        return [_round(v) for v in self.last[b, :HELD].tolist()] + [at]
 
     def anomalous(
         self, rows: Sequence[int], wheres: Sequence[str], min_score: float = MIN_SCORE
@@ -301,21 +334,28 @@ class ScoreBlock:
     def dump(self, row: int) -> dict[str, Any] | None:
         """Row ``row``'s detector state and newest scores (None: not scored), plain data
         for a snapshot."""
-        s = int(self.slot[row])
-        if s < 0:
-            return None
-        first = s * self.k
-        part = slice(first, first + self.k)
-        dumped: dict[str, Any] = _plain(
-            {
+        return self.dump_many([row])[0]
+
+    def dump_many(self, rows: Sequence[int]) -> list[dict[str, Any] | None]:
+        """:meth:`dump` of each of ``rows``, read together (a host's, a service's)."""
+        s = self.slot[np.asarray(rows, dtype=np.intp)] if len(rows) else np.zeros(0, np.intp)
+        have = np.flatnonzero(s >= 0)
+        b = (s[have][:, None] * self.k + self._columns).ravel()
+        bank = self.bank.dump(b)
+        parts = {n: v for n, v in bank.items() if isinstance(v, list)}
+        last = plain_list(self.last[b])
+        peak_ts, since = plain_list(self.peak_ts[b]), plain_list(self.held_since[b])
+        out: list[dict[str, Any] | None] = [None] * len(rows)
+        for i, at in enumerate(have.tolist()):
+            part = slice(i * self.k, (i + 1) * self.k)
+            out[at] = {
                 "names": list(self.names),
-                "bank": self.bank.dump(np.arange(first, first + self.k)),
-                "last": self.last[part].tolist(),
-                "peak_ts": self.peak_ts[part].tolist(),
-                "held_since": self.held_since[part].tolist(),
+                "bank": {**bank, **{n: v[part] for n, v in parts.items()}},
+                "last": last[part],
+                "peak_ts": peak_ts[part],
+                "held_since": since[part],
             }
-        )
-        return dumped
+        return out
 
     def check(self, state: Any) -> Checked | None:
         """A :meth:`dump` loaded apart (None for None); ValueError if it is not one (other
@@ -377,26 +417,15 @@ def _with_summary(score: F64, held: F64, scored: npt.NDArray[np.bool_], block: S
     once) have a signal *held* out of its band by at least
     :data:`~ragwatch.catalog.ANOMALOUS_SCORE` (a deviation from the rhythm, not the news of
     a burst). Both NaN where a row is not ``scored``; 0 without a counted column."""
-    counted = block.counted
-    mine = np.where(np.isnan(score[:, counted]), 0.0, score[:, counted])
-    top = mine.max(axis=1) if mine.shape[1] else np.zeros(len(score))
-    out = (np.nan_to_num(held) >= ANOMALOUS_SCORE).astype(np.float64)
-    count = ((out @ block.groups) > 0).sum(axis=1)
-    with np.errstate(invalid="ignore"):
-        top, count = np.where(scored, top, np.nan), np.where(scored, count, np.nan)
-    return np.column_stack([score, top, count])
-
-
-def _plain(v: Any) -> Any:
-    """``v`` with NaN as None (plain data that compares equal to itself; numpy reads None
-    back as NaN)."""
-    if isinstance(v, float):
-        return None if v != v else v
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    return v
+    n, k = score.shape
+    out = np.empty((n, k + 2))
+    out[:, :k] = score
+    mine = score[:, block.counted]
+    # the highest counted score (0: none scored yet): NaN > 0 is False
+    out[:, k] = np.where(mine > 0, mine, 0.0).max(axis=1) if mine.shape[1] else 0.0
+    out[:, k + 1] = (((held >= ANOMALOUS_SCORE) @ block.groups) > 0).sum(axis=1)  # NaN: not
+    out[~scored, k:] = np.nan
+    return out
 
 
 def _round(v: float) -> float | None:

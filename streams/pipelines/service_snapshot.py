@@ -114,7 +114,7 @@ def dump(
         "senders": [[[pid, ts] for pid, ts in st.senders[x].items()] for x in rows],
         "host": [st.host[x] for x in rows],
         "label": [st.label[x] for x in rows],
-        "scores": [st.scores.dump(x) for x in rows],  # None: not scored (.scoring)
+        "scores": st.scores.dump_many(rows),  # None: not scored (.scoring)
         "shared": None if svc is None else _clusters(svc),
     }
 
