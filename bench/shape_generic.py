@@ -21,10 +21,9 @@ series from Thursday 10:00 for four hours, and the rest of that day:
 
 But for the hot replica no GPU here is held by a pod, so the like-GPU rules
 (streams/pipelines/gpu_peers.py) compare nothing: what pages is the generic family
-(``GpuAnomaly``, ``EngineAnomaly``, ``GpuRunningHot``; ``ServiceAnomaly`` is not shipped,
-docs/rules.md), or a specific rule where one exists and fits (the end-to-end latency rule
-may see the reranker through the end-to-end P95, the preemption rule a full KV cache:
-allowed, each rule once).
+(``GpuAnomaly``, ``ServiceAnomaly``, ``EngineAnomaly``, ``GpuRunningHot``), or a specific
+rule where one exists and fits (the end-to-end latency rule may see the reranker through
+the end-to-end P95, the preemption rule a full KV cache: allowed, each rule once).
 """
 
 from __future__ import annotations

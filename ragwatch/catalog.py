@@ -167,19 +167,23 @@ NOT_CORROBORATING = frozenset({"fb_used_ratio", "gb_per_hour", "gpu_mem_bytes", 
 # GPU's utilisation and copy utilisation (its load), a retrieval stage's P95 and P99 (its
 # tail: a few slow calls move both), the end-to-end latency with the LLM's, P50 to P99
 # (the LLM is most of it, and the mix of answer lengths moves all of them), an engine's
-# rates of requests and tokens (its traffic), its mean latencies. A retrieval stage's
-# P50 is a group of its own: its median and its tail out of their bands together are
-# the whole stage slower, not a few slow calls (a reranker swapped for a larger model).
-# None: in no group, a product of signals counted themselves (an instance's output
-# tokens/s is its requests/s times its tokens per request: fewer requests on a weekend
-# move both, and are one anomaly, not two)
+# mean latencies. A retrieval stage's P50 is a group of its own: its median and its tail
+# out of their bands together are the whole stage slower, not a few slow calls (a
+# reranker swapped for a larger model).
+# None: in no group. Demand is in none: an instance's or an engine's requests/s, tokens
+# per request and token rates are what its clients send, scored, shown and explained but
+# no fault of the service by themselves, however far they move (a weekend, a new client,
+# the day after an incident that a young profile half-learnt); the specific rules judge
+# throughput with their own evidence (ThroughputDrop, TokensPerRequestDrop,
+# EngineThroughputDrop). What counts is the service's health: its latencies, errors,
+# queues, decode speed, saturation.
+DEMAND = ("rps", "tokens_per_request", "output_tokens_per_s", "requests_per_s",
+          "generation_tokens_per_s", "prompt_tokens_per_s")  # fmt: skip
 CORROBORATION_GROUP: dict[str, str | None] = {
     "mem_copy_util": "gpu_util",
-    "output_tokens_per_s": None,
+    **dict.fromkeys(DEMAND),
     **{f"{stage}_{q}_ms": stage for stage in ("retriever", "reranker") for q in ("p95", "p99")},
     **{f"{stage}_{q}_ms": "e2e" for stage in ("e2e", "llm") for q in ("p50", "p95", "p99")},
-    "generation_tokens_per_s": "requests_per_s",
-    "prompt_tokens_per_s": "requests_per_s",
     "e2e_mean_s": "tpot_mean_s",
 }  # fmt: skip
 ANOMALOUS_SCORE = 0.9

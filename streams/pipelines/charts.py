@@ -67,7 +67,7 @@ GpuMemoryLeak GpuMemoryLeakSlow GpuOomKill GpuXidCritical
 >>> for sid in sorted(points)[5:17]:  # an instance's: each default rule on its chart
 ...     print(sid, *points[sid][0]["rules"])
 service:rag-api:rag-api-0:decode_tps DecodeSpeedDrop ReplicaDecodeOutlier
-service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation ReplicaLatencyOutlier
+service:rag-api:rag-api-0:e2e_p95 E2eLatencyDeviation ReplicaLatencyOutlier ServiceAnomaly
 service:rag-api:rag-api-0:errors ErrorRateHigh ReplicaErrorsOutlier
 service:rag-api:rag-api-0:llm_p95
 service:rag-api:rag-api-0:outliers RequestOutlierCluster

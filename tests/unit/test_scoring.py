@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ragwatch.catalog import SCORE_FIELDS, SCORED, SERIES_SIGNALS
+from ragwatch.catalog import DEMAND, SCORE_FIELDS, SCORED, SERIES_SIGNALS
 from ragwatch.detectors.generic import GenericBank
 from ragwatch.schema import GpuEnvelope, GpuSample
 from ragwatch.streams.alerting.rules import load_rules
@@ -220,10 +220,9 @@ def test_a_move_of_a_few_percent_is_no_anomaly_however_narrow_the_band() -> None
 
 
 def test_only_a_move_in_the_direction_of_a_fault_counts() -> None:
-    """A quiet weekend on a new install: fewer requests (counted), a shorter queue (not: a
-    queue shorter than usual is no fault), fewer output tokens/s (requests/s times tokens
-    per request: counted through them). A longer queue counts; a decode speed counts
-    only when slower."""
+    """A quiet weekend on a new install: fewer requests and fewer output tokens/s (demand:
+    scored, never counted), a shorter queue (not counted: a queue shorter than usual is no
+    fault). A longer queue counts; a decode speed counts only when slower."""
     names = ("rps", "queue_p95_ms", "output_tokens_per_s", "decode_tps")
     block = ScoreBlock(names)
     block.grow(1)
@@ -240,8 +239,26 @@ def test_only_a_move_in_the_direction_of_a_fault_counts() -> None:
             got = block.update(row, np.array([T0 + 60.0 * (start + i)]), np.array([values]))
         return float(got[0, -1])
 
-    assert count([2.5, 20.0, 375.0, 80.0], 1500) == 1.0  # only the requests
+    assert count([2.5, 20.0, 375.0, 80.0], 1500) == 0.0  # all out of their bands, none counted
+    assert block.matrix(row)[0, 0] == 1.0  # the requests' move is scored all the same
     assert count([10.0, 400.0, 1500.0, 10.0], 1600) == 2.0  # a long queue, a slow decode
+
+
+def test_demand_is_scored_but_never_corroborates() -> None:
+    """What clients send (requests/s, tokens per request, token rates) moves with them: a
+    weekend, a new client, the day after an incident a young profile half-learnt. Each is
+    scored and shown; together they count as nothing, beside a health signal as one."""
+    block = ScoreBlock(SCORED["service"])
+    block.grow(1)
+    at = {n: j for j, n in enumerate(block.names)}
+    fed(block, [0], 1)
+    block.last[:, HELD] = 0.0
+    block.last[[at["rps"], at["tokens_per_request"], at["output_tokens_per_s"]], HELD] = 1.0
+    assert block.matrix(np.array([0]))[0, -1] == 0.0
+    block.last[at["errors_ratio"], HELD] = 1.0
+    assert block.matrix(np.array([0]))[0, -1] == 1.0
+    engine = ScoreBlock(SCORED["engine"])
+    assert not engine.groups[[engine.names.index(n) for n in DEMAND if n in engine.names]].any()
 
 
 def test_a_specific_alert_on_the_series_mutes_the_generic_one() -> None:
