@@ -230,7 +230,7 @@ class ScoreBlock:
         if not self.on:
             return np.zeros(len(rows), dtype=np.bool_)
         s = self.slot[rows]
-        b = np.where(s >= 0, s, 0)[:, None] * self.k + self._columns
+        b = self._bank_rows(np.where(s >= 0, s, 0))
         last = np.where(s >= 0, np.fmax.reduce(self.bank.t[b], axis=1), np.nan)
         every = self.every_s
         out: npt.NDArray[np.bool_] = np.floor(ts / every) != np.floor(last / every)  # NaN: due
@@ -249,7 +249,7 @@ class ScoreBlock:
         """:meth:`learn` of ``rows`` a caller found :meth:`due` already (the GPU path,
         which gathers ``values`` for those rows only)."""
         if self.on and len(rows):
-            b = (self._take(rows)[:, None] * self.k + self._columns).ravel()
+            b = self._bank_rows(self._take(rows)).ravel()
             x, t = np.asarray(values, np.float64).ravel(), np.repeat(ts, self.k)
             self._score(b, t, x)
 
@@ -283,11 +283,16 @@ class ScoreBlock:
         :data:`~ragwatch.catalog.ANOMALOUS_SCORE` (NaN: the row is not scored)."""
         s = self.slot[rows]
         scored = s >= 0
-        b = np.where(scored, s, 0)[:, None] * self.k + self._columns
+        b = self._bank_rows(np.where(scored, s, 0))
         score = self.last[b, SCORE].astype(np.float64)  # (rows, k)
         if not scored.all():
             score[~scored] = np.nan
         return _with_summary(score, self.last[b, HELD], scored, self)
+
+    def _bank_rows(self, slots: Rows) -> Rows:
+        """``(len(slots), k)``: the bank rows of each slot's signals."""
+        out: Rows = slots[:, None] * self.k + self._columns
+        return out
 
     def scored(self, row: int) -> dict[str, list[float | None]]:
         """What status shows of row ``row``'s scored signals: ``{signal: [score, yhat,
@@ -319,7 +324,7 @@ class ScoreBlock:
         have = np.flatnonzero(s >= 0)
         if not len(have):
             return []
-        b = (s[have][:, None] * self.k + np.arange(self.k)).ravel()
+        b = self._bank_rows(s[have]).ravel()
         peak = self.last[b, PEAK].astype(np.float64)
         hit = np.flatnonzero(peak >= min_score)
         hit = hit[np.argsort(-peak[hit], kind="stable")][:MAX_FACTS]
@@ -340,7 +345,7 @@ class ScoreBlock:
         """:meth:`dump` of each of ``rows``, read together (a host's, a service's)."""
         s = self.slot[np.asarray(rows, dtype=np.intp)] if len(rows) else np.zeros(0, np.intp)
         have = np.flatnonzero(s >= 0)
-        b = (s[have][:, None] * self.k + self._columns).ravel()
+        b = self._bank_rows(s[have]).ravel()
         bank = self.bank.dump(b)
         parts = {n: v for n, v in bank.items() if isinstance(v, list)}
         last = plain_list(self.last[b])

@@ -187,13 +187,19 @@ def test_a_gpu_hang_scores_its_signals_and_rules_and_facts_read_them() -> None:
     assert {("GPU 0", "gpu_util"), ("GPU 0", "power_w")} <= said
 
 
-def test_one_quantity_seen_several_ways_counts_once() -> None:
-    """One long answer moves the end-to-end and the LLM P99 together: one group."""
+def _service_held_none() -> tuple[ScoreBlock, dict[str, int]]:
+    """An instance's scores, one row, fed once, no signal held: the block and where each
+    signal is."""
     block = ScoreBlock(SCORED["service"])
     block.grow(1)
-    at = {n: j for j, n in enumerate(block.names)}
     fed(block, [0], 1)
     block.last[:, HELD] = 0.0
+    return block, dict(block.index)
+
+
+def test_one_quantity_seen_several_ways_counts_once() -> None:
+    """One long answer moves the end-to-end and the LLM P99 together: one group."""
+    block, at = _service_held_none()
     block.last[[at["e2e_p99_ms"], at["llm_p99_ms"], at["llm_p95_ms"]], HELD] = 1.0
     assert block.matrix(np.array([0]))[0, -1] == 1.0
     block.last[at["reranker_p95_ms"], HELD] = 1.0  # the reranker too: two groups
@@ -248,11 +254,7 @@ def test_demand_is_scored_but_never_corroborates() -> None:
     """What clients send (requests/s, tokens per request, token rates) moves with them: a
     weekend, a new client, the day after an incident a young profile half-learnt. Each is
     scored and shown; together they count as nothing, beside a health signal as one."""
-    block = ScoreBlock(SCORED["service"])
-    block.grow(1)
-    at = {n: j for j, n in enumerate(block.names)}
-    fed(block, [0], 1)
-    block.last[:, HELD] = 0.0
+    block, at = _service_held_none()
     block.last[[at["rps"], at["tokens_per_request"], at["output_tokens_per_s"]], HELD] = 1.0
     assert block.matrix(np.array([0]))[0, -1] == 0.0
     block.last[at["errors_ratio"], HELD] = 1.0
