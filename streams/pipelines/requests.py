@@ -153,7 +153,6 @@ from ragwatch.streams.pipelines.replica_signals import compare, reads_peers
 from ragwatch.streams.pipelines.request_close import CloseParams, close_outliers, close_round
 from ragwatch.streams.pipelines.service_rows import (
     SIGNAL_AT,
-    SIGNALS,
     SeriesKey,
     ServiceRows,
     ServiceView,
@@ -559,8 +558,7 @@ class RequestPipeline:
         """The rules on the round's rows: only where one holds or an alert is active
         (:mod:`~ragwatch.streams.alerting.gating`), each row's signals read as it comes."""
         st = self.rows
-        signals = {name: st.signals[rows, SIGNAL_AT[name]] for name in SIGNALS}
-        picked = gating.pick(self.rules, rows, signals, st.watch)
+        picked = gating.pick(self.rules, rows, st.columns(rows), st.watch)
         dicts = (st.signal_dict(p.row) for p in picked)
         fired = gating.evaluate(self.engine, picked, dicts, self._alert_keys, ends, st.watch)
         self._out += [(closes[i].at, k, tr) for i, tr in fired]

@@ -154,6 +154,29 @@ def _free(n: int) -> list[Any]:
     return [None] * n
 
 
+class SignalColumns(Mapping[str, F64]):
+    """Some rows' signals (``block``: a row each, :data:`SIGNALS` across) by name, each a
+    view of its column.
+
+    >>> cols = SignalColumns(np.zeros((2, len(SIGNALS))))
+    >>> cols["rps"].tolist(), len(cols) == len(SIGNALS)
+    ([0.0, 0.0], True)
+    """
+
+    def __init__(self, block: F64) -> None:
+        self._block = block
+
+    def __getitem__(self, name: str) -> F64:
+        out: F64 = self._block[:, SIGNAL_AT[name]]
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SIGNALS)
+
+    def __len__(self) -> int:
+        return len(SIGNALS)
+
+
 class ServiceRows:
     """The state of every request series (see the module docstring)."""
 
@@ -285,6 +308,11 @@ class ServiceRows:
         return np.concatenate([k * rows + i for i in range(k)])
 
     # -- reads ----------------------------------------------------------------------------
+
+    def columns(self, rows: Rows) -> Mapping[str, F64]:
+        """The newest signals of ``rows``, a column each, gathered when read (a rule's
+        mask reads two or three of ~200)."""
+        return SignalColumns(self.signals[rows])
 
     def signal_dict(self, row: int) -> dict[str, float | None]:
         """The row's newest signals (None where unknown; empty before its first close)."""
