@@ -167,9 +167,10 @@ NOT_CORROBORATING = frozenset({"fb_used_ratio", "gb_per_hour", "gpu_mem_bytes", 
 # GPU's utilisation and copy utilisation (its load), a retrieval stage's P95 and P99 (its
 # tail: a few slow calls move both), the end-to-end latency with the LLM's, P50 to P99
 # (the LLM is most of it, and the mix of answer lengths moves all of them), an engine's
-# mean latencies. A retrieval stage's P50 is a group of its own: its median and its tail
-# out of their bands together are the whole stage slower, not a few slow calls (a
-# reranker swapped for a larger model).
+# mean latencies, an instance's time to first token with its queue wait (the wait is part
+# of it: a queue that builds at a busy hour moves both). A retrieval stage's P50 is a
+# group of its own: its median and its tail out of their bands together are the whole
+# stage slower, not a few slow calls (a reranker swapped for a larger model).
 # None: in no group. Demand is in none: an instance's or an engine's requests/s, tokens
 # per request and token rates are what its clients send, scored, shown and explained but
 # no fault of the service by themselves, however far they move (a weekend, a new client,
@@ -185,7 +186,19 @@ CORROBORATION_GROUP: dict[str, str | None] = {
     **{f"{stage}_{q}_ms": stage for stage in ("retriever", "reranker") for q in ("p95", "p99")},
     **{f"{stage}_{q}_ms": "e2e" for stage in ("e2e", "llm") for q in ("p50", "p95", "p99")},
     "e2e_mean_s": "tpot_mean_s",
+    "queue_p95_ms": "ttft_p95_ms",
 }  # fmt: skip
+# a scored signal whose move counts in anomalous_signals only where its own statistical
+# test finds evidence too: (a signal, the bound it must reach), each. An instance's error
+# ratio is a ratio of a few counts: a quiet hour's one failed request in twenty is 5 %,
+# far out of a band learnt on hours of 0 %, a window of minutes keeps it there for
+# minutes, and against a usual share near 0 even its binomial z is large. It counts
+# where the window holds 5 failed requests at least (ErrorRateHigh's floor: one or two
+# unlucky requests are no incident) and their binomial z against the instance's usual
+# share (``errors_z``) is 3 or more, not on its band alone.
+EVIDENCE: dict[str, tuple[tuple[str, float], ...]] = {
+    "errors_ratio": (("window_errors", 5.0), ("errors_z", 3.0)),
+}
 ANOMALOUS_SCORE = 0.9
 # ... and moved by at least this much of its expected value (vmanomaly's
 # min_dev_from_expected, relative): a very steady signal's band is narrow, and a move of

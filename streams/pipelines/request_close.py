@@ -175,7 +175,8 @@ def close_round(
     st.signals[np.ix_(rows, at)] = np.column_stack([sig[name] for name in sig])
     # every scored signal through the generic detector, its scores signals too (.scoring)
     scored = st.signals[np.ix_(rows, SCORED_AT)]
-    st.signals[np.ix_(rows, SCORE_AT)] = st.scores.update(rows, c.end, scored)
+    evidence = st.scores.evidence(sig, len(rows))  # errors count where errors_z says so
+    st.signals[np.ix_(rows, SCORE_AT)] = st.scores.update(rows, c.end, scored, evidence)
     col["bucket_end"][rows] = c.end
     return ends
 

@@ -52,6 +52,7 @@ from ragwatch.catalog import (
     ANOMALOUS_MOVE,
     ANOMALOUS_SCORE,
     CORROBORATION_GROUP,
+    EVIDENCE,
     NOT_CORROBORATING,
     PEAK_S,
     SCORE_FIELDS,
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 F64 = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
 Rows = npt.NDArray[np.intp]
+Bools = npt.NDArray[np.bool_]
 FIELDS = SCORE_FIELDS[:-1]  # kept in float32 per bank row; the peak's time in float64
 SCORE, YHAT, LOWER, UPPER, VALUE, PEAK, PEAK_VALUE, PEAK_YHAT = range(len(FIELDS))
 HELD = len(FIELDS)  # and the held score, once held SUSTAIN_S (anomalous_signals counts it)
@@ -212,15 +214,32 @@ class ScoreBlock:
         s = int(self.slot[row]) if row < len(self.slot) else -1
         return 0 if s < 0 else int(self.bank.n[s * self.k])
 
-    def update(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> F64:
+    def update(
+        self, rows: Rows, ts: F64, values: npt.NDArray[np.float64], evidence: Bools | None = None
+    ) -> F64:
         """Take the newest value of each signal of ``rows`` (distinct), sampled at
         ``ts``: ``values`` is ``(len(rows), len(names))``, NaN where a signal has no
-        value; rows :meth:`due` are scored, then learnt. Returns the scores and their
+        value; rows :meth:`due` are scored, then learnt. ``evidence``, as ``values``:
+        False where a signal's move may not count in ``anomalous_signals``, however far
+        out of its band (:meth:`evidence`; None: all may). Returns the scores and their
         summary, as :meth:`matrix`."""
         if not self.on or not len(rows):
             return np.full((len(rows), self.k + len(SCORE_SUMMARY)), np.nan)
-        self.learn(rows, ts, values)
+        self.learn(rows, ts, values, evidence)
         return self.matrix(rows)
+
+    def evidence(self, signals: Mapping[str, F64], n: int) -> Bools | None:
+        """``(n, len(names))``: where each signal's own tests (:data:`~ragwatch.catalog.
+        EVIDENCE`) reached their bounds in ``signals`` (arrays over ``n`` rows; NaN: no
+        evidence); True for a signal without one. None: no signal of the block has one."""
+        tests = [(j, EVIDENCE[name]) for j, name in enumerate(self.names) if name in EVIDENCE]
+        if not tests:
+            return None
+        out = np.ones((n, self.k), dtype=np.bool_)
+        for j, bounds in tests:
+            for name, bound in bounds:
+                out[:, j] &= np.asarray(signals[name]) >= bound  # NaN: False
+        return out
 
     def due(self, rows: Rows, ts: F64) -> npt.NDArray[np.bool_]:
         """Which of ``rows`` a sample at ``ts`` would be scored for: those in a new span
@@ -236,25 +255,31 @@ class ScoreBlock:
         out: npt.NDArray[np.bool_] = np.floor(ts / every) != np.floor(last / every)  # NaN: due
         return out
 
-    def learn(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> None:
+    def learn(
+        self, rows: Rows, ts: F64, values: npt.NDArray[np.float64], evidence: Bools | None = None
+    ) -> None:
         """:meth:`update` without the scores returned."""
         if not self.on or not len(rows):
             return
         due = self.due(rows, ts)
         if not due.all():
             rows, ts, values = rows[due], ts[due], np.asarray(values)[due]
-        self.learn_due(rows, ts, values)
+            evidence = None if evidence is None else evidence[due]
+        self.learn_due(rows, ts, values, evidence)
 
-    def learn_due(self, rows: Rows, ts: F64, values: npt.NDArray[np.float64]) -> None:
+    def learn_due(
+        self, rows: Rows, ts: F64, values: npt.NDArray[np.float64], evidence: Bools | None = None
+    ) -> None:
         """:meth:`learn` of ``rows`` a caller found :meth:`due` already (the GPU path,
         which gathers ``values`` for those rows only)."""
         if self.on and len(rows):
             b = self._bank_rows(self._take(rows)).ravel()
             x, t = np.asarray(values, np.float64).ravel(), np.repeat(ts, self.k)
-            self._score(b, t, x)
+            self._score(b, t, x, None if evidence is None else evidence.ravel())
 
-    def _score(self, b: Rows, t: F64, x: F64) -> None:
-        """Score, then learn, bank rows ``b``'s values ``x`` at ``t``."""
+    def _score(self, b: Rows, t: F64, x: F64, evidence: Bools | None = None) -> None:
+        """Score, then learn, bank rows ``b``'s values ``x`` at ``t`` (``evidence``: per
+        bank row, whether its move may count; None: all may)."""
         got = self.bank.update(b, t, x)
         # memory's normal shape is steps (caching allocators, reloads, batch jobs): the
         # held score would take each for a lasting deviation; its score is the onset's
@@ -264,6 +289,8 @@ class ScoreBlock:
         last[b, SCORE], last[b, YHAT] = got.score, got.yhat
         last[b, LOWER], last[b, UPPER] = got.lower, got.upper
         out = (got.held >= ANOMALOUS_SCORE) & _material(x, got.yhat, self.direction[b % self.k])
+        if evidence is not None:
+            out &= evidence
         since = self.held_since[b] = np.where(out, np.fmin(self.held_since[b], t), np.nan)
         last[b, VALUE], last[b, HELD] = x, np.where(t - since >= SUSTAIN_S, got.held, 0.0)
         # the peak of the last PEAK_S: a higher score, or the first since it expired

@@ -208,6 +208,33 @@ def test_one_quantity_seen_several_ways_counts_once() -> None:
     assert block.matrix(np.array([0]))[0, -1] == 2.0
     block.last[at["reranker_p50_ms"], HELD] = 1.0  # its median as well: slower as a whole
     assert block.matrix(np.array([0]))[0, -1] == 3.0
+    # a queue that builds at a busy hour: its wait is part of the time to first token
+    block.last[[at["queue_p95_ms"], at["ttft_p95_ms"]], HELD] = 1.0
+    assert block.matrix(np.array([0]))[0, -1] == 4.0
+
+
+def test_a_few_failed_requests_are_no_evidence_however_far_out_of_the_band() -> None:
+    """An error ratio learnt on hours of 0 %: a quiet hour's one failed request in twenty
+    (5 %, for the minutes the window holds it) is far out of its band, scored, but counts
+    only with its test's evidence: 5 failed requests at least, a binomial z of 3."""
+
+    def count(window_errors: float, errors_z: float) -> tuple[float, float]:
+        block = ScoreBlock(("errors_ratio", "e2e_p95_ms"))
+        block.grow(1)
+        row = np.array([0])
+        for i in range(400):
+            block.update(row, np.array([T0 + 60.0 * i]), np.array([[0.0, 800.0 + (i % 7)]]))
+        test = {"window_errors": np.array([window_errors]), "errors_z": np.array([errors_z])}
+        evidence = block.evidence(test, 1)
+        assert evidence is not None and evidence[0, 1]  # no test of its own: may count
+        for i in range(400, 412):
+            got = block.update(row, np.array([T0 + 60.0 * i]), np.array([[0.05, 800.0]]), evidence)
+        return float(got[0, 0]), float(got[0, -1])
+
+    assert count(1.0, 40.0) == (1.0, 0.0)  # one unlucky request: scored, not counted
+    assert count(8.0, 1.5) == (1.0, 0.0)  # eight, but usual for its share: the same
+    assert count(math.nan, math.nan) == (1.0, 0.0)  # too few requests for a test
+    assert count(8.0, 6.0) == (1.0, 1.0)  # eight, far above its share: it counts
 
 
 def test_a_move_of_a_few_percent_is_no_anomaly_however_narrow_the_band() -> None:
