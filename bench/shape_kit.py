@@ -202,8 +202,9 @@ def notified(
 ) -> list[Alert]:
     """The firing transitions a receiver is told of, under the notifier's inhibition
     (``ragwatch notify`` without a file): one muted while an inhibiting alert fires is told
-    when the last such alert resolves (and its rule's linger has passed; one that fired
-    while its source fired, a rule with a linger mutes until it resolves, up to TAIL_S),
+    when the last such alert resolves (and its rule's linger has passed; one whose
+    condition began while its source fired, a rule with a linger mutes until it resolves,
+    up to TAIL_S),
     if it still fires then (as Alertmanager does, linger aside)."""
     firing: dict[str, Alert] = {}
     ended: dict[str, tuple[Alert, float]] = {}  # resolved sources: (alert, when)
@@ -215,8 +216,7 @@ def notified(
         if any(r.inhibits(s.labels, a.labels) for s in firing.values()
                if s.fingerprint != a.fingerprint for r in rules):  # fmt: skip
             return math.inf
-        fired = a.at or 0.0
-        ends = [r.mutes_until(end, fired) for s, end in ended.values()
+        ends = [r.mutes_until(end, a.starts_at) for s, end in ended.values()
                 if s.fingerprint != a.fingerprint
                 for r in rules if r.linger_s and r.inhibits(s.labels, a.labels)]  # fmt: skip
         return max(ends, default=-math.inf)

@@ -11,8 +11,8 @@ Muting happens here, at flush time: an alert inhibited by a firing source alert
 (``inhibit_rules``, with Alertmanager's rule for an alert matching both sides of a rule:
 see :class:`~ragwatch.streams.notifier.inhibition.InhibitRule`) or matched by a silence is
 left out, and the group is checked again later, so the alert is sent once the source
-resolves (and its rule's ``linger`` has passed, or, for an alert that fired while the
-source fired, once it resolves too: the source's tail) or the silence expires. A
+resolves (and its rule's ``linger`` has passed, or, for an alert whose condition began
+while the source fired, once it resolves too: the source's tail) or the silence expires. A
 resolution is always sent to a receiver that was told the alert was firing, silenced or
 not: a PagerDuty incident must not stay open because someone muted the alert meanwhile.
 A resolution of an alert the group never saw firing (it was only pending, or it fired
@@ -208,7 +208,7 @@ class Grouper:
         sources = [(src, math.inf) for src in self.firing.values()]
         sources += self.ended.values()
         return any(
-            (end == math.inf or rule.mutes_after(end, _fired(target), at))
+            (end == math.inf or rule.mutes_after(end, target.starts_at, at))
             and rule.inhibits(src.labels, target.labels)
             for rule in self.config.inhibit_rules
             for src, end in sources

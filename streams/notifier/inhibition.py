@@ -29,9 +29,10 @@ class InhibitRule:
     """A firing alert matching ``source`` mutes alerts matching ``target`` that have the
     same values of the ``equal`` labels, as Alertmanager's inhibition does. With
     ``linger_s`` (ours; 0 in Alertmanager's terms) a source that resolved still mutes the
-    targets that fired after it for that long (a target firing on past it is told then),
-    and those that fired while it fired until they resolve, for up to :data:`TAIL_S`:
-    they are its incident's tail (the grouper applies it, :meth:`mutes_after`).
+    targets whose condition began to hold after it for that long (a target firing on past
+    it is told then), and those whose condition began while it fired until they resolve,
+    for up to :data:`TAIL_S`, whenever they fire: they are its incident's tail (windows
+    still draining the fault's requests; the grouper applies it, :meth:`mutes_after`).
 
     A label missing on an alert counts as the empty value, so ``equal`` labels missing on
     both alerts are equal. An alert that matches both sides can be muted only by a source
@@ -67,18 +68,19 @@ class InhibitRule:
             and not (self.is_source(target) and self.is_target(source))
         )
 
-    def mutes_until(self, ended: float, target_fired: float) -> float:
-        """Until when a source that resolved at ``ended`` mutes a target that fired at
-        ``target_fired`` (both matched, :meth:`inhibits`); -inf without a linger."""
+    def mutes_until(self, ended: float, target_since: float) -> float:
+        """Until when a source that resolved at ``ended`` mutes a target whose condition
+        has held since ``target_since`` (its ``starts_at``; both matched,
+        :meth:`inhibits`); -inf without a linger."""
         if not self.linger_s:
             return -math.inf
-        tail = target_fired <= ended  # it fired while the source did
+        tail = target_since <= ended  # its deviation began while the source fired
         return ended + (TAIL_S if tail else self.linger_s)
 
-    def mutes_after(self, ended: float, target_fired: float, at: float) -> bool:
+    def mutes_after(self, ended: float, target_since: float, at: float) -> bool:
         """Whether a source that resolved at ``ended`` still mutes, at ``at``, a target
-        that fired at ``target_fired`` (both matched, :meth:`inhibits`)."""
-        return at < self.mutes_until(ended, target_fired)
+        whose condition has held since ``target_since`` (both matched, :meth:`inhibits`)."""
+        return at < self.mutes_until(ended, target_since)
 
     def __str__(self) -> str:
         equal = f" equal [{', '.join(self.equal)}]" if self.equal else ""
@@ -197,10 +199,11 @@ DEFAULT_INHIBIT_RULES = (
     ),
     # the generic anomaly rules (label anomaly=generic) say nothing that a specific rule
     # on the same series says: its alert mutes theirs (a GPU's or a process's on its GPU;
-    # an instance's; an engine's); after it resolved, a generic alert that fired with it
-    # stays muted until it resolves (the incident's tail: windows still holding the
-    # fault's requests, a rhythm that learnt part of a long fault), and one that fires
-    # within GENERIC_LINGER_S after it is told only if it still fires then
+    # an instance's; an engine's); after it resolved, a generic alert whose deviation
+    # began while it fired stays muted until it resolves, even if it fires after (the
+    # incident's tail: windows still holding the fault's requests at a quiet hour, a
+    # rhythm that learnt part of a long fault), and one whose deviation began after it,
+    # firing within GENERIC_LINGER_S, is told only if it still fires then
     *(
         InhibitRule(
             (Matcher("anomaly", ""), Matcher(key, ".+", regex=True)),
