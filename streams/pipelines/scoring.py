@@ -148,6 +148,8 @@ class ScoreBlock:
             dtype=np.float64,
         ).reshape(self.k, len(kinds))
         self.direction = np.array([ANOMALOUS_DIRECTION.get(n, 0) for n in self.names])
+        # (column, its tests) of each signal that counts only with evidence (EVIDENCE)
+        self._tests = [(j, EVIDENCE[n]) for j, n in enumerate(self.names) if n in EVIDENCE]
         self._columns = np.arange(self.k)
         self.index = {n: j for j, n in enumerate(self.names)}
         self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)
@@ -232,11 +234,10 @@ class ScoreBlock:
         """``(n, len(names))``: where each signal's own tests (:data:`~ragwatch.catalog.
         EVIDENCE`) reached their bounds in ``signals`` (arrays over ``n`` rows; NaN: no
         evidence); True for a signal without one. None: no signal of the block has one."""
-        tests = [(j, EVIDENCE[name]) for j, name in enumerate(self.names) if name in EVIDENCE]
-        if not tests:
+        if not self._tests:
             return None
         out = np.ones((n, self.k), dtype=np.bool_)
-        for j, bounds in tests:
+        for j, bounds in self._tests:
             for name, bound in bounds:
                 out[:, j] &= np.asarray(signals[name]) >= bound  # NaN: False
         return out
