@@ -199,6 +199,17 @@ CORROBORATION_GROUP: dict[str, str | None] = {
 EVIDENCE: dict[str, tuple[tuple[str, float], ...]] = {
     "errors_ratio": (("window_errors", 5.0), ("errors_z", 3.0)),
 }
+# a scored signal whose move does not count in anomalous_signals where another signal
+# explains it: (that signal, the bound from which it does; NaN explains nothing). An
+# instance's queue wait, and its time to first token with it, grow with its load, faster
+# than the load (a queue's wait goes as rho / (1 - rho)): a busier day than the profile
+# has seen (the first weekday of an install that started on a Sunday, a launch) builds a
+# queue several times the usual one, and no fault. They count while its requests are
+# less than 50 % above their expectation (``rps_deviation``), QueueWaitHigh's guard.
+EXPLAINED_BY: dict[str, tuple[str, float]] = {
+    "queue_p95_ms": ("rps_deviation", 0.5),
+    "ttft_p95_ms": ("rps_deviation", 0.5),
+}
 ANOMALOUS_SCORE = 0.9
 # ... and moved by at least this much of its expected value (vmanomaly's
 # min_dev_from_expected, relative): a very steady signal's band is narrow, and a move of

@@ -53,6 +53,7 @@ from ragwatch.catalog import (
     ANOMALOUS_SCORE,
     CORROBORATION_GROUP,
     EVIDENCE,
+    EXPLAINED_BY,
     NOT_CORROBORATING,
     PEAK_S,
     SCORE_FIELDS,
@@ -148,8 +149,11 @@ class ScoreBlock:
             dtype=np.float64,
         ).reshape(self.k, len(kinds))
         self.direction = np.array([ANOMALOUS_DIRECTION.get(n, 0) for n in self.names])
-        # (column, its tests) of each signal that counts only with evidence (EVIDENCE)
+        # (column, its tests) of each signal that counts only with evidence (EVIDENCE), and
+        # (column, signal, bound) of each that a signal from a bound on explains (EXPLAINED_BY)
         self._tests = [(j, EVIDENCE[n]) for j, n in enumerate(self.names) if n in EVIDENCE]
+        self._explained = [(j, *EXPLAINED_BY[n]) for j, n in enumerate(self.names)
+                           if n in EXPLAINED_BY]  # fmt: skip
         self._columns = np.arange(self.k)
         self.index = {n: j for j, n in enumerate(self.names)}
         self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)
@@ -233,13 +237,17 @@ class ScoreBlock:
     def evidence(self, signals: Mapping[str, F64], n: int) -> Bools | None:
         """``(n, len(names))``: where each signal's own tests (:data:`~ragwatch.catalog.
         EVIDENCE`) reached their bounds in ``signals`` (arrays over ``n`` rows; NaN: no
-        evidence); True for a signal without one. None: no signal of the block has one."""
-        if not self._tests:
+        evidence) and no signal explains its move (:data:`~ragwatch.catalog.EXPLAINED_BY`;
+        NaN explains nothing); True for a signal with neither. None: no signal of the
+        block has either."""
+        if not self._tests and not self._explained:
             return None
         out = np.ones((n, self.k), dtype=np.bool_)
         for j, bounds in self._tests:
             for name, bound in bounds:
                 out[:, j] &= np.asarray(signals[name]) >= bound  # NaN: False
+        for j, name, bound in self._explained:
+            out[:, j] &= ~(np.asarray(signals[name]) >= bound)  # NaN: not explained
         return out
 
     def due(self, rows: Rows, ts: F64) -> npt.NDArray[np.bool_]:

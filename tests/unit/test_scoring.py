@@ -237,6 +237,29 @@ def test_a_few_failed_requests_are_no_evidence_however_far_out_of_the_band() -> 
     assert count(8.0, 6.0) == (1.0, 1.0)  # eight, far above its share: it counts
 
 
+def test_a_queue_under_more_requests_than_expected_is_load_not_evidence() -> None:
+    """A queue wait (and the time to first token with it) learnt at a quiet Sunday's load
+    grows several times on the first busy weekday: out of its band, scored, but it counts
+    only while the instance's requests are less than 50 % above their expectation."""
+
+    def count(rps_deviation: float) -> tuple[float, float, float]:
+        block = ScoreBlock(("queue_p95_ms", "ttft_p95_ms", "reranker_p99_ms"))
+        block.grow(1)
+        row = np.array([0])
+        for i in range(400):
+            block.update(row, np.array([T0 + 60.0 * i]), np.array([[20.0, 300.0, 30.0 + i % 3]]))
+        evidence = block.evidence({"rps_deviation": np.array([rps_deviation])}, 1)
+        assert evidence is not None and evidence[0, 2]  # a stage's tail: nothing explains it
+        for i in range(400, 412):
+            x = np.array([[100.0, 500.0, 60.0]])
+            got = block.update(row, np.array([T0 + 60.0 * i]), x, evidence)
+        return float(got[0, 0]), float(got[0, 1]), float(got[0, -1])
+
+    assert count(0.8) == (1.0, 1.0, 1.0)  # busier than expected: only the reranker counts
+    assert count(0.1) == (1.0, 1.0, 2.0)  # the usual load: the queue counts (with TTFT, once)
+    assert count(math.nan) == (1.0, 1.0, 2.0)  # no expectation to explain it: it counts
+
+
 def test_a_move_of_a_few_percent_is_no_anomaly_however_narrow_the_band() -> None:
     """A very steady signal's band is narrow: 8 % up is far out of it, held, scored 1,
     but not counted; 40 % up is."""
