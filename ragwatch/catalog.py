@@ -205,11 +205,20 @@ EVIDENCE: dict[str, tuple[tuple[str, float], ...]] = {
 # than the load (a queue's wait goes as rho / (1 - rho)): a busier day than the profile
 # has seen (the first weekday of an install that started on a Sunday, a launch) builds a
 # queue several times the usual one, and no fault. They count while its requests are
-# less than 50 % above their expectation (``rps_deviation``), QueueWaitHigh's guard.
+# less than 50 % above their expectation (``rps_deviation``), QueueWaitHigh's guard. An
+# engine's load, the same: the requests it runs (Little's law: arrivals x latency), the KV
+# cache they fill, the requests waiting and their wait, while its generated tokens/s are
+# less than 50 % above their expectation (``tps_deviation``); a KV cache that fills at
+# the usual demand still counts.
 EXPLAINED_BY: dict[str, tuple[str, float]] = {
     "queue_p95_ms": ("rps_deviation", 0.5),
     "ttft_p95_ms": ("rps_deviation", 0.5),
-}
+    **dict.fromkeys(
+        ("requests_running", "kv_cache_usage_ratio", "requests_waiting", "queue_mean_s",
+         "ttft_mean_s"),
+        ("tps_deviation", 0.5),
+    ),
+}  # fmt: skip
 ANOMALOUS_SCORE = 0.9
 # ... and moved by at least this much of its expected value (vmanomaly's
 # min_dev_from_expected, relative): a very steady signal's band is narrow, and a move of

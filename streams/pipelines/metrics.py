@@ -364,7 +364,10 @@ class MetricsPipeline:
         """Score, then learn, the engine's scored signals; their scores join its signals."""
         values = [s.signals.get(n) for n in self.scores.names]
         x = np.array([[math.nan if v is None else v for v in values]], dtype=np.float64)
-        got = self.scores.update(np.array([s.row], dtype=np.intp), np.array([ts]), x)
+        # the load a demand above its expectation explains does not count (.scoring)
+        read = {n: np.array([_num_or_nan(s.signals.get(n))]) for n in self.scores.evidence_reads}
+        evidence = self.scores.evidence(read, 1)
+        got = self.scores.update(np.array([s.row], dtype=np.intp), np.array([ts]), x, evidence)
         s.signals.update(zip(score_names(self.scores.names), got[0].tolist(), strict=True))
 
     def _room(self) -> int:
@@ -594,6 +597,10 @@ def _engine(d: Mapping[str, Any], labels: dict[str, str]) -> Loaded:
         relearned=None if relearned is None else (_num(relearned[0]), _num(relearned[1])),
     )
     return engine, tps
+
+
+def _num_or_nan(v: float | None) -> float:
+    return math.nan if v is None else v
 
 
 def _str(v: Any) -> str:

@@ -154,6 +154,9 @@ class ScoreBlock:
         self._tests = [(j, EVIDENCE[n]) for j, n in enumerate(self.names) if n in EVIDENCE]
         self._explained = [(j, *EXPLAINED_BY[n]) for j, n in enumerate(self.names)
                            if n in EXPLAINED_BY]  # fmt: skip
+        # the signals :meth:`evidence` reads
+        self.evidence_reads = sorted({name for _, bounds in self._tests for name, _ in bounds}
+                                     | {name for _, name, _ in self._explained})  # fmt: skip
         self._columns = np.arange(self.k)
         self.index = {n: j for j, n in enumerate(self.names)}
         self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)

@@ -5,6 +5,7 @@ pipeline stays bounded."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -144,3 +145,52 @@ def test_a_counter_near_the_float_maximum_starts_over_instead_of_breaking_the_ta
     sig = signals(pipes.metrics)
     assert sig["generation_tokens_per_s"] == pytest.approx(100.0)
     assert all(v is None or math.isfinite(v) for v in sig.values())
+
+
+def _engine_day(demand: float, kv_fault: float, rng: random.Random) -> tuple[float, ...]:
+    """One minute of a vLLM engine (requests/s, generated tokens/s, running, waiting, KV
+    cache usage, queue wait s): its load follows demand (utilisation 0.6 at the usual peak,
+    a queue's wait as rho / (1 - rho)); ``kv_fault`` fills its cache at the usual demand."""
+    rps = 8.0 * demand * math.exp(rng.gauss(0, 0.1))
+    rho = min(0.95, 0.6 * demand)
+    wait = 0.05 * rho / (1 - rho) * math.exp(rng.gauss(0, 0.2)) + 3.0 * kv_fault
+    usage = min(0.995, 0.1 + 0.7 * rho + rng.gauss(0, 0.02) + 0.6 * kv_fault)
+    waiting = max(0.0, rps * wait + rng.gauss(0, 0.3))
+    return rps, rps * 180.0, rps * 4.0 * (1 + rho), waiting, usage, wait
+
+
+@pytest.mark.parametrize("fault", ["surge", "kv-cache"])
+def test_an_engine_s_load_counts_unless_its_demand_explains_it(fault: str) -> None:
+    """Two days of an engine's daily rhythm, then the third morning: demand doubling for
+    three hours moves its running and waiting requests, KV cache and queue wait far out of
+    their bands, scored, but its generated tokens/s 100 % above their expectation explain
+    them: not counted. A KV cache filling at the usual demand (requests waiting, their wait
+    up) counts."""
+    pipe, rng, totals = MetricsPipeline(load_rules()), random.Random(3), [0.0] * 5
+    start, most = T0 + 2 * 86400 + 8 * 3600, 0.0
+    for i in range(int((start - T0) / 60) + 150):
+        t = T0 + 60.0 * i
+        demand = 0.55 + 0.45 * math.cos(2 * math.pi * ((t % 86400) / 3600 - 15) / 24)
+        late = t >= start + 1800  # the fault at full size
+        surge, kv = (2.0 if late and fault == "surge" else 1.0), float(late and fault != "surge")
+        rps, tps, running, waiting, usage, wait = _engine_day(demand * surge, kv, rng)
+        for k, v in enumerate((rps, tps, rps * 2500.0, rps * wait, rps)):
+            totals[k] += v * 60.0
+        pipe.process(scrape(
+            t, ("ragwatch_requests_succeeded_total", {}, totals[0]),
+            ("ragwatch_generation_tokens_total", {}, totals[1]),
+            ("ragwatch_prompt_tokens_total", {}, totals[2]),
+            ("ragwatch_queue_seconds_sum", {}, totals[3]),
+            ("ragwatch_queue_seconds_count", {}, totals[4]),
+            ("ragwatch_requests_running", {}, running), ("ragwatch_requests_waiting", {}, waiting),
+            ("ragwatch_kv_cache_usage_ratio", {}, usage),
+        ))  # fmt: skip
+        if late:
+            sig = signals(pipe)
+            most = max(most, sig["anomalous_signals"] or 0.0)
+    assert sig["kv_cache_usage_ratio_score"] == 1.0  # far out of its band either way
+    if fault == "surge":
+        assert sig["tps_deviation"] is not None and sig["tps_deviation"] > 0.5
+        assert most <= 1.0
+    else:
+        assert most >= 2.0
