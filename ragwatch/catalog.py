@@ -219,6 +219,15 @@ EXPLAINED_BY: dict[str, tuple[str, float]] = {
         ("tps_deviation", 0.5),
     ),
 }  # fmt: skip
+# a series' load, seen several ways: (its witnesses, the signals its load moves). Where
+# every witness is above its expected value by ANOMALOUS_MOVE at least, a move up of those
+# signals is that load, and does not count in anomalous_signals. A GPU busier than its
+# daily profile has seen (a flash crowd, a job at a new hour) is busier, copies more, draws
+# more power and runs hotter, together; a fault decouples them: a power cap (busier, less
+# power), a hang (idle at a busy hour: moves down), heat at the usual load.
+LOAD: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("gpu_util", "power_w"), ("gpu_util", "mem_copy_util", "power_w", "temp_c")),
+)
 ANOMALOUS_SCORE = 0.9
 # ... and moved by at least this much of its expected value (vmanomaly's
 # min_dev_from_expected, relative): a very steady signal's band is narrow, and a move of

@@ -54,6 +54,7 @@ from ragwatch.catalog import (
     CORROBORATION_GROUP,
     EVIDENCE,
     EXPLAINED_BY,
+    LOAD,
     NOT_CORROBORATING,
     PEAK_S,
     SCORE_FIELDS,
@@ -149,6 +150,9 @@ class ScoreBlock:
             dtype=np.float64,
         ).reshape(self.k, len(kinds))
         self.direction = np.array([ANOMALOUS_DIRECTION.get(n, 0) for n in self.names])
+        # (witness columns, moved columns) of the block's load (LOAD), if it has one
+        self._load = next(((self._at(w), self._at(m)) for w, m in LOAD
+                           if set(w) <= set(self.names)), None)  # fmt: skip
         # (column, its tests) of each signal that counts only with evidence (EVIDENCE), and
         # (column, signal, bound) of each that a signal from a bound on explains (EXPLAINED_BY)
         self._tests = [(j, EVIDENCE[n]) for j, n in enumerate(self.names) if n in EVIDENCE]
@@ -303,6 +307,8 @@ class ScoreBlock:
         out = (got.held >= ANOMALOUS_SCORE) & _material(x, got.yhat, self.direction[b % self.k])
         if evidence is not None:
             out &= evidence
+        if self._load is not None:
+            out &= ~self._loaded(x, got.yhat)
         since = self.held_since[b] = np.where(out, np.fmin(self.held_since[b], t), np.nan)
         last[b, VALUE], last[b, HELD] = x, np.where(t - since >= SUSTAIN_S, got.held, 0.0)
         # the peak of the last PEAK_S: a higher score, or the first since it expired
@@ -311,6 +317,21 @@ class ScoreBlock:
         taken = b[take]
         last[taken, PEAK], last[taken, PEAK_VALUE] = got.score[take], x[take]
         last[taken, PEAK_YHAT], self.peak_ts[taken] = got.yhat[take], t[take]
+
+    def _at(self, names: tuple[str, ...]) -> Rows:
+        return np.array([self.names.index(n) for n in names if n in self.names], dtype=np.intp)
+
+    def _loaded(self, x: F64, yhat: F64) -> Bools:
+        """Per bank row (``x`` and ``yhat`` of whole slots, ``k`` a slot): whether its move
+        up is its series' load (:data:`~ragwatch.catalog.LOAD`): every witness up too."""
+        assert self._load is not None
+        witness, moved = self._load
+        xs, ys = x.reshape(-1, self.k), yhat.reshape(-1, self.k)
+        up = _material(xs[:, witness], ys[:, witness], np.ones(len(witness), np.int_))
+        out = np.zeros(xs.shape, dtype=np.bool_)
+        with np.errstate(invalid="ignore"):
+            out[:, moved] = np.all(up, axis=1)[:, None] & (xs[:, moved] > ys[:, moved])
+        return out.ravel()
 
     def scores(self, rows: Rows) -> dict[str, F64]:
         """Every ``<name>_score`` of ``rows``, and their summary."""

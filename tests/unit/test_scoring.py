@@ -260,6 +260,28 @@ def test_a_queue_under_more_requests_than_expected_is_load_not_evidence() -> Non
     assert count(math.nan) == (1.0, 1.0, 2.0)  # no expectation to explain it: it counts
 
 
+def test_a_gpu_busier_hotter_and_drawing_more_power_together_is_load_not_a_fault() -> None:
+    """A flash crowd makes a GPU busier than its profile, copying more, drawing more power,
+    hotter: all out of their bands, scored, none counted. A power cap (busier, less power)
+    and a hang (idle: moves down) decouple them, and count."""
+
+    def count(values: list[float]) -> float:
+        block = ScoreBlock(("gpu_util", "mem_copy_util", "temp_c", "power_w"))
+        block.grow(1)
+        row, rng = np.array([0]), np.random.default_rng(5)
+        for i in range(400):
+            x = np.array([[36.0, 12.0, 47.0, 264.0]]) * (1 + rng.normal(0, 0.02, size=(1, 4)))
+            block.update(row, np.array([T0 + 60.0 * i]), x)
+        for i in range(400, 412):
+            got = block.update(row, np.array([T0 + 60.0 * i]), np.array([values]))
+        assert (got[0, :4] == np.where(np.isclose(values, [36, 12, 47, 264]), 0, 1)).all()
+        return float(got[0, -1])
+
+    assert count([72.0, 25.0, 62.0, 459.0]) == 0.0  # twice the load: one load, no fault
+    assert count([72.0, 25.0, 47.0, 120.0]) == 2.0  # power-capped: busier on less power
+    assert count([0.0, 0.0, 35.0, 72.0]) == 3.0  # hung: idle, cooler (moves down count)
+
+
 def test_a_move_of_a_few_percent_is_no_anomaly_however_narrow_the_band() -> None:
     """A very steady signal's band is narrow: 8 % up is far out of it, held, scored 1,
     but not counted; 40 % up is."""
