@@ -14,16 +14,30 @@ their bands for 25 minutes) pages on, so each tests that the rule knows demand f
   (more retrieved chunks), for good: prefill and time to first token grow with it, a new
   normal that is not a fault.
 
-Two instances of the chat-like service (answers of ~180 tokens, contexts of ~2,500).
+Two instances of the chat-like service (answers of ~180 tokens, contexts of ~2,500). The
+flash crowd reaches the GPUs and the serving engines too, each with its own shape:
+
+- **GPUs** (the fleet of ``bench/shape_generic.py``, 3 hosts x 2 GPUs): the load doubles
+  for three hours on a weekday morning: busier, more power, hotter, together
+  (``GpuAnomaly`` pages on a GPU whose signals decouple: a hang, a power cap);
+- **vLLM engines** (two, scraped every 15 s, their load following demand: utilisation 0.6
+  at the usual peak, the wait of a queue as ``rho / (1 - rho)``, the requests running by
+  Little's law, the KV cache filling with them): the same doubling.
 """
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import shape_generic as generic
 import shape_traffic as traffic
 from shape_kit import DAY, HOUR, MONDAY, Shape
 from shape_traffic import Effect, Rhythm
+
+from ragwatch.schema import Envelope, MetricSample, MetricsEnvelope
 
 INSTANCES = ("rag-api-0", "rag-api-1")
 RHYTHM = Rhythm(daily_ratio=5.0, weekend=0.4)
@@ -95,4 +109,70 @@ def prompt_template() -> Shape:
     )
 
 
-SHAPES = [flash_crowd(), daylight_saving(), prompt_template()]
+CROWD_AT = MONDAY + 3 * DAY + 8 * HOUR  # Thursday 08:00 UTC
+
+
+def crowd(ts: float, size: float = 2.0, hours: float = 3.0) -> float:
+    """The flash crowd's factor on demand at ``ts``: ``size`` for ``hours`` from CROWD_AT,
+    ramped in over 30 minutes."""
+    if not CROWD_AT <= ts < CROWD_AT + hours * HOUR:
+        return 1.0
+    return 1.0 + (size - 1.0) * min(1.0, (ts - CROWD_AT) / 1800.0)
+
+
+def gpu_flash_crowd() -> Shape:
+    end = MONDAY + 4 * DAY
+    return Shape(
+        "gpu-flash-crowd",
+        lambda: generic.gpu_envelopes("", MONDAY, end, 8, lambda t: generic.load(t) * crowd(t)),
+        faults=(),
+        series_days=generic.HOSTS * generic.GPUS * 4.0,
+        note="The generic shapes' 6 GPUs, their load doubled for 3 h on Thursday morning: "
+        "busier, more power, hotter, together.",
+    )
+
+
+def engines_under_load(t0: float, t1: float, seed: int = 6) -> Iterator[Envelope]:
+    """Two vLLM engines scraped every 15 s whose load follows demand (the generic shapes'
+    daily rhythm, the flash crowd on Thursday morning)."""
+    rng, totals = random.Random(seed), {e: [0.0] * 5 for e in range(2)}
+    ts = t0
+    while ts < t1:
+        for e in range(2):
+            demand = generic.load(ts) / 80.0 * crowd(ts)  # 1.0: the usual weekday peak
+            rps = 8.0 * demand * math.exp(rng.gauss(0, 0.15))
+            rho = min(0.97, 0.6 * demand)
+            wait = 0.05 * rho / (1 - rho) * math.exp(rng.gauss(0, 0.2))
+            t, waiting = totals[e], max(0.0, rps * wait + rng.gauss(0, 0.3))
+            for k, v in enumerate((rps, rps * 180 * math.exp(rng.gauss(0, 0.1)), rps * 2500,
+                                   rps * wait, rps)):  # fmt: skip
+                t[k] += v * 15
+            yield MetricsEnvelope(f"node-{e:02d}", "http://vllm:8000/metrics", ts, (
+                MetricSample("ragwatch_requests_succeeded_total", {}, t[0]),
+                MetricSample("ragwatch_generation_tokens_total", {}, t[1]),
+                MetricSample("ragwatch_prompt_tokens_total", {}, t[2]),
+                MetricSample("ragwatch_queue_seconds_sum", {}, t[3]),
+                MetricSample("ragwatch_queue_seconds_count", {}, t[4]),
+                MetricSample("ragwatch_requests_waiting", {}, waiting),
+                MetricSample("ragwatch_requests_running", {}, rps * 4.0 * (1 + rho)),
+                MetricSample("ragwatch_kv_cache_usage_ratio", {},
+                             min(0.995, max(0.0, 0.1 + 0.7 * rho + rng.gauss(0, 0.03)))),
+            ))  # fmt: skip
+        ts += 15.0
+
+
+def engine_flash_crowd() -> Shape:
+    end = MONDAY + 5 * DAY
+    return Shape(
+        "engine-flash-crowd",
+        lambda: engines_under_load(MONDAY, end),
+        faults=(),
+        series_days=2 * 5.0,
+        note="Two vLLM engines whose queue, running requests and KV cache follow demand, "
+        "demand doubled for 3 h on Thursday morning.",
+    )
+
+
+SHAPES = [
+    flash_crowd(), daylight_saving(), prompt_template(), gpu_flash_crowd(), engine_flash_crowd(),
+]  # fmt: skip

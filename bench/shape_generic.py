@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from shape_kit import DAY, HOUR, MINUTE, MONDAY, Expect, Shape
@@ -55,9 +55,11 @@ def load(ts: float) -> float:
     return level * (0.6 if weekday >= 5 else 1.0)
 
 
-def gpu_envelopes(fault: str, t0: float, t1: float, seed: int = 7) -> Iterator[GpuEnvelope]:
-    """Every GPU of the fleet every ``STEP_S``; ``fault`` on node-01's GPU 1 during the
-    fault window."""
+def gpu_envelopes(
+    fault: str, t0: float, t1: float, seed: int = 7, demand: Callable[[float], float] = load
+) -> Iterator[GpuEnvelope]:
+    """Every GPU of the fleet every ``STEP_S`` under ``demand`` (percent at a time);
+    ``fault`` on node-01's GPU 1 during the fault window."""
     rng = random.Random(seed)
     temp = {(h, g): 40.0 for h in range(HOSTS) for g in range(GPUS)}
     used = {(h, g): rng.uniform(30, 60) * GB for h in range(HOSTS) for g in range(GPUS)}
@@ -67,8 +69,10 @@ def gpu_envelopes(fault: str, t0: float, t1: float, seed: int = 7) -> Iterator[G
         for h in range(HOSTS):
             for g in range(GPUS):
                 faulty = (h, g) == (1, 1) and FAULT_AT <= ts < FAULT_AT + FAULT_S
+                kind = fault if faulty else ""
+                level = demand(ts)
                 samples.setdefault(h, []).append(
-                    _gpu(rng, h, g, ts, fault if faulty else "", temp, used, fault == "hot")
+                    _gpu(rng, h, g, ts, kind, temp, used, fault == "hot", level)
                 )
         for h in range(HOSTS):
             yield GpuEnvelope(f"node-{h:02d}", ts, tuple(samples[h]))
@@ -84,8 +88,10 @@ def _gpu(
     temp: dict[tuple[int, int], float],
     used: dict[tuple[int, int], float],
     hot_fleet: bool = False,
+    level: float | None = None,
 ) -> GpuSample:
-    util = min(100.0, max(0.0, load(ts) * (0.9 + 0.1 * g) + rng.gauss(0, 5)))
+    level = load(ts) if level is None else level
+    util = min(100.0, max(0.0, level * (0.9 + 0.1 * g) + rng.gauss(0, 5)))
     copy = min(100.0, max(0.0, 0.35 * util + rng.gauss(0, 3)))
     power = 70.0 + 5.4 * util + rng.gauss(0, 12)
     target = 32.0 + 0.42 * util + 2.0 * h
