@@ -19,7 +19,8 @@ flash crowd reaches the GPUs and the serving engines too, each with its own shap
 
 - **GPUs** (the fleet of ``bench/shape_generic.py``, 3 hosts x 2 GPUs): the load doubles
   for three hours on a weekday morning: busier, more power, hotter, together
-  (``GpuAnomaly`` pages on a GPU whose signals decouple: a hang, a power cap);
+  (``GpuAnomaly`` pages on a GPU whose signals decouple: a hang, a power cap); and a
+  quiet holiday, a weekday at a quarter of the load: idler and cooler all day;
 - **vLLM engines** (two, scraped every 15 s, their load following demand: utilisation 0.6
   at the usual peak, the wait of a queue as ``rho / (1 - rho)``, the requests running by
   Little's law, the KV cache filling with them): the same doubling.
@@ -132,6 +133,21 @@ def gpu_flash_crowd() -> Shape:
     )
 
 
+def gpu_holiday() -> Shape:
+    end, holiday = MONDAY + 5 * DAY, MONDAY + 3 * DAY  # Thursday
+
+    def quiet(t: float) -> float:
+        return generic.load(t) * (0.25 if holiday <= t < holiday + DAY else 1.0)
+
+    return Shape(
+        "gpu-holiday",
+        lambda: generic.gpu_envelopes("", MONDAY, end, 9, quiet),
+        faults=(),
+        series_days=generic.HOSTS * generic.GPUS * 5.0,
+        note="The generic shapes' 6 GPUs on a quiet holiday: Thursday at a quarter of the load.",
+    )
+
+
 def engines_under_load(t0: float, t1: float, seed: int = 6) -> Iterator[Envelope]:
     """Two vLLM engines scraped every 15 s whose load follows demand (the generic shapes'
     daily rhythm, the flash crowd on Thursday morning)."""
@@ -174,5 +190,6 @@ def engine_flash_crowd() -> Shape:
 
 
 SHAPES = [
-    flash_crowd(), daylight_saving(), prompt_template(), gpu_flash_crowd(), engine_flash_crowd(),
+    flash_crowd(), daylight_saving(), prompt_template(), gpu_flash_crowd(), gpu_holiday(),
+    engine_flash_crowd(),
 ]  # fmt: skip

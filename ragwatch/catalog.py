@@ -246,6 +246,11 @@ _ABOVE = (
       for q in ("p50", "p95", "p99")),
 )  # fmt: skip
 ANOMALOUS_DIRECTION: dict[str, int] = {**dict.fromkeys(_ABOVE, 1), "decode_tps": -1}
+# signals that score above their expected value only (0 below it): a GPU never fails by
+# running cool, and a GPU cooler than usual (a quiet holiday, an idle or hung GPU, whose
+# load and power say so) is not "running hot"; its move down still counts in
+# anomalous_signals beside theirs (a hang)
+SCORED_ABOVE_ONLY = frozenset({"temp_c"})
 for _kind, _names in SCORED.items():
     assert set(_names) <= set(SERIES_SIGNALS[_kind]), _kind
     SERIES_SIGNALS[_kind] += (*(f"{n}_score" for n in _names), *SCORE_SUMMARY)

@@ -59,6 +59,7 @@ from ragwatch.catalog import (
     PEAK_S,
     SCORE_FIELDS,
     SCORE_SUMMARY,
+    SCORED_ABOVE_ONLY,
 )
 from ragwatch.detectors.generic import GenericBank, GenericParams
 from ragwatch.detectors.generic.bank import plain_list
@@ -150,6 +151,7 @@ class ScoreBlock:
             dtype=np.float64,
         ).reshape(self.k, len(kinds))
         self.direction = np.array([ANOMALOUS_DIRECTION.get(n, 0) for n in self.names])
+        self.above_only = np.array([n in SCORED_ABOVE_ONLY for n in self.names])
         # (witness columns, moved columns) of the block's load (LOAD), if it has one
         self._load = next(((self._at(w), self._at(m)) for w, m in LOAD
                            if set(w) <= set(self.names)), None)  # fmt: skip
@@ -301,6 +303,9 @@ class ScoreBlock:
         # held score would take each for a lasting deviation; its score is the onset's
         # (lasting growth is the leak detector's)
         got = got._replace(score=np.where(self.counted[b % self.k], got.score, got.onset))
+        with np.errstate(invalid="ignore"):  # scored above its expected value only
+            cool = self.above_only[b % self.k] & (x < got.yhat)
+        got = got._replace(score=np.where(cool, 0.0, got.score))
         last = self.last
         last[b, SCORE], last[b, YHAT] = got.score, got.yhat
         last[b, LOWER], last[b, UPPER] = got.lower, got.upper

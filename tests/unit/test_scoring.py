@@ -274,12 +274,33 @@ def test_a_gpu_busier_hotter_and_drawing_more_power_together_is_load_not_a_fault
             block.update(row, np.array([T0 + 60.0 * i]), x)
         for i in range(400, 412):
             got = block.update(row, np.array([T0 + 60.0 * i]), np.array([values]))
-        assert (got[0, :4] == np.where(np.isclose(values, [36, 12, 47, 264]), 0, 1)).all()
+        assert got[0, 0] == 1.0  # the utilisation far out of its band each time
         return float(got[0, -1])
 
     assert count([72.0, 25.0, 62.0, 459.0]) == 0.0  # twice the load: one load, no fault
     assert count([72.0, 25.0, 47.0, 120.0]) == 2.0  # power-capped: busier on less power
     assert count([0.0, 0.0, 35.0, 72.0]) == 3.0  # hung: idle, cooler (moves down count)
+
+
+def test_a_gpu_cooler_than_usual_scores_nothing_but_its_move_still_counts() -> None:
+    """A GPU's temperature scores above its expected value only: cooler than usual (a
+    quiet holiday) it is no candidate for running hot; with its load and power collapsed
+    (a hang) its move down still counts beside theirs."""
+
+    def scored(values: list[float]) -> list[float]:
+        block = ScoreBlock(("gpu_util", "temp_c", "power_w"))
+        block.grow(1)
+        row, rng = np.array([0]), np.random.default_rng(6)
+        for i in range(400):
+            x = np.array([[50.0, 55.0, 340.0]]) * (1 + rng.normal(0, 0.01, size=(1, 3)))
+            block.update(row, np.array([T0 + 60.0 * i]), x)
+        for i in range(400, 412):
+            got = block.update(row, np.array([T0 + 60.0 * i]), np.array([values]))
+        return [*got[0, :3].tolist(), float(got[0, -1])]
+
+    # hung: utilisation and power score, the cooler GPU not; all three moves count
+    assert scored([0.0, 38.0, 72.0]) == [1.0, 0.0, 1.0, 3.0]
+    assert scored([50.0, 75.0, 340.0]) == [0.0, 1.0, 0.0, 1.0]  # hotter than usual: scored
 
 
 def test_a_move_of_a_few_percent_is_no_anomaly_however_narrow_the_band() -> None:
