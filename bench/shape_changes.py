@@ -38,7 +38,7 @@ import shape_traffic as traffic
 from shape_kit import DAY, HOUR, MONDAY, Shape
 from shape_traffic import Effect, Rhythm
 
-from ragwatch.schema import Envelope, MetricSample, MetricsEnvelope
+from ragwatch.schema import Envelope
 
 INSTANCES = ("rag-api-0", "rag-api-1")
 RHYTHM = Rhythm(daily_ratio=5.0, weekend=0.4)
@@ -151,7 +151,7 @@ def gpu_holiday() -> Shape:
 def engines_under_load(t0: float, t1: float, seed: int = 6) -> Iterator[Envelope]:
     """Two vLLM engines scraped every 15 s whose load follows demand (the generic shapes'
     daily rhythm, the flash crowd on Thursday morning)."""
-    rng, totals = random.Random(seed), {e: [0.0] * 5 for e in range(2)}
+    rng, totals = random.Random(seed), {e: [0.0] * 6 for e in range(2)}
     ts = t0
     while ts < t1:
         for e in range(2):
@@ -160,20 +160,11 @@ def engines_under_load(t0: float, t1: float, seed: int = 6) -> Iterator[Envelope
             rho = min(0.97, 0.6 * demand)
             wait = 0.05 * rho / (1 - rho) * math.exp(rng.gauss(0, 0.2))
             t, waiting = totals[e], max(0.0, rps * wait + rng.gauss(0, 0.3))
-            for k, v in enumerate((rps, rps * 180 * math.exp(rng.gauss(0, 0.1)), rps * 2500,
-                                   rps * wait, rps)):  # fmt: skip
+            gen = rps * 180 * math.exp(rng.gauss(0, 0.1))
+            for k, v in enumerate((rps, gen, rps * 2500, 0.0, rps * wait, rps)):
                 t[k] += v * 15
-            yield MetricsEnvelope(f"node-{e:02d}", "http://vllm:8000/metrics", ts, (
-                MetricSample("ragwatch_requests_succeeded_total", {}, t[0]),
-                MetricSample("ragwatch_generation_tokens_total", {}, t[1]),
-                MetricSample("ragwatch_prompt_tokens_total", {}, t[2]),
-                MetricSample("ragwatch_queue_seconds_sum", {}, t[3]),
-                MetricSample("ragwatch_queue_seconds_count", {}, t[4]),
-                MetricSample("ragwatch_requests_waiting", {}, waiting),
-                MetricSample("ragwatch_requests_running", {}, rps * 4.0 * (1 + rho)),
-                MetricSample("ragwatch_kv_cache_usage_ratio", {},
-                             min(0.995, max(0.0, 0.1 + 0.7 * rho + rng.gauss(0, 0.03)))),
-            ))  # fmt: skip
+            usage = min(0.995, max(0.0, 0.1 + 0.7 * rho + rng.gauss(0, 0.03)))
+            yield generic.vllm_scrape(e, ts, t, waiting, rps * 4.0 * (1 + rho), usage)
         ts += 15.0
 
 

@@ -181,18 +181,29 @@ def engine_envelopes(t0: float, t1: float, seed: int = 5) -> Iterator[Envelope]:
             t[3] += 15 * 0.2 * fill * (1 + rng.random())
             t[4] += rps * 15 * queue_s
             t[5] += rps * 15
-            yield MetricsEnvelope(f"node-{e:02d}", "http://vllm:8000/metrics", ts, (
-                MetricSample("ragwatch_requests_succeeded_total", {}, t[0]),
-                MetricSample("ragwatch_generation_tokens_total", {}, t[1]),
-                MetricSample("ragwatch_prompt_tokens_total", {}, t[2]),
-                MetricSample("ragwatch_preemptions_total", {}, t[3]),
-                MetricSample("ragwatch_queue_seconds_sum", {}, t[4]),
-                MetricSample("ragwatch_queue_seconds_count", {}, t[5]),
-                MetricSample("ragwatch_requests_waiting", {}, waiting),
-                MetricSample("ragwatch_requests_running", {}, rps * 4.0),
-                MetricSample("ragwatch_kv_cache_usage_ratio", {}, max(0.0, usage)),
-            ))  # fmt: skip
+            yield vllm_scrape(e, ts, t, waiting, rps * 4.0, max(0.0, usage))
         ts += 15.0
+
+
+COUNTERS = (  # the counters of vllm_scrape's ``totals``, in order
+    "ragwatch_requests_succeeded_total", "ragwatch_generation_tokens_total",
+    "ragwatch_prompt_tokens_total", "ragwatch_preemptions_total",
+    "ragwatch_queue_seconds_sum", "ragwatch_queue_seconds_count",
+)  # fmt: skip
+
+
+def vllm_scrape(
+    engine: int, ts: float, totals: list[float], waiting: float, running: float, usage: float
+) -> MetricsEnvelope:
+    """One scrape of engine ``engine`` (on ``node-<engine>``): the cumulative ``totals``
+    of :data:`COUNTERS`, and the gauges as read."""
+    counters = tuple(MetricSample(n, {}, v) for n, v in zip(COUNTERS, totals, strict=True))
+    return MetricsEnvelope(f"node-{engine:02d}", "http://vllm:8000/metrics", ts, (
+        *counters,
+        MetricSample("ragwatch_requests_waiting", {}, waiting),
+        MetricSample("ragwatch_requests_running", {}, running),
+        MetricSample("ragwatch_kv_cache_usage_ratio", {}, usage),
+    ))  # fmt: skip
 
 
 def kv_cache_filling() -> Shape:

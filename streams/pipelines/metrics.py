@@ -363,7 +363,7 @@ class MetricsPipeline:
     def _score(self, s: EngineSeries, ts: float) -> None:
         """Score, then learn, the engine's scored signals; their scores join its signals."""
         values = [s.signals.get(n) for n in self.scores.names]
-        x = np.array([[math.nan if v is None else v for v in values]], dtype=np.float64)
+        x = np.array([[_num_or_nan(v) for v in values]], dtype=np.float64)
         # the load a demand above its expectation explains does not count (.scoring)
         read = {n: np.array([_num_or_nan(s.signals.get(n))]) for n in self.scores.evidence_reads}
         evidence = self.scores.evidence(read, 1)

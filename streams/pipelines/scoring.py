@@ -78,6 +78,7 @@ WIDTH = HELD + 1
 SUSTAIN_S = 300.0  # a signal counts as anomalous once out of its band this long: not a burst
 EVERY_S = 60.0  # a series is scored at most once a minute of event time (its mean since)
 MAX_FACTS = 6  # the anomalous signals a series' facts carry to hints, at most
+UP = np.ones(1, dtype=np.int_)  # a direction: above the expected value (_material)
 
 
 class Checked(NamedTuple):
@@ -152,9 +153,6 @@ class ScoreBlock:
         ).reshape(self.k, len(kinds))
         self.direction = np.array([ANOMALOUS_DIRECTION.get(n, 0) for n in self.names])
         self.above_only = np.array([n in SCORED_ABOVE_ONLY for n in self.names])
-        # (witness columns, moved columns) of the block's load (LOAD), if it has one
-        self._load = next(((self._at(w), self._at(m)) for w, m in LOAD
-                           if set(w) <= set(self.names)), None)  # fmt: skip
         # (column, its tests) of each signal that counts only with evidence (EVIDENCE), and
         # (column, signal, bound) of each that a signal from a bound on explains (EXPLAINED_BY)
         self._tests = [(j, EVIDENCE[n]) for j, n in enumerate(self.names) if n in EVIDENCE]
@@ -165,6 +163,9 @@ class ScoreBlock:
                                      | {name for _, name, _ in self._explained})  # fmt: skip
         self._columns = np.arange(self.k)
         self.index = {n: j for j, n in enumerate(self.names)}
+        # (witness columns, moved columns) of the block's load (LOAD), if it has one
+        self._load = next(((self._columns_of(w), self._columns_of(m)) for w, m in LOAD
+                           if set(w) <= set(self.names)), None)  # fmt: skip
         self.bank = GenericBank(params or GenericParams(), capacity=16 * self.k)
         self.slot: Rows = np.zeros(0, dtype=np.intp)  # per pipeline row (-1: none)
         self.last = np.full((16 * self.k, WIDTH), np.nan, dtype=np.float32)
@@ -298,18 +299,18 @@ class ScoreBlock:
     def _score(self, b: Rows, t: F64, x: F64, evidence: Bools | None = None) -> None:
         """Score, then learn, bank rows ``b``'s values ``x`` at ``t`` (``evidence``: per
         bank row, whether its move may count; None: all may)."""
-        got = self.bank.update(b, t, x)
+        got, col = self.bank.update(b, t, x), b % self.k
         # memory's normal shape is steps (caching allocators, reloads, batch jobs): the
         # held score would take each for a lasting deviation; its score is the onset's
-        # (lasting growth is the leak detector's)
-        got = got._replace(score=np.where(self.counted[b % self.k], got.score, got.onset))
-        with np.errstate(invalid="ignore"):  # scored above its expected value only
-            cool = self.above_only[b % self.k] & (x < got.yhat)
-        got = got._replace(score=np.where(cool, 0.0, got.score))
+        # (lasting growth is the leak detector's); some score above their expected value only
+        with np.errstate(invalid="ignore"):
+            cool = self.above_only[col] & (x < got.yhat)
+        score = np.where(self.counted[col], got.score, got.onset)
+        got = got._replace(score=np.where(cool, 0.0, score))
         last = self.last
         last[b, SCORE], last[b, YHAT] = got.score, got.yhat
         last[b, LOWER], last[b, UPPER] = got.lower, got.upper
-        out = (got.held >= ANOMALOUS_SCORE) & _material(x, got.yhat, self.direction[b % self.k])
+        out = (got.held >= ANOMALOUS_SCORE) & _material(x, got.yhat, self.direction[col])
         if evidence is not None:
             out &= evidence
         if self._load is not None:
@@ -323,8 +324,8 @@ class ScoreBlock:
         last[taken, PEAK], last[taken, PEAK_VALUE] = got.score[take], x[take]
         last[taken, PEAK_YHAT], self.peak_ts[taken] = got.yhat[take], t[take]
 
-    def _at(self, names: tuple[str, ...]) -> Rows:
-        return np.array([self.names.index(n) for n in names if n in self.names], dtype=np.intp)
+    def _columns_of(self, names: tuple[str, ...]) -> Rows:
+        return np.array([self.index[n] for n in names if n in self.index], dtype=np.intp)
 
     def _loaded(self, x: F64, yhat: F64) -> Bools:
         """Per bank row (``x`` and ``yhat`` of whole slots, ``k`` a slot): whether its move
@@ -332,7 +333,7 @@ class ScoreBlock:
         assert self._load is not None
         witness, moved = self._load
         xs, ys = x.reshape(-1, self.k), yhat.reshape(-1, self.k)
-        up = _material(xs[:, witness], ys[:, witness], np.ones(len(witness), np.int_))
+        up = _material(xs[:, witness], ys[:, witness], UP)
         out = np.zeros(xs.shape, dtype=np.bool_)
         with np.errstate(invalid="ignore"):
             out[:, moved] = np.all(up, axis=1)[:, None] & (xs[:, moved] > ys[:, moved])
