@@ -177,15 +177,25 @@ def test_gpus_without_a_pod_are_not_compared() -> None:
     assert replica_pages(transitions) == []
 
 
+TWO_WORKERS_FAULTS = {(1, 0): hung(3.0), (4, 1): hot(3.0)}
+
+
+@pytest.fixture(scope="module")
+def one_worker_pages() -> set[tuple[str, str, str, float]]:
+    """The pages of the fleet of the two-worker test on one worker (computed once for
+    both lags)."""
+    pages = replica_pages(run_one(fleet(6, 2, 8.0, TWO_WORKERS_FAULTS)))
+    return {(r, h, g, round(t, 3)) for r, h, g, t in pages}
+
+
 @pytest.mark.parametrize("lag_minutes", [0, 7])
-def test_hosts_on_two_workers_page_as_one_worker(lag_minutes: int) -> None:
+def test_hosts_on_two_workers_page_as_one_worker(
+    lag_minutes: int, one_worker_pages: set[tuple[str, str, str, float]]
+) -> None:
     """Hosts 0-2 on worker a, 3-5 on worker b: each publishes its hosts' facts every
     minute (and its progress), both read them from one table per worker as the facts
     topic delivers them; b runs ``lag_minutes`` behind a, so a waits for its facts."""
-    faults = {(1, 0): hung(3.0), (4, 1): hot(3.0)}
-    one = {
-        (r, h, g, round(t, 3)) for r, h, g, t in replica_pages(run_one(fleet(6, 2, 8.0, faults)))
-    }
+    faults, one = TWO_WORKERS_FAULTS, one_worker_pages
     clock = [0.0]
     tables = {w: FactsTable(w, clock=lambda: clock[0]) for w in ("a", "b")}
     pipes = {w: Pipelines(load_rules(), remote=tables[w]) for w in ("a", "b")}

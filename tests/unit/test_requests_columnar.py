@@ -155,8 +155,9 @@ def _stream(rng: random.Random, n: int) -> Iterator[RequestsEnvelope]:
         yield RequestsEnvelope(service, instance, sent, tuple(recs), pid=rng.choice([None, 1, 2]))
 
 
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10**6), batch=st.sampled_from([1, 3, 17, 256]))
+# not batches of 1: ``process(e)`` is ``process_batch([e])``, the reference itself
+@settings(max_examples=9, deadline=None)
+@given(seed=st.integers(0, 10**6), batch=st.sampled_from([3, 17, 256]))
 def test_odd_streams_close_alike_in_any_batches(seed: int, batch: int) -> None:
     envs = list(_stream(random.Random(seed), 150))
     run_both(envs, batch=batch, rate_target=30.0, rate_min=5.0, min_baseline=2,
