@@ -66,13 +66,13 @@ def gpu_envelopes(
     ts = t0
     while ts < t1:
         samples: dict[int, list[GpuSample]] = {}
+        level = demand(ts)
         for h in range(HOSTS):
             for g in range(GPUS):
                 faulty = (h, g) == (1, 1) and FAULT_AT <= ts < FAULT_AT + FAULT_S
                 kind = fault if faulty else ""
-                level = demand(ts)
                 samples.setdefault(h, []).append(
-                    _gpu(rng, h, g, ts, kind, temp, used, fault == "hot", level)
+                    _gpu(rng, h, g, level, kind, temp, used, fault == "hot")
                 )
         for h in range(HOSTS):
             yield GpuEnvelope(f"node-{h:02d}", ts, tuple(samples[h]))
@@ -83,14 +83,12 @@ def _gpu(
     rng: random.Random,
     h: int,
     g: int,
-    ts: float,
+    level: float,
     fault: str,
     temp: dict[tuple[int, int], float],
     used: dict[tuple[int, int], float],
     hot_fleet: bool = False,
-    level: float | None = None,
 ) -> GpuSample:
-    level = load(ts) if level is None else level
     util = min(100.0, max(0.0, level * (0.9 + 0.1 * g) + rng.gauss(0, 5)))
     copy = min(100.0, max(0.0, 0.35 * util + rng.gauss(0, 3)))
     power = 70.0 + 5.4 * util + rng.gauss(0, 12)
