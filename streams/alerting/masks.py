@@ -36,6 +36,8 @@ def holds(rule: Rule, signals: Mapping[str, F64], n: int) -> npt.NDArray[np.bool
         if v is None:  # a signal this kind of series does not have
             return np.zeros(n, dtype=np.bool_)
         op: Any = OPS[c.op]  # the scalar operator, on arrays
-        with np.errstate(invalid="ignore"):
+        if c.op == "!=":  # the one comparison NaN passes
             out &= ~np.isnan(v) & op(v, c.threshold)
+        else:  # NaN compares False, and silently
+            out &= op(v, c.threshold)
     return out
