@@ -5,11 +5,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= agent,stream,embedded,dev
 TEST_WORKERS ?= 3
+# a file each at a time, in the order tests/conftest.py gives (busy and waiting files mixed)
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis chromium alertmanager prometheus demo test unit lint typecheck bench soak clean
+.PHONY: help setup redis chromium alertmanager prometheus demo test unit durations lint typecheck bench soak clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,11 +53,15 @@ demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert de
 # and Redis: a third overlaps their waits, 499-528 s instead of 626-666 s measured),
 # then the tests that measure a worker's speed, alone
 test: setup chromium alertmanager prometheus lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(PY) -m pytest $(XDIST) -m "not serial"
 	$(PY) -m pytest -m serial
 
 unit: setup prometheus ## only the fast tests (no broker, no Redis)
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not integration"
+
+durations: setup chromium alertmanager prometheus ## run the suite as make test does and record each file's time (tests/durations.json: the order make test hands files out in)
+	$(PY) -m pytest $(XDIST) -m "not serial" --write-durations tests/durations.json
+	$(PY) -m pytest -m serial --write-durations tests/durations.json
 
 typecheck: setup
 	@rm -rf build/typecheck && mkdir -p build/typecheck/ragwatch
