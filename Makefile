@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= agent,stream,embedded,dev
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 # a file each at a time, in the order tests/conftest.py gives (busy and waiting files mixed)
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
@@ -49,9 +49,10 @@ setup: redis $(STAMP) ## create .venv and install ragwatch with all extras
 demo: setup ## replay the GPU memory-leak incident end to end (exit 0 = alert delivered)
 	$(VENV)/bin/ragwatch demo
 
-# three pytest-xdist workers on 2 cores (a file each at a time; each starts its own broker
-# and Redis: a third overlaps their waits, 499-528 s instead of 626-666 s measured),
-# then the tests that measure a worker's speed, alone
+# four pytest-xdist workers on 2 cores (a file each at a time, busy and waiting files mixed:
+# tests/conftest.py; each starts its own broker and Redis, and the integration files mostly
+# wait on them: 636 s for this part against 696 s on three, measured), then the tests that
+# measure a worker's speed, alone
 test: setup chromium alertmanager prometheus lint ## lint, type-check and run the whole test suite (unit, contract, integration, doctests)
 	$(PY) -m pytest $(XDIST) -m "not serial"
 	$(PY) -m pytest -m serial
