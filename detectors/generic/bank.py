@@ -384,8 +384,8 @@ class GenericBank:
             e = np.clip((window - self.mean[r][:, None]) / dev[:, None], -lim, lim)
         # aligned: rotated so that its largest |value| is the last (a spike, a burst's
         # peak: the same shape wherever it is in the window, one prototype, not shape_n)
-        shift = (w - 1 - np.argmax(np.abs(np.nan_to_num(e)), axis=1))[:, None]
-        e = np.take_along_axis(e, (np.arange(w)[None, :] - shift) % w, axis=1)
+        shift = (w - 1 - np.argmax(np.fmax(np.abs(e), 0.0), axis=1))[:, None]  # NaN: 0
+        e = e[np.arange(len(r))[:, None], (np.arange(w)[None, :] - shift) % w]
         e = np.where(judged[:, None], e, math.nan)
         protos = self.proto[r].reshape(len(r), k, w) / PROTO_STEP
         d2 = ((protos - e[:, None, :]) ** 2).mean(axis=2)
