@@ -377,14 +377,15 @@ def _rate_rpm(d: Draw, at_s: float) -> float:
     )
 
 
-def run_draw(d: Draw, rules: list[Rule] | None = None) -> dict[str, Any]:
-    """Play and score one draw (and its consumption order, if it has one)."""
+def run_draw(d: Draw, rules: list[Rule] | None = None, consumption: bool = True) -> dict[str, Any]:
+    """Play and score one draw (and its consumption order, if it has one and
+    ``consumption``)."""
     rules = load_rules() if rules is None else rules
     start, cpu = time.perf_counter(), time.process_time()
     envelopes = list(telemetry(d))
     in_order = play(((_topic(e), e) for e in envelopes), rules)
     result = {"draw": asdict(d), **score(d, in_order), "envelopes": len(envelopes)}
-    if d.consumption:
+    if d.consumption and consumption:
         shuffled = play(consumption_order(envelopes, d.seed), rules)
         same = _by_alert(in_order) == _by_alert(shuffled)
         result["consumption"] = {"same_transitions": same, **_diff(in_order, shuffled)}
@@ -499,14 +500,17 @@ def table(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(seeds: Sequence[int], jobs: int) -> list[dict[str, Any]]:
+def run(seeds: Sequence[int], jobs: int, consumption: bool = True) -> list[dict[str, Any]]:
+    """The draws of ``seeds`` on ``jobs`` processes (``consumption`` False: none played a
+    second time in a consumption order)."""
     rules = load_rules()
     draws = [draw(s) for s in seeds]
     if jobs <= 1:
-        return [run_draw(d, rules) for d in draws]
+        return [run_draw(d, rules, consumption) for d in draws]
     ctx = multiprocessing.get_context("fork")
+    n = len(draws)
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        return list(pool.map(run_draw, draws, [rules] * len(draws), chunksize=1))
+        return list(pool.map(run_draw, draws, [rules] * n, [consumption] * n, chunksize=1))
 
 
 def main(argv: list[str] | None = None) -> int:
