@@ -274,6 +274,38 @@ class Watch:
         return not self.unexpected
 
 
+RESOLVE_WAIT_S = 30.0
+# how long PagerDuty's resolves may trail the webhook's: its sender paces itself
+# (rate_per_min) and a healing scenario resolves several alerts within milliseconds
+
+
+def _pager_keys(pager: WebhookReceiver) -> dict[str, str | None]:
+    """Each PagerDuty incident's dedup key -> its alert's fingerprint (from its trigger)."""
+    out: dict[str, str | None] = {}
+    for e in pager.bodies:
+        if e.get("event_action") == "trigger":
+            details = (e.get("payload") or {}).get("custom_details", {})
+            out[e.get("dedup_key", "")] = details.get("fingerprint")
+    return out
+
+
+def _resolved_at_webhook(hook: WebhookReceiver) -> set[str]:
+    return {a["fingerprint"] for b in hook.bodies for a in b["alerts"] if a["status"] == "resolved"}
+
+
+def _await_pager_resolves(hook: WebhookReceiver, pager: WebhookReceiver, wait_s: float) -> None:
+    """Wait, up to ``wait_s`` in all, for PagerDuty to get the resolve of each incident
+    whose alert the webhook has seen resolved."""
+    deadline = time.monotonic() + wait_s
+    done = _resolved_at_webhook(hook)
+    for key, fp in sorted(_pager_keys(pager).items()):
+        if fp in done:
+            pager.wait_for(
+                lambda e, k=key: e.get("dedup_key") == k and e.get("event_action") == "resolve",
+                max(0.0, deadline - time.monotonic()),
+            )
+
+
 def check_receivers(
     hook: WebhookReceiver,
     slack: WebhookReceiver,
@@ -287,6 +319,8 @@ def check_receivers(
     time.sleep(1.0)  # let the last deliveries land
     if expected:  # Slack's group waits 30 s of event time; the notifier's clock may lag a bit
         slack.wait_for(lambda b: True, 10.0)
+    if healed:
+        _await_pager_resolves(hook, pager, RESOLVE_WAIT_S)
     seen: dict[tuple[str, str], int] = {}
     for b in hook.bodies:
         for a in b["alerts"]:
@@ -305,20 +339,11 @@ def check_receivers(
     problems = [f"webhook got {k[1]} of {k[0]} {n} times" for k, n in seen.items() if n > 1]
     problems += [f"PagerDuty got {k[1]} {k[0]} {n} times" for k, n in events.items() if n > 1]
     if healed:  # every alert that resolved at the webhook was resolved at PagerDuty too
-        resolved_fps = {
-            a["fingerprint"] for b in hook.bodies for a in b["alerts"] if a["status"] == "resolved"
-        }
-        fp_of = {
-            e.get("dedup_key", ""): (e.get("payload") or {})
-            .get("custom_details", {})
-            .get("fingerprint")
-            for e in pager.bodies
-            if e.get("event_action") == "trigger"
-        }
+        resolved_fps = _resolved_at_webhook(hook)
         resolved_keys = {k for (k, act) in events if act == "resolve"}
         problems += [
             f"PagerDuty incident {k} was never resolved"
-            for k, fp in sorted(fp_of.items())
+            for k, fp in sorted(_pager_keys(pager).items())
             if fp in resolved_fps and k not in resolved_keys
         ]
     if expected and not slack.bodies:
