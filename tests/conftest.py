@@ -57,10 +57,15 @@ def _file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _times(path: Path) -> dict[str, float]:
+    """The recorded times in ``path`` (none if it does not exist)."""
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
 @pytest.hookimpl(trylast=True)  # after tests/integration/conftest.py marked its tests
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    files = {_file(item.nodeid): known.get(_file(item.nodeid), UNKNOWN_S) for item in items}
+    known = _times(DURATIONS)
+    files = {f: known.get(f, UNKNOWN_S) for f in (_file(item.nodeid) for item in items)}
     waiting = {_file(i.nodeid) for i in items if i.get_closest_marker("integration")}
     rank = {f: n for n, f in enumerate(schedule(files, waiting))}
     items.sort(key=lambda item: rank[_file(item.nodeid)])  # stable: a file's own order kept
@@ -85,8 +90,7 @@ class _Timer:
         self.seconds[_file(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self) -> None:
-        old = json.loads(self.path.read_text()) if self.path.exists() else {}
-        new = {**old, **{f: round(s, 1) for f, s in self.seconds.items()}}
+        new = {**_times(self.path), **{f: round(s, 1) for f, s in self.seconds.items()}}
         root = Path(__file__).parent.parent
         kept = {f: s for f, s in sorted(new.items()) if (root / f).exists()}
         self.path.write_text(json.dumps(kept, indent=1) + "\n")
