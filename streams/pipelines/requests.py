@@ -337,10 +337,22 @@ class RequestPipeline:
         view = self.series.get((service, instance))
         return instance_facts(view) if view is not None else None
 
-    def facts_of(self, service: str) -> list[InstanceFacts]:
-        """The facts of every instance of ``service``, in instance order."""
-        series = self.series
-        return [instance_facts(series[(service, i)]) for i, _ in self._instances(service)]
+    def facts_of(
+        self, service: str, taken: Mapping[tuple[str, str], float | None] | None = None
+    ) -> list[InstanceFacts]:
+        """The facts of every instance of ``service``, in instance order. With ``taken``
+        ((service, instance) -> the bucket end its facts were last taken at), only of the
+        instances that closed a bucket since: a worker asks after every wave, and a
+        bucket closes once a minute, so signals and scores are read only then."""
+        ends, series = self.rows.col["bucket_end"], self.series
+        out = []
+        for i, row in self._instances(service):
+            if taken is not None:
+                end = float(ends[row])
+                if end != end or taken.get((service, i)) == end:  # NaN: no bucket yet
+                    continue
+            out.append(instance_facts(series[(service, i)]))
+        return out
 
     def facts_on(self, host: str) -> list[InstanceFacts]:
         """The facts of every instance whose requests name ``host``, in key order."""

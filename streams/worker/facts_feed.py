@@ -105,7 +105,7 @@ class FactsFeed:
             if due:
                 self._due += self.pipes.gpus.facts_of(due)
         elif reader.name == "requests":
-            for service, _ in moved:
+            for service in dict.fromkeys(service for service, _ in moved):
                 self._due += self._instances(service)
 
     # -- publishing -------------------------------------------------------------------
@@ -132,12 +132,10 @@ class FactsFeed:
 
     def _instances(self, service: str) -> list[InstanceFacts]:
         out = []
-        for f in self.pipes.requests.facts_of(service):
-            key = (f.service, f.instance)
-            if f.bucket_end is not None and self._bucket.get(key) != f.bucket_end:
-                self._bucket[key] = f.bucket_end
-                sig = f.signals  # what hints read of it, no more (the table keeps hours)
-                out.append(replace(f, signals={k: sig[k] for k in HINT_SIGNALS if k in sig}))
+        for f in self.pipes.requests.facts_of(service, taken=self._bucket):  # closed since
+            self._bucket[(f.service, f.instance)] = f.bucket_end
+            sig = f.signals  # what hints read of it, no more (the table keeps hours)
+            out.append(replace(f, signals={k: sig[k] for k in HINT_SIGNALS if k in sig}))
         return out
 
     def _progress_due(self, read: ReadUpTo, published: bool) -> WorkerProgress | None:

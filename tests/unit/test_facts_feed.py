@@ -23,6 +23,8 @@ from ragwatch.schema import (
     GpuEnvelope,
     HostFacts,
     InstanceFacts,
+    RequestRecord,
+    RequestsEnvelope,
     Transition,
     WorkerProgress,
 )
@@ -176,3 +178,30 @@ async def test_reading_a_new_partition_says_how_far_behind_it_is() -> None:
     began = next(r for r in f.sent if isinstance(r, WorkerProgress))
     assert began.host_ts == behind
     assert loop.read_up_to()[0] == behind + 540.0  # processed: its newest
+
+
+def test_an_instances_facts_are_taken_once_each_time_its_bucket_closes() -> None:
+    """The worker calls observe after every wave with every envelope of its batch (a
+    service many times over): each instance's facts are taken when it closes a bucket,
+    once, as ``facts_of`` has them then, and never before its first close."""
+    f = Feed(wait_s=1.0)
+    requests, want, ends = f.pipes.requests, [], {}
+    for i in range(60):  # 10 minutes of two instances, 10 s apart
+        ts = AT + 10.0 * i
+        envs = [
+            RequestsEnvelope("rag-api", f"rag-api-{n}", ts,
+                             (RequestRecord(ts - 1.0, "ok", 800.0 + n, 3000, 250),), host=HOST)
+            for n in range(2)
+        ]  # fmt: skip
+        requests.process_batch(envs)
+        f.feed.observe(requests, [(e.service, e.ts) for e in envs] * 3)
+        for facts in requests.facts_of("rag-api"):  # all of them: the reference
+            key = (facts.service, facts.instance)
+            if facts.bucket_end is not None and ends.get(key) != facts.bucket_end:
+                ends[key] = facts.bucket_end
+                want.append((*key, facts.bucket_end, facts.anomalous))
+    due = f.feed.due((None, None))
+    got = [(r.service, r.instance, r.bucket_end, r.anomalous) for r in due
+           if isinstance(r, InstanceFacts)]  # fmt: skip
+    assert got == want
+    assert len(got) >= 2 * 8  # a bucket a minute, per instance
