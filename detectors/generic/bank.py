@@ -409,10 +409,11 @@ class GenericBank:
         fresh = finite & (self.n[r] == 0)
         later = finite & ~fresh & (t > self.t[r])
         self.late += int((finite & ~fresh & ~later).sum())
-        f = r[fresh]
-        self.t[f], self.level[f], self.fast[f], self.n[f] = t[fresh], x[fresh], x[fresh], 1
-        self.anchor[f] = x[fresh]
-        self.mean[f], self.win[f] = x[fresh], x[fresh][:, None]
+        if fresh.any():
+            f = r[fresh]
+            self.t[f], self.level[f], self.fast[f], self.n[f] = t[fresh], x[fresh], x[fresh], 1
+            self.anchor[f] = x[fresh]
+            self.mean[f], self.win[f] = x[fresh], x[fresh][:, None]
         if later.any():
             self._learn(r[later], t[later], x[later], step, later)
         return step.out
@@ -489,9 +490,11 @@ class GenericBank:
         e, near, dist = step.shape.e[m], step.shape.near[m], step.shape.dist[m]
         judged = np.isfinite(e[:, 0])
         hit = judged & (dist <= p.shape_r)
-        self._move_prototype(g[hit], near[hit], e[hit])
+        if hit.any():
+            self._move_prototype(g[hit], near[hit], e[hit])
         miss = judged & ~hit
-        self._replace_prototype(g[miss], e[miss])
+        if miss.any():  # a shape not seen: rare once the prototypes are learnt
+            self._replace_prototype(g[miss], e[miss])
 
     def _move_prototype(self, h: IDX, j: IDX, e: F64) -> None:
         """Prototype ``j`` of rows ``h`` (the nearest, within shape_r) moves towards the
