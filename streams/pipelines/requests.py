@@ -344,12 +344,12 @@ class RequestPipeline:
         ((service, instance) -> the bucket end its facts were last taken at), only of the
         instances that closed a bucket since: a worker asks after every wave, and a
         bucket closes once a minute, so signals and scores are read only then."""
-        ends, series = self.rows.col["bucket_end"], self.series
+        rows, series = self.rows, self.series
         out = []
         for i, row in self._instances(service):
             if taken is not None:
-                end = float(ends[row])
-                if end != end or taken.get((service, i)) == end:  # NaN: no bucket yet
+                end = rows.bucket_end(row)  # None: no bucket closed yet
+                if end is None or taken.get((service, i)) == end:
                     continue
             out.append(instance_facts(series[(service, i)]))
         return out
