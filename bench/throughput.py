@@ -18,7 +18,14 @@ c. the full worker, ``python -m ragwatch worker``, whose ``messages`` counter is
 (c0) the full worker with ``RAGWATCH_SCORE_SIGNALS=false`` (no signal scored by the generic
 detector: the ratio c / c0 is what scoring every signal costs), and (c2) two workers of a
 new consumer group sharing the topic's partitions. The request
-topic (``ragwatch.requests``) is consumed the same way, once.
+topic (``ragwatch.requests``) is consumed the same way, without (c2).
+
+Scoring on and off are run ``--pairs`` times each (default 2), alternated, a pair's order
+turned each time (on, off, off, on, ...): one pair's ratio moved from 0.73x to 0.83x
+between runs of the same code on this 2-core machine, whose speed drifts within minutes, and
+alternating cancels a steady drift. The ratio reported is the median of the pairs' ratios
+of messages/s, each pair's beside it, and the same of CPU per message (the worker's own
+cost, whatever the broker beside it did); rows (c) and (c0) are the first pair.
 
 Rates run from the first message to the last, so the consumer-group join (half the session
 timeout on Tansu) is excluded. For (c) the window is bounded by the worker's own
@@ -45,6 +52,7 @@ import platform
 import pstats
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -510,7 +518,31 @@ def shape_key(gpus: int, procs: int) -> str:
     return f"{gpus * (procs + 1)}_series"
 
 
-def finish(rows: dict[str, dict[str, Any]], per: float, unit: str) -> dict[str, float]:
+def pair_row(on: bool, i: int) -> str:
+    """The row of pair ``i``'s round with scoring ``on``: (c) and (c0) for the first."""
+    name = "c: ragwatch worker" if on else "c0: ragwatch worker, scoring off"
+    return name if i == 0 else f"{name.split(':')[0]} (pair {i + 1})"
+
+
+def pair_ratios(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Scoring on / off: the median of the pairs' ratios of messages/s, each pair's, and
+    the same of CPU per message (off / on: the worker's own cost)."""
+    pairs = [
+        (rows[pair_row(True, i)], rows[pair_row(False, i)])
+        for i in range(len(rows))
+        if pair_row(True, i) in rows and pair_row(False, i) in rows
+    ]
+    rate = [on["messages_per_s"] / off["messages_per_s"] for on, off in pairs]
+    cpu = [off["cpu_us_per_message"] / on["cpu_us_per_message"] for on, off in pairs]
+    return {
+        "scoring_on_vs_off": round(statistics.median(rate), 3),
+        "scoring_on_vs_off_pairs": [round(v, 3) for v in rate],
+        "scoring_cpu_on_vs_off": round(statistics.median(cpu), 3),
+        "scoring_cpu_on_vs_off_pairs": [round(v, 3) for v in cpu],
+    }
+
+
+def finish(rows: dict[str, dict[str, Any]], per: float, unit: str) -> dict[str, Any]:
     """Rates and rounding of one topic's rows (in place); returns its ratios."""
     for r in rows.values():
         r["messages_per_s"] = round(r["messages"] / r["seconds"])
@@ -518,16 +550,27 @@ def finish(rows: dict[str, dict[str, Any]], per: float, unit: str) -> dict[str, 
         r["cpu_us_per_message"] = round(1e6 * r["cpu_s"] / r["messages"], 1)
         for k in ("seconds", "cpu_s", "peak_rss_mib", "process_cpu_s", "join_and_consume_s"):
             r[k] = round(r[k], 2)
-    a, b, c = (rows[k]["messages_per_s"] for k in list(rows)[:3])
-    ratios = {"c_vs_b": round(c / b, 3), "c_vs_a": round(c / a, 3), "b_vs_a": round(b / a, 3)}
-    if "c0: ragwatch worker, scoring off" in rows:
-        off = rows["c0: ragwatch worker, scoring off"]["messages_per_s"]
-        ratios["scoring_on_vs_off"] = round(c / off, 3)
+    a, b = (rows[k]["messages_per_s"] for k in list(rows)[:2])
+    c = rows[pair_row(True, 0)]["messages_per_s"]
+    ratios: dict[str, Any] = {
+        "c_vs_b": round(c / b, 3), "c_vs_a": round(c / a, 3), "b_vs_a": round(b / a, 3)
+    }  # fmt: skip
+    ratios |= pair_ratios(rows)
     if "c2: 2 ragwatch workers" in rows:
         ratios["two_workers_vs_one"] = round(
             rows["c2: 2 ragwatch workers"]["messages_per_s"] / c, 3
         )
     return ratios
+
+
+def scoring(ra: dict[str, Any]) -> str:
+    """Scoring on / off, the median of the pairs, each pair's, and the CPU's."""
+    each = ", ".join(f"{v:.2f}" for v in ra["scoring_on_vs_off_pairs"])
+    cpu = ", ".join(f"{v:.2f}" for v in ra["scoring_cpu_on_vs_off_pairs"])
+    return (
+        f"scoring on / off = {ra['scoring_on_vs_off']:.2f}x (target >= 0.75x; pairs {each}), "
+        f"CPU per message {ra['scoring_cpu_on_vs_off']:.2f}x (pairs {cpu})"
+    )
 
 
 def print_rows(title: str, rows: dict[str, dict[str, Any]], unit: str, label: str) -> None:
@@ -560,6 +603,9 @@ def main() -> None:
     ap.add_argument("--request-ticks", type=int, default=300, help="1 s request batches")
     ap.add_argument("--memory-series", type=int, default=10_000, help="GPU series to size")
     ap.add_argument("--timeout", type=float, default=300.0, help="per path, seconds")
+    ap.add_argument(
+        "--pairs", type=int, default=2, help="scoring on/off rounds per topic, alternated"
+    )
     ap.add_argument("--top", type=int, default=15, help="profile rows")
     ap.add_argument("--role", choices=("kafka", "faust", "memory"), help=argparse.SUPPRESS)
     for hidden in ("--bootstrap", "--topic", "--group", "--out", "--datadir"):
@@ -631,15 +677,15 @@ def main() -> None:
                         run_child("kafka", args, topic, n, tmp)
                     ),
                     "b: bare Faust agent (count)": timed(run_child("faust", args, topic, n, tmp)),
-                    "c: ragwatch worker": timed(run_worker(env, n, args.timeout)),
                 }
-                # the same topic again, by a worker that scores no signal (issue 34: what
-                # scoring every signal costs, on and off in the same run)
-                env_off = {**fresh_env(), "RAGWATCH_TOPIC_PREFIX": env["RAGWATCH_TOPIC_PREFIX"],
-                           "RAGWATCH_SCORE_SIGNALS": "false"}  # fmt: skip
-                rows["c0: ragwatch worker, scoring off"] = timed(
-                    run_worker(env_off, n, args.timeout)
-                )
+                # the same topic again by workers that score every signal and none, in
+                # alternated pairs (issue 34: what scoring costs, on and off in the same run)
+                for i in range(args.pairs):
+                    for on in (True, False) if i % 2 == 0 else (False, True):
+                        e = {**fresh_env(), "RAGWATCH_TOPIC_PREFIX": env["RAGWATCH_TOPIC_PREFIX"]}
+                        if not on:
+                            e["RAGWATCH_SCORE_SIGNALS"] = "false"
+                        rows[pair_row(on, i)] = timed(run_worker(e, n, args.timeout))
                 if kind == "gpu":
                     # the same topic again, by two workers of a new group sharing its partitions
                     env2 = {**fresh_env(), "RAGWATCH_TOPIC_PREFIX": env["RAGWATCH_TOPIC_PREFIX"]}
@@ -691,14 +737,12 @@ def main() -> None:
         print(
             f"gpu {shape['series_per_envelope']:>3} series: c/b = {ra['c_vs_b']:.2f}x{goal}, "
             f"c/a = {ra['c_vs_a']:.2f}x, b/a = {ra['b_vs_a']:.2f}x; "
-            f"2 workers / 1 = {ra['two_workers_vs_one']:.2f}x; scoring on / off = "
-            f"{ra['scoring_on_vs_off']:.2f}x (target >= 0.75x)"
+            f"2 workers / 1 = {ra['two_workers_vs_one']:.2f}x; {scoring(ra)}"
         )
     req_rate = req_out["results"]["c: ragwatch worker"]["request_records_per_s"]
     print(
         f"requests: c/b = {req_out['ratios']['c_vs_b']:.2f}x; worker {req_rate:,} records/s "
-        f"(target >= 50,000); scoring on / off = {req_out['ratios']['scoring_on_vs_off']:.2f}x "
-        "(target >= 0.75x)"
+        f"(target >= 50,000); {scoring(req_out['ratios'])}"
     )
 
     print()
