@@ -141,6 +141,18 @@ class _Step(NamedTuple):
     peak: F64  # the row's decayed peak onset before x
 
 
+def _mean_square(d: F64) -> F64:
+    """``(d ** 2).mean(axis=-1)``, squaring ``d`` in place: the last axis summed in order,
+    column by column (numpy's own reduction adds fewer than 8 values in order too: the same
+    floats), twice as fast on thousands of rows as a reduction over a short axis."""
+    d *= d
+    out: F64 = d[..., 0].copy()
+    for j in range(1, d.shape[-1]):
+        out += d[..., j]
+    out /= d.shape[-1]
+    return out
+
+
 def _ew(dt: F64, memory: float) -> F64:
     """The weight of a new value in an exponential average of ``memory`` seconds."""
     out: F64 = 1.0 - np.exp(-dt / memory)
@@ -388,7 +400,7 @@ class GenericBank:
         e = e[np.arange(len(r))[:, None], (np.arange(w)[None, :] - shift) % w]
         e = np.where(judged[:, None], e, math.nan)
         protos = self.proto[r].reshape(len(r), k, w) / PROTO_STEP
-        d2 = ((protos - e[:, None, :]) ** 2).mean(axis=2)
+        d2 = _mean_square(protos - e[:, None, :])
         d2 = np.where((self.use[r] > 0) & judged[:, None], d2, np.inf)
         near = np.argmin(d2, axis=1)
         dist = np.sqrt(d2[np.arange(len(r)), near])
