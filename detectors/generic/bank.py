@@ -399,8 +399,9 @@ class GenericBank:
         shift = (w - 1 - np.argmax(np.fmax(np.abs(e), 0.0), axis=1))[:, None]  # NaN: 0
         e = e[np.arange(len(r))[:, None], (np.arange(w)[None, :] - shift) % w]
         e = np.where(judged[:, None], e, math.nan)
-        protos = self.proto[r].reshape(len(r), k, w) / PROTO_STEP
-        d2 = _mean_square(protos - e[:, None, :])
+        diff = self.proto[r].reshape(len(r), k, w) / PROTO_STEP  # the prototypes, less e
+        diff -= e[:, None, :]
+        d2 = _mean_square(diff)
         d2 = np.where((self.use[r] > 0) & judged[:, None], d2, np.inf)
         near = np.argmin(d2, axis=1)
         dist = np.sqrt(d2[np.arange(len(r)), near])
