@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ragwatch.detectors.generic.params import BINS, F32, F64, IDX, LO, SHAPE_BINS, STEP
+from ragwatch.detectors.generic.params import BINS, F32, F64, IDX, LO, STEP
 
 _EDGES = 2.0 ** (LO + np.arange(BINS + 1) * STEP)  # the bins' lower edges, and the top
 _TOP = float(_EDGES[-1])
+MANY = 256  # rows from which _above sums a bin at a time
 
 
 def _position(f: F64) -> F64:
@@ -29,24 +30,21 @@ def _position(f: F64) -> F64:
     return pos
 
 
-def _suffix(nb: int) -> F64:
-    """``u[j, k] = 1`` where bin ``j`` counts at or above edge ``k`` (``nb x nb + 1``)."""
-    out: F64 = np.tril(np.ones((nb, nb + 1)))
-    return out
-
-
-_SUFFIX = {nb: _suffix(nb) for nb in (BINS, SHAPE_BINS)}  # the banks' two widths
-
-
 def _above(h: F32) -> F64:
     """Counts at or above each edge: ``out[:, k] = h[:, k:].sum()``, ``out[:, nb] = 0``
-    (``nb`` bins: the histogram's width, BINS or fewer, the first ones)."""
-    nb = h.shape[1]
-    u = _SUFFIX.get(nb)
-    # a matrix product, each count times 1 or 0, summed in float64 (where float32 counts
-    # add exactly): the same sums as a running sum from the top bin, three times faster
-    out: F64 = h.astype(np.float64) @ (_suffix(nb) if u is None else u)
-    return out
+    (``nb`` bins: the histogram's width, BINS or fewer, the first ones), summed in float64
+    from the top bin down."""
+    nb, n = h.shape[1], len(h)
+    out = np.zeros((nb + 1, n))
+    if n < MANY:  # a running sum along each row
+        np.cumsum(h.T[::-1], axis=0, dtype=np.float64, out=out[1:])
+        return out[::-1].T
+    # a bin (all rows) at a time: the same sums in the same order, twice as fast on many
+    # rows (a running sum along each row, even of a contiguous copy, does not vectorise)
+    ht = np.ascontiguousarray(h.T, dtype=np.float64)
+    for k in range(nb - 1, -1, -1):
+        np.add(out[k + 1], ht[k], out=out[k])
+    return out.T
 
 
 def tail(h: F32, w: F64, f: F64, prior: float) -> F64:

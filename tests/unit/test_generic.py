@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragwatch.detectors.generic import GenericBank, GenericDetector, GenericParams
+from ragwatch.detectors.generic import GenericBank, GenericDetector, GenericParams, surprise
 from tests.reference.generic import GenericReference
 
 T0 = 1_767_225_600.0  # a Thursday, midnight UTC
@@ -126,6 +126,46 @@ def test_a_bank_of_n_rows_is_n_views() -> None:
             assert math.isclose(got.onset[r], want, rel_tol=1e-12, abs_tol=1e-12), (r, i)
             assert math.isclose(got.score[r], full.score[0], rel_tol=1e-12, abs_tol=1e-12)
     assert max(views[0].score_one({"t": T0 + 1e6, "value": 1e3}), 0) > 0.5
+
+
+def test_the_histograms_tails_are_summed_alike_on_few_rows_and_many() -> None:
+    """From ``surprise.MANY`` rows on, the counts at or above each edge are summed a bin at
+    a time, below along each row: both from the top bin down in float64, as a plain loop."""
+    rng = np.random.default_rng(7)
+    for n in (3, surprise.MANY - 1, surprise.MANY, surprise.MANY + 40):
+        h = rng.exponential(50.0, (n, 26)) * (rng.random((n, 26)) < 0.6)
+        h = (h * 2.0 ** rng.integers(-45, 1, (n, 26))).astype(np.float32)  # decayed for long
+        want = np.zeros((n, 27))
+        for i in range(n):
+            acc = 0.0
+            for k in range(25, -1, -1):
+                acc += float(h[i, k])
+                want[i, k] = acc
+        assert np.array_equal(surprise._above(h), want), n
+
+
+def test_a_bank_of_many_rows_scores_as_banks_of_few() -> None:
+    """A bank of 2 x 150 rows (its calls above ``surprise.MANY``) and two of 150 rows (below
+    it): the same floats, scores and state, through a spike and the shapes around it."""
+    half = 150
+    assert half < surprise.MANY <= 2 * half
+    streams = [series(seed, n=200) for seed in range(2 * half)]
+    many, few = GenericBank(SHORT, capacity=2 * half), [GenericBank(SHORT) for _ in range(2)]
+    top = 0.0
+    for i in range(200):
+        t = np.array([s[0][i] for s in streams])
+        x = np.array([s[1][i] for s in streams])
+        got = many.update(np.arange(2 * half), t, x)
+        parts = [b.update(np.arange(half), t[j * half:][:half], x[j * half:][:half])
+                 for j, b in enumerate(few)]  # fmt: skip
+        for name, a in got._asdict().items():
+            b = np.concatenate([getattr(p, name) for p in parts])
+            assert np.array_equal(a, b, equal_nan=True), (i, name)
+        top = max(top, float(got.score.max()))
+    assert top > 0.5  # the spike, 50 observations before the end
+    for name in ("hz", "hb", "hs", "hn", "level", "anchor", "peak", "proto"):
+        whole = getattr(many, name)[: 2 * half]
+        assert np.array_equal(whole, np.concatenate([getattr(b, name)[:half] for b in few]))
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
