@@ -36,11 +36,12 @@ def _above(h: F32) -> F64:
     from the top bin down."""
     nb, n = h.shape[1], len(h)
     out = np.zeros((nb + 1, n))
-    if n < MANY:  # a running sum along each row
+    if n < MANY:  # numpy's running sum over the bins: one call, the fastest on few rows
         np.cumsum(h.T[::-1], axis=0, dtype=np.float64, out=out[1:])
         return out[::-1].T
-    # a bin (all rows) at a time: the same sums in the same order, twice as fast on many
-    # rows (a running sum along each row, even of a contiguous copy, does not vectorise)
+    # one add a bin, all rows at once: the same sums in the same order, twice as fast on
+    # many rows (numpy's running sum over the bins, even of a contiguous copy, does not
+    # vectorise across rows)
     ht = np.ascontiguousarray(h.T, dtype=np.float64)
     for k in range(nb - 1, -1, -1):
         np.add(out[k + 1], ht[k], out=out[k])
