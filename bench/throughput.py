@@ -612,6 +612,8 @@ def main() -> None:
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.pairs < 1:
+        ap.error(f"--pairs must be at least 1, got {args.pairs}")
     if args.role == "kafka":
         return role_kafka(args)
     if args.role == "faust":
