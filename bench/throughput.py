@@ -741,7 +741,7 @@ def main() -> None:
             f"c/a = {ra['c_vs_a']:.2f}x, b/a = {ra['b_vs_a']:.2f}x; "
             f"2 workers / 1 = {ra['two_workers_vs_one']:.2f}x; {scoring(ra)}"
         )
-    req_rate = req_out["results"]["c: ragwatch worker"]["request_records_per_s"]
+    req_rate = req_out["results"][pair_row(True, 0)]["request_records_per_s"]
     print(
         f"requests: c/b = {req_out['ratios']['c_vs_b']:.2f}x; worker {req_rate:,} records/s "
         f"(target >= 50,000); {scoring(req_out['ratios'])}"
