@@ -115,7 +115,7 @@ def test_a_day_of_daily_rhythm_with_quiet_nights_and_a_fault_that_lasts() -> Non
     Thursday, is then taken as Friday's level instead of held (docs/detection.md, known
     limits)."""
     faults = (Fault("throughput", 20 * 3600.0, None, 0, 0, 1.0),)
-    envs = simulated(30.0, services=1, instances=2, base_qps=1.0, sample_rate=1.0,
+    envs = simulated(30.0, services=1, instances=1, base_qps=1.0, sample_rate=1.0,
                      batch_s=60.0, daily_ratio=20.0, burst_sigma=0.3, faults=faults)  # fmt: skip
     pipe, _ = run_both(envs, batch=256, hold_max_s=4 * 3600.0, weekly_sd=0.0)
     rows = np.array([v.row for v in pipe.series.values()], dtype=np.intp)
