@@ -178,7 +178,14 @@ def run_demo(
         children.start("notify", "notify")
         start, hours = _start_agent(children, told)
         watch = Watch(
-            told, receiver, demo_settings, start_ts=start, hours=hours, as_json=as_json, out=out
+            told,
+            receiver,
+            demo_settings,
+            start_ts=start,
+            hours=hours,
+            as_json=as_json,
+            out=out,
+            timeout_s=timeout_s,
         )
         try:
             ok = watch.until_expected(children, deadline)

@@ -277,3 +277,21 @@ def test_without_the_agents_count_the_worker_is_drained_after_12_quiet_seconds(
     watch = _watch("healthy", receiver, clock=lambda: now[0], status=status, wait_s=0.0)
     assert watch.until_expected(_Fleet(delivered=None), deadline=100.0)
     assert 12.0 < now[0] < 15.0
+
+
+def test_a_timeout_says_the_limit_set_not_how_long_the_last_look_took(
+    receiver: WebhookReceiver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--timeout 1s`` on a loaded machine: the last look ended 1.6 s after the watch began
+    (the clean-clone run said "timeout after 2s")."""
+    now = [0.0]
+
+    def status() -> tuple[int, float]:
+        now[0] += 1.6
+        return 0, START
+
+    watch = _watch("leak", receiver, clock=lambda: now[0], status=status, wait_s=0.0,
+                   timeout_s=1.0)  # fmt: skip
+    assert not watch.until_expected(_Fleet(delivered=None), deadline=1.0)
+    said = capsys.readouterr().err
+    assert "timeout after 1s: no firing GpuMemoryLeak alert for gpu-node-01 GPU 1 pid 4011" in said
