@@ -79,8 +79,9 @@ MONDAY = 1_767_571_200.0  # 2026-01-05T00:00:00Z
 STEP_S = 60.0  # envelopes: one a minute per instance and host
 # read as the worker reads: ten minutes of event time of one topic, then of the other, in
 # batches of up to 64 envelopes: ~30 % less CPU than one envelope at a time, and the same
-# transitions at the same event times (seeds 0, 1, 3, 8, 9, 1003, 1011, 1012, 1049); a
-# hint may read the other topic's facts up to ten minutes later (its numbers differ)
+# transitions at the same event times and values (29 seeds: 0, 1, 3, 8-29, 1003, 1011,
+# 1012, 1049, and the consumption orders of the 10 of them that have one); a hint may read
+# the other topic's facts up to ten minutes later (its numbers differed in 4 seeds)
 TURN_S = 600.0
 BATCH = 64
 SERVICE = "rag-api"
