@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -232,7 +233,11 @@ def test_demo_timeout_exits_1_says_what_is_missing_and_cleans_up(stack: Embedded
     assert "timeout after 1s: no firing GpuMemoryLeak alert for gpu-node-01 GPU 1 pid 4011" in (
         out.stderr
     )
-    assert "logs kept in" in out.stderr
+    kept = re.search(r"logs kept in (\S+)", out.stderr)
+    assert kept, out.stderr
+    run_dir = Path(kept.group(1))  # what a user reads after a timeout: each process's log
+    assert {"agent.log", "worker.log", "notify.log"} <= {p.name for p in run_dir.iterdir()}
+    shutil.rmtree(run_dir)
     assert our_processes() == before
 
 
