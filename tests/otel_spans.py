@@ -39,7 +39,12 @@ class Service:
     """One instrumented service instance: a tracer provider with its resource, spans kept
     in memory until :meth:`take`."""
 
-    def __init__(self, service: str, instance: str, host: str | None = None) -> None:
+    def __init__(
+        self, service: str, instance: str, host: str | None = None, *, engine: bool = False
+    ) -> None:
+        """``engine``: the LLM span is vLLM's own request span in the service's process,
+        with its queue wait and time to first token (seconds, from the engine's start)."""
+        self.engine = engine
         attrs = {"service.name": service, "service.instance.id": instance}
         if host:
             attrs["host.name"] = host
@@ -63,6 +68,8 @@ class Service:
             if stage == "llm":
                 attrs["gen_ai.usage.input_tokens"] = rec.context_tokens
                 attrs["gen_ai.usage.output_tokens"] = rec.output_tokens
+                if self.engine:
+                    attrs.update(engine_latencies(rec, (t - start) / 1e6))
             child = self.tracer.start_span(stage, context=ctx, start_time=t, attributes=attrs)
             child.end(end_time=t + length)
             t += length
@@ -76,18 +83,31 @@ class Service:
         return spans
 
 
-class Fleet:
-    """One :class:`Service` per service instance, made when first seen."""
+def engine_latencies(rec: RequestRecord, called_ms: float) -> dict[str, float]:
+    """vLLM's latency attributes (seconds) of an engine called ``called_ms`` into ``rec``:
+    its queue wait, and the time to first token from the engine's start."""
+    out = {}
+    if rec.queue_ms is not None:
+        out["gen_ai.latency.time_in_queue"] = rec.queue_ms / 1000
+    if rec.ttft_ms is not None:
+        out["gen_ai.latency.time_to_first_token"] = (rec.ttft_ms - called_ms) / 1000
+    return out
 
-    def __init__(self) -> None:
+
+class Fleet:
+    """One :class:`Service` per service instance, made when first seen (``engine``: see
+    :class:`Service`)."""
+
+    def __init__(self, *, engine: bool = False) -> None:
         self.services: dict[tuple[str, str], Service] = {}
+        self.engine = engine
 
     def spans(self, env: RequestsEnvelope) -> list[ReadableSpan]:
         """The spans of ``env``'s requests, as its instance's exporter would send them."""
         svc = self.services.get((env.service, env.instance))
         if svc is None:
             svc = self.services[(env.service, env.instance)] = Service(
-                env.service, env.instance, env.host
+                env.service, env.instance, env.host, engine=self.engine
             )
         for rec in env.records:
             svc.request(rec)

@@ -23,6 +23,7 @@ Stages (documented in docs/otel.md, configurable by name patterns):
   embeddings -> embedding; execute_tool -> tool;
 - OpenLLMetry ``traceloop.span.kind`` tool -> tool, ``llm.request.type`` chat or
   completion -> llm, embedding -> embedding;
+- vLLM's own request span (its ``gen_ai.latency.*`` attributes) -> llm;
 - a vector-database (or any database) client span (``db.system`` / ``db.system.name``)
   -> retriever;
 - ``patterns``: (stage, regular expression on the span name), checked first.
@@ -30,6 +31,13 @@ Stages (documented in docs/otel.md, configurable by name patterns):
 Tokens: ``gen_ai.usage.input_tokens`` / ``output_tokens``, the older
 ``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` (vLLM writes them) and OpenInference's
 ``llm.token_count.prompt`` / ``completion``.
+
+Queue wait and time to first token: from vLLM's request span (the record's root, or the
+first such span below it), ``gen_ai.latency.time_in_queue`` and
+``gen_ai.latency.time_to_first_token`` (seconds, from the request's arrival at the engine):
+the record's TTFT counts from its own start, so an engine called 300 ms into the request
+adds 300 ms. A value that is not a number of seconds from 0 to a day is not used, and
+counted (``bad_latencies``).
 
 >>> from ragwatch.schema import Span
 >>> def span(sid, parent, name, start, end, **attrs):
@@ -74,6 +82,11 @@ GEN_AI = {
     "execute_tool": "tool",
 }
 TRACELOOP_REQUEST = {"chat": "llm", "completion": "llm", "embedding": "embedding"}
+# vLLM's request span (vllm/tracing.py's SpanAttributes), in seconds
+ENGINE_QUEUE_S = "gen_ai.latency.time_in_queue"
+ENGINE_TTFT_S = "gen_ai.latency.time_to_first_token"
+ENGINE_E2E_S = "gen_ai.latency.e2e"
+MAX_LATENCY_S = 86400.0
 INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
 OUTPUT_TOKENS = (
     "gen_ai.usage.output_tokens",
@@ -110,6 +123,8 @@ class StageMap:
         req = a.get("llm.request.type")
         if isinstance(req, str) and req in TRACELOOP_REQUEST:
             return TRACELOOP_REQUEST[req]
+        if ENGINE_TTFT_S in a or ENGINE_E2E_S in a:
+            return "llm"
         if "db.system" in a or "db.system.name" in a:
             return "retriever"
         return None
@@ -130,6 +145,7 @@ class TraceStats:
     traces: int = 0  # traces emitted
     records: int = 0
     evicted: int = 0  # traces emitted early: more than max_traces were open
+    bad_latencies: int = 0  # an engine's queue or TTFT attribute not used: not seconds in range
     open: int = 0
 
 
@@ -241,6 +257,7 @@ class TraceAssembler:
         if not inputs and not outputs:  # tokens on the request's own span
             inputs = _count(root.attributes, INPUT_TOKENS)
             outputs = _count(root.attributes, OUTPUT_TOKENS)
+        queue_ms, ttft_ms = self._engine_times(root, below)
         rec = RequestRecord(
             ts=root.end,
             status="error" if error else "ok",
@@ -248,8 +265,37 @@ class TraceAssembler:
             context_tokens=inputs,
             output_tokens=outputs,
             stages=dict(sorted(stages.items())),
+            queue_ms=queue_ms,
+            ttft_ms=ttft_ms,
         )
         return RequestRecordAt(root.service, root.instance, root.host, rec)
+
+    def _engine_times(self, root: Span, below: Sequence[Span]) -> tuple[float | None, float | None]:
+        """``(queue_ms, ttft_ms)`` from the first engine span of the request (the root, or
+        the earliest span below it with vLLM's latency attributes): its queue wait, and its
+        time to first token plus how far into the request the engine was called."""
+        for s in sorted((root, *below), key=lambda s: s.start_ns):  # the root first on a tie
+            a = s.attributes
+            if ENGINE_QUEUE_S not in a and ENGINE_TTFT_S not in a:
+                continue
+            queue, ttft = self._seconds(a, ENGINE_QUEUE_S), self._seconds(a, ENGINE_TTFT_S)
+            called_ms = max(0, s.start_ns - root.start_ns) / 1e6
+            return (
+                None if queue is None else queue * 1000.0,
+                None if ttft is None else called_ms + ttft * 1000.0,
+            )
+        return None, None
+
+    def _seconds(self, attrs: Mapping[str, AttrValue], name: str) -> float | None:
+        """``attrs[name]`` as seconds (None: absent, or not a number from 0 to a day:
+        counted in ``bad_latencies``)."""
+        v = attrs.get(name)
+        if v is None:
+            return None
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= MAX_LATENCY_S:
+            return float(v)
+        self.stats.bad_latencies += 1
+        return None
 
 
 @dataclass(frozen=True)

@@ -91,3 +91,4 @@ class TraceRelay:
         c.otlp_duplicate_spans = stats.duplicates
         c.otlp_late_spans = stats.late_spans
         c.otlp_evicted_traces = stats.evicted
+        c.otlp_bad_latencies = stats.bad_latencies

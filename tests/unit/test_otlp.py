@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from opentelemetry import trace
 
 from ragwatch.agents.sim_requests import RequestSimConfig, RequestSimulator
 from ragwatch.commands.replay import replay
@@ -18,11 +19,13 @@ from ragwatch.errors import SchemaError
 from ragwatch.otlp import MAX_SPANS, Encoding, decode_traces
 from ragwatch.schema import RequestRecord, RequestsEnvelope, Span
 from ragwatch.streams.alerting.rules import load_rules
+from ragwatch.streams.pipelines.buckets import decode_ms_per_token
 from ragwatch.streams.pipelines.fleet import Pipelines
 from ragwatch.streams.pipelines.traces import StageMap, TraceAssembler
-from tests.otel_spans import Fleet, Service, otlp_json, otlp_proto, spans_of
+from tests.otel_spans import NS, Fleet, Service, otlp_json, otlp_proto, spans_of
 
 T0 = 1_767_225_600.0
+MS = 1_000_000  # span times are nanoseconds
 
 
 def records(envs: list[RequestsEnvelope]) -> dict[tuple[str, str], list[RequestRecord]]:
@@ -110,6 +113,104 @@ def test_a_retrieval_slowdown_pages_from_spans_as_it_does_from_the_sdk() -> None
     key = [(t.alert.rule, t.alert.status, t.alert.labels.get("instance")) for t in direct]
     got = [(t.alert.rule, t.alert.status, t.alert.labels.get("instance")) for t in via_spans]
     assert got == key
+
+
+def test_a_decode_slowdown_pages_from_vllms_spans_as_it_does_from_the_sdk() -> None:
+    """The LLM span is vLLM's own request span, in process (``Fleet(engine=True)``): its
+    queue wait and time to first token make the records' ``queue_ms`` and ``ttft_ms``, so
+    decode speed is told as the SDK tells it (from the first token on, not with the
+    prefill), and the engine's slower decoding pages the same alerts at the same times."""
+    cfg = RequestSimConfig(
+        services=2, scenario="throughput", batch_s=10.0, base_qps=5.0, fault_start_s=3600.0
+    )
+    envs = [e for _, batch in itertools.islice(RequestSimulator(cfg).ticks(), 900) for e in batch]
+    sdk = Pipelines(load_rules())
+    direct = [t for env in envs for t in sdk.process(env)]
+    asm, traced, fleet = TraceAssembler(grace_s=30.0), Pipelines(load_rules()), Fleet(engine=True)
+    via_spans, got_records = [], []
+    for env in [*envs, None]:  # (None: the end, the last traces' grace over)
+        spans = fleet.spans(env) if env else []
+        now = env.ts if env else envs[-1].ts + 120
+        out = asm.add(decode_traces(otlp_json(spans))) if spans else asm.advance(now)
+        for assembled in out:
+            got_records += assembled.records
+            via_spans += traced.process(assembled)
+    want = sorted((r for e in envs for r in e.records), key=lambda r: r.ts)
+    got = sorted(got_records, key=lambda r: r.ts)
+    assert len(got) == len(want) and asm.stats.bad_latencies == 0
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)
+        assert g.queue_ms == pytest.approx(w.queue_ms, abs=1e-3)
+        assert (g.ttft_ms is None) == (w.ttft_ms is None)
+        assert g.ttft_ms is None or g.ttft_ms == pytest.approx(w.ttft_ms, abs=1e-3)
+    fired = {(t.alert.rule, t.alert.labels.get("instance")) for t in direct if t.notify}
+    assert ("DecodeSpeedDrop", "rag-api-1") in fired, fired
+    key = [(t.alert.rule, t.alert.status, t.alert.labels.get("instance")) for t in direct]
+    assert [
+        (t.alert.rule, t.alert.status, t.alert.labels.get("instance")) for t in via_spans
+    ] == key
+
+
+def test_vllms_request_span_is_its_own_services_record_with_its_queue_and_ttft() -> None:
+    """vLLM traced as its own service (``--otlp-traces-endpoint``), called by a RAG
+    service: its ``llm_request`` span, with the attributes vLLM writes (seconds), is a
+    request of the ``vllm`` service with the engine's queue wait and TTFT; the caller's
+    record has neither (another service's times are not its own). Values that are not
+    seconds in range are not used, and counted."""
+    rag, engine = Service("rag-api", "pod-1"), Service("vllm", "vllm-0")
+    start = round(T0 * NS)
+    root = rag.tracer.start_span("POST /ask", start_time=start, kind=trace.SpanKind.SERVER)
+    call = rag.tracer.start_span(
+        "chat", context=trace.set_span_in_context(root), start_time=start + 200 * MS,
+        attributes={"gen_ai.operation.name": "chat"}, kind=trace.SpanKind.CLIENT,
+    )  # fmt: skip
+    vllm_attrs = {
+        "gen_ai.response.model": "llama-3-8b", "gen_ai.request.id": "cmpl-1",
+        "gen_ai.usage.prompt_tokens": 3000, "gen_ai.usage.completion_tokens": 201,
+        "gen_ai.latency.time_in_queue": 0.05, "gen_ai.latency.time_to_first_token": 0.25,
+        "gen_ai.latency.e2e": 1.25,
+    }  # fmt: skip
+    served = engine.tracer.start_span(
+        "llm_request", context=trace.set_span_in_context(call), start_time=start + 210 * MS,
+        attributes=vllm_attrs, kind=trace.SpanKind.SERVER,
+    )  # fmt: skip
+    served.end(end_time=start + 1460 * MS)
+    call.end(end_time=start + 1470 * MS)
+    root.end(end_time=start + 1500 * MS)
+    bad = [{"gen_ai.latency.time_to_first_token": v} for v in (-1.0, "0.3", 2 * 86400.0)]
+    for i, attrs in enumerate(bad):  # three more requests of vLLM, each with a bad TTFT
+        t = start + (i + 2) * NS
+        engine.tracer.start_span("llm_request", start_time=t, attributes=attrs).end(t + MS)
+    asm = TraceAssembler(grace_s=1.0)
+    done = asm.add(decode_traces(otlp_proto([*rag.take(), *engine.take()])))
+    got = records(done + asm.advance(T0 + 60))
+    (mine,) = got[("rag-api", "pod-1")]
+    assert (mine.queue_ms, mine.ttft_ms, mine.e2e_ms) == (None, None, 1500.0)
+    served_rec, *bad_recs = got[("vllm", "vllm-0")]
+    assert served_rec.queue_ms == pytest.approx(50.0)
+    assert served_rec.ttft_ms == pytest.approx(250.0)  # from the engine's own start
+    assert (served_rec.context_tokens, served_rec.output_tokens) == (3000, 201)
+    assert decode_ms_per_token(served_rec) == pytest.approx((1250.0 - 250.0) / 200)
+    assert [r.ttft_ms for r in bad_recs] == [None] * 3, bad_recs
+    assert asm.stats.bad_latencies == 3, asm.stats
+
+
+def test_an_engine_called_inside_the_request_adds_when_it_was_called() -> None:
+    ms = 1_000_000
+    asm = TraceAssembler(grace_s=1.0)
+    asm.add([
+        span("t", "r", None, end=1000 * ms),
+        span("t", "a", "r", start=100 * ms, end=300 * ms, attrs={"db.system": "qdrant"}),
+        span("t", "c", "r", name="llm_request", start=300 * ms, end=1000 * ms,
+             attrs={"gen_ai.latency.time_in_queue": 0.02,
+                    "gen_ai.latency.time_to_first_token": 0.1,
+                    "gen_ai.usage.prompt_tokens": 40, "gen_ai.usage.completion_tokens": 7}),
+    ])  # fmt: skip
+    ((env,),) = [asm.advance(100.0)]
+    (rec,) = env.records
+    assert rec.stages == {"llm": 700.0, "retriever": 200.0}  # vLLM's span times the LLM
+    assert (rec.context_tokens, rec.output_tokens) == (40, 7)
+    assert rec.queue_ms == pytest.approx(20.0) and rec.ttft_ms == pytest.approx(400.0)
 
 
 def span(tid: str, sid: str, parent: str | None, **kw: object) -> Span:
