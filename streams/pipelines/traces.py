@@ -6,14 +6,14 @@ Spans of one trace may arrive in several messages, out of order and more than on
 is counted and dropped) until event time (the newest span end seen) is ``grace_s`` past
 the trace's newest span (``orphan_wait`` graces while none of its spans is a root: every
 parent it names is missing, and the request's own span may still come), then emits one
-record per *local root*: a span with no parent,
-or whose parent is another service's or was never seen (the entry of a service called by
-another). Its duration is the request's ``e2e_ms``; its status, or any error in its
-subtree, the record's; each span below it that maps to a stage adds its duration to that
-stage (a span inside another of the same stage is not counted twice); the LLM spans' token
-counts are the record's. Memory is bounded: at most ``max_traces`` open traces (the oldest
-is emitted early beyond it, counted ``evicted``), and a bounded memory of emitted trace ids
-so a redelivered trace is not a second request (``late_spans``).
+record per *local root*: a span with no parent, or whose parent is another service's or
+was never seen (the entry of a service called by another). Its duration is the request's
+``e2e_ms``; its status, or any error in its subtree, the record's; each span below it that
+maps to a stage adds its duration to that stage (a span inside another of the same stage is
+not counted twice); the LLM spans' token counts are the record's (an LLM span inside
+another that has counts adds none). Memory is bounded: at most ``max_traces`` open traces
+(the oldest is emitted early beyond it, counted ``evicted``), and a bounded memory of
+emitted trace ids so a redelivered trace is not a second request (``late_spans``).
 
 Stages (documented in docs/otel.md, configurable by name patterns):
 
@@ -242,6 +242,7 @@ class TraceAssembler:
         below = _subtree(children, root)
         stage_of = {s.span_id: self.stages.stage(s) for s in below}
         stages: dict[str, float] = {}
+        tokens = {s.span_id: _tokens(s) for s in below if stage_of[s.span_id] == "llm"}
         inputs = outputs = 0
         error = root.error
         for s in below:
@@ -249,9 +250,8 @@ class TraceAssembler:
             stage = stage_of[s.span_id]
             if stage is None:
                 continue
-            if stage == "llm":
-                inputs += _count(s.attributes, INPUT_TOKENS)
-                outputs += _count(s.attributes, OUTPUT_TOKENS)
+            if stage == "llm" and not _under_counted(trace.spans, s, tokens, root):
+                inputs, outputs = inputs + tokens[s.span_id][0], outputs + tokens[s.span_id][1]
             if not _inside_same_stage(trace.spans, s, stage, stage_of, root):
                 stages[stage] = stages.get(stage, 0.0) + s.duration_ms
         if not inputs and not outputs:  # tokens on the request's own span
@@ -355,6 +355,24 @@ def _inside_same_stage(
     parent = spans.get(s.parent_id) if s.parent_id else None
     while parent is not None and parent.span_id != root.span_id:
         if stage_of.get(parent.span_id) == stage:
+            return True
+        parent = spans.get(parent.parent_id) if parent.parent_id else None
+    return False
+
+
+def _tokens(s: Span) -> tuple[int, int]:
+    return _count(s.attributes, INPUT_TOKENS), _count(s.attributes, OUTPUT_TOKENS)
+
+
+def _under_counted(
+    spans: Mapping[str, Span], s: Span, tokens: Mapping[str, tuple[int, int]], root: Span
+) -> bool:
+    """Whether an LLM span above ``s`` (below ``root``) has token counts: they are the
+    call's, and ``s`` (the client's span inside a framework's, or vLLM's own inside the
+    client's) counts the same tokens again."""
+    parent = spans.get(s.parent_id) if s.parent_id else None
+    while parent is not None and parent.span_id != root.span_id:
+        if any(tokens.get(parent.span_id, (0, 0))):
             return True
         parent = spans.get(parent.parent_id) if parent.parent_id else None
     return False

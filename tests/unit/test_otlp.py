@@ -213,6 +213,28 @@ def test_an_engine_called_inside_the_request_adds_when_it_was_called() -> None:
     assert rec.queue_ms == pytest.approx(20.0) and rec.ttft_ms == pytest.approx(400.0)
 
 
+@pytest.mark.parametrize("outer_counts", [True, False])
+def test_an_llm_span_inside_another_counts_its_tokens_once(outer_counts: bool) -> None:
+    """A client's ``chat`` span around vLLM's own (both with the call's tokens, or the
+    outer one without): the call's tokens once, its time once."""
+    vllm = {"gen_ai.latency.time_to_first_token": 0.1, "gen_ai.usage.prompt_tokens": 40,
+            "gen_ai.usage.completion_tokens": 7}  # fmt: skip
+    chat: dict[str, object] = {"gen_ai.operation.name": "chat"}
+    if outer_counts:
+        chat |= {"gen_ai.usage.input_tokens": 40, "gen_ai.usage.output_tokens": 7}
+    asm = TraceAssembler(grace_s=1.0)
+    asm.add([
+        span("t", "r", None, end=1000 * MS),
+        span("t", "c", "r", name="chat", start=100 * MS, end=1000 * MS, attrs=chat),
+        span("t", "v", "c", name="llm_request", start=110 * MS, end=990 * MS, attrs=vllm),
+    ])  # fmt: skip
+    ((env,),) = [asm.advance(100.0)]
+    (rec,) = env.records
+    assert rec.stages == {"llm": 900.0}
+    assert (rec.context_tokens, rec.output_tokens) == (40, 7)
+    assert rec.ttft_ms == pytest.approx(210.0)
+
+
 def span(tid: str, sid: str, parent: str | None, **kw: object) -> Span:
     return Span(
         tid, sid, parent, str(kw.get("name", "op")), int(kw.get("start", 0)),
