@@ -11,9 +11,11 @@ redraw) appends a plain-text snapshot per refresh, flushed.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 import orjson
@@ -75,8 +77,10 @@ def show_status(
             out.write(orjson.dumps(s, option=option).decode() + "\n")
             out.flush()
 
-        emit(status)
-        return _watch(settings, status, emit, interval_s, sleep, clock) if watch else 0
+        if not watch:
+            emit(status)
+            return 0
+        return _watch(settings, status, emit, interval_s, sleep, clock)
     console = Console(
         file=out,
         width=None if out.isatty() else 160,
@@ -96,7 +100,6 @@ def show_status(
             console.print()
             out.flush()
 
-        append(status)
         return _watch(settings, status, append, interval_s, sleep, clock)
     from rich.live import Live
 
@@ -108,7 +111,6 @@ def show_status(
                 view = Group(Text(clean(error), "bold red"), view)
             live.update(view, refresh=True)
 
-        draw(status)
         return _watch(settings, status, draw, interval_s, sleep, clock)
 
 
@@ -120,16 +122,33 @@ def _watch(
     sleep: Callable[[float], object],
     clock: Callable[[], float],
 ) -> int:
-    """Refresh every ``interval_s`` (at least 0.1 s) until Ctrl-C or ``sleep`` returns
-    true; a failed read keeps the last status and says why."""
+    """Show ``status``, then refresh every ``interval_s`` (at least 0.1 s) until Ctrl-C
+    (KeyboardInterrupt, at once: a read of Redis under way is not waited out) or ``sleep``
+    returns true; a failed read keeps the last status and says why. A view is written
+    whole: a signal that comes while it is written takes effect after it."""
     try:
+        with _whole():
+            show(status, None)
         while not sleep(max(interval_s, 0.1)):
             try:
                 status = fetch_status(settings, clock())
             except ConfigError as exc:
-                show(status, f"{exc} (showing the last status; retrying)")
+                with _whole():
+                    show(status, f"{exc} (showing the last status; retrying)")
                 continue
-            show(status, None)
+            with _whole():
+                show(status, None)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+@contextmanager
+def _whole() -> Iterator[None]:
+    """SIGINT and SIGTERM held while a view is written (a snapshot appended to a file, a
+    JSON line, a redraw), delivered after it."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)

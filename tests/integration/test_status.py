@@ -203,6 +203,41 @@ def test_status_watch_json_prints_a_line_per_refresh(
         assert json.loads(line)["alerts"][0]["fingerprint"] == fleet.leak.fingerprint
 
 
+def test_status_watch_ends_at_once_on_a_signal_while_a_read_of_redis_hangs(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while a read hangs (Redis frozen, its 5 s timeout still running: a loaded
+    machine) ends the watch at once with exit 0, and every JSON line it wrote is whole."""
+    st = EmbeddedStack(tmp_path / "stack")
+    pid = st.up(("redis",))["redis"].pid
+    env = {**st.env(), "RAGWATCH_REDIS_PREFIX": "frozen"}
+    fleet = write_fleet(env["RAGWATCH_REDIS_URL"], env["RAGWATCH_REDIS_PREFIX"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragwatch", "status", "--watch", "--json", "--interval", "0.2s"],
+        env={**clean_environ(), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(1.0)  # the next read has begun, and hangs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=3)  # Redis still frozen: not its timeout's end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.kill(pid, signal.SIGCONT)
+        st.down()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    for line in [*lines, *out.splitlines()]:
+        assert json.loads(line)["alerts"][0]["fingerprint"] == fleet.leak.fingerprint
+
+
 def test_status_survives_empty_partial_and_old_data(
     stack: EmbeddedStack, redis_client: redis.Redis
 ) -> None:

@@ -110,13 +110,15 @@ def test_watch_keeps_the_last_status_when_redis_goes_away_and_stops_on_ctrl_c() 
     last = {"hosts": []}
     assert _watch(settings, last, lambda s, e: shown.append((s, e)), 0.0, sleep, lambda: NOW) == 0
     assert sleeps == [0.1, 0.1, 0.1]  # never a busy loop
-    assert [s for s, _ in shown] == [last, last]
-    for _, error in shown:
+    assert shown[0] == (last, None)  # the status it was given, then the failed reads
+    assert [s for s, _ in shown[1:]] == [last, last]
+    for _, error in shown[1:]:
         assert error and error.startswith("cannot read status from Redis") and "pw" not in error
 
 
 def test_watch_ends_when_its_wait_is_cut_short() -> None:
-    """--watch waits with ``Event.wait``; SIGTERM/SIGINT set the event: exit 0, no redraw."""
+    """A wait that returns true (``Event.wait`` of an event that is set) ends the watch:
+    exit 0, the first view and no redraw."""
     import threading
 
     settings = Settings.from_env({"RAGWATCH_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
@@ -124,4 +126,4 @@ def test_watch_ends_when_its_wait_is_cut_short() -> None:
     stop.set()
     shown: list[Any] = []
     assert _watch(settings, {}, lambda s, e: shown.append(s), 5.0, stop.wait, lambda: NOW) == 0
-    assert shown == []
+    assert shown == [{}]
