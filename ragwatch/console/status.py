@@ -62,8 +62,8 @@ def show_status(
     sleep: Callable[[float], object] = time.sleep,
     clock: Callable[[], float] = time.time,
 ) -> int:
-    """Print the status once, or with ``watch`` until Ctrl-C or ``sleep`` returns true
-    (e.g. ``threading.Event.wait`` of an event SIGTERM sets): exit 0. Redis unreachable at
+    """Print the status once, or with ``watch`` until Ctrl-C (KeyboardInterrupt: the CLI
+    raises it on SIGTERM too) or ``sleep`` returns true: exit 0. Redis unreachable at
     the start: ``ConfigError`` (one line, exit 2); later, the view says so and keeps trying.
     ``--json --watch`` prints one compact JSON object per line and refresh."""
     status = fetch_status(settings, clock())
@@ -126,18 +126,17 @@ def _watch(
     (KeyboardInterrupt, at once: a read of Redis under way is not waited out) or ``sleep``
     returns true; a failed read keeps the last status and says why. A view is written
     whole: a signal that comes while it is written takes effect after it."""
+    error: str | None = None
     try:
-        with _whole():
-            show(status, None)
-        while not sleep(max(interval_s, 0.1)):
-            try:
-                status = fetch_status(settings, clock())
-            except ConfigError as exc:
-                with _whole():
-                    show(status, f"{exc} (showing the last status; retrying)")
-                continue
+        while True:
             with _whole():
-                show(status, None)
+                show(status, error)
+            if sleep(max(interval_s, 0.1)):
+                break
+            try:
+                status, error = fetch_status(settings, clock()), None
+            except ConfigError as exc:
+                error = f"{exc} (showing the last status; retrying)"
     except KeyboardInterrupt:
         pass
     return 0
