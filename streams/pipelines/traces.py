@@ -61,7 +61,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ragwatch.config import parse_stage_patterns
@@ -255,8 +255,7 @@ class TraceAssembler:
             if not _inside_same_stage(trace.spans, s, stage, stage_of, root):
                 stages[stage] = stages.get(stage, 0.0) + s.duration_ms
         if not inputs and not outputs:  # tokens on the request's own span
-            inputs = _count(root.attributes, INPUT_TOKENS)
-            outputs = _count(root.attributes, OUTPUT_TOKENS)
+            inputs, outputs = _tokens(root)
         queue_ms, ttft_ms = self._engine_times(root, below)
         rec = RequestRecord(
             ts=root.end,
@@ -345,6 +344,14 @@ def _subtree(children: Mapping[str, list[Span]], root: Span) -> list[Span]:
     return out
 
 
+def _above(spans: Mapping[str, Span], s: Span, root: Span) -> Iterator[Span]:
+    """The spans between ``s`` and ``root``, its parent first (those seen)."""
+    parent = spans.get(s.parent_id) if s.parent_id else None
+    while parent is not None and parent.span_id != root.span_id:
+        yield parent
+        parent = spans.get(parent.parent_id) if parent.parent_id else None
+
+
 def _inside_same_stage(
     spans: Mapping[str, Span],
     s: Span,
@@ -352,12 +359,7 @@ def _inside_same_stage(
     stage_of: Mapping[str, str | None],
     root: Span,
 ) -> bool:
-    parent = spans.get(s.parent_id) if s.parent_id else None
-    while parent is not None and parent.span_id != root.span_id:
-        if stage_of.get(parent.span_id) == stage:
-            return True
-        parent = spans.get(parent.parent_id) if parent.parent_id else None
-    return False
+    return any(stage_of.get(p.span_id) == stage for p in _above(spans, s, root))
 
 
 def _tokens(s: Span) -> tuple[int, int]:
@@ -370,12 +372,7 @@ def _under_counted(
     """Whether an LLM span above ``s`` (below ``root``) has token counts: they are the
     call's, and ``s`` (the client's span inside a framework's, or vLLM's own inside the
     client's) counts the same tokens again."""
-    parent = spans.get(s.parent_id) if s.parent_id else None
-    while parent is not None and parent.span_id != root.span_id:
-        if any(tokens.get(parent.span_id, (0, 0))):
-            return True
-        parent = spans.get(parent.parent_id) if parent.parent_id else None
-    return False
+    return any(any(tokens.get(p.span_id, (0, 0))) for p in _above(spans, s, root))
 
 
 def _count(attrs: Mapping[str, AttrValue], names: Sequence[str]) -> int:
