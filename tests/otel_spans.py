@@ -40,11 +40,18 @@ class Service:
     in memory until :meth:`take`."""
 
     def __init__(
-        self, service: str, instance: str, host: str | None = None, *, engine: bool = False
+        self,
+        service: str,
+        instance: str,
+        host: str | None = None,
+        *,
+        engine: bool = False,
+        client: bool = False,
     ) -> None:
         """``engine``: the LLM span is vLLM's own request span in the service's process,
-        with its queue wait and time to first token (seconds, from the engine's start)."""
-        self.engine = engine
+        with its queue wait and time to first token (seconds, from the engine's start);
+        ``client``: it is a client's call as OpenLIT records it (:func:`client_latencies`)."""
+        self.engine, self.client = engine, client
         attrs = {"service.name": service, "service.instance.id": instance}
         if host:
             attrs["host.name"] = host
@@ -70,6 +77,8 @@ class Service:
                 attrs["gen_ai.usage.output_tokens"] = rec.output_tokens
                 if self.engine:
                     attrs.update(engine_latencies(rec, (t - start) / 1e6))
+                if self.client:
+                    attrs.update(client_latencies(rec, (t - start) / 1e6, rec.stages[stage]))
             child = self.tracer.start_span(stage, context=ctx, start_time=t, attributes=attrs)
             child.end(end_time=t + length)
             t += length
@@ -94,20 +103,31 @@ def engine_latencies(rec: RequestRecord, called_ms: float) -> dict[str, float]:
     return out
 
 
-class Fleet:
-    """One :class:`Service` per service instance, made when first seen (``engine``: see
-    :class:`Service`)."""
+def client_latencies(rec: RequestRecord, called_ms: float, call_ms: float) -> dict[str, Any]:
+    """What OpenLIT writes on a client's LLM call (``call_ms`` long, ``called_ms`` into
+    ``rec``): streamed, the time to its first chunk (seconds, from the call's start); not
+    streamed (``rec`` without a TTFT), the call's whole duration in the same attribute."""
+    if rec.ttft_ms is None:
+        return {"gen_ai.request.is_stream": False,
+                "gen_ai.server.time_to_first_token": call_ms / 1000}  # fmt: skip
+    return {"gen_ai.request.is_stream": True,
+            "gen_ai.server.time_to_first_token": (rec.ttft_ms - called_ms) / 1000}  # fmt: skip
 
-    def __init__(self, *, engine: bool = False) -> None:
+
+class Fleet:
+    """One :class:`Service` per service instance, made when first seen (``engine``,
+    ``client``: see :class:`Service`)."""
+
+    def __init__(self, *, engine: bool = False, client: bool = False) -> None:
         self.services: dict[tuple[str, str], Service] = {}
-        self.engine = engine
+        self.engine, self.client = engine, client
 
     def spans(self, env: RequestsEnvelope) -> list[ReadableSpan]:
         """The spans of ``env``'s requests, as its instance's exporter would send them."""
         svc = self.services.get((env.service, env.instance))
         if svc is None:
             svc = self.services[(env.service, env.instance)] = Service(
-                env.service, env.instance, env.host, engine=self.engine
+                env.service, env.instance, env.host, engine=self.engine, client=self.client
             )
         for rec in env.records:
             svc.request(rec)

@@ -32,12 +32,14 @@ Tokens: ``gen_ai.usage.input_tokens`` / ``output_tokens``, the older
 ``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` (vLLM writes them) and OpenInference's
 ``llm.token_count.prompt`` / ``completion``.
 
-Queue wait and time to first token: from vLLM's request span (the record's root, or the
-first such span below it), ``gen_ai.latency.time_in_queue`` and
-``gen_ai.latency.time_to_first_token`` (seconds, from the request's arrival at the engine):
-the record's TTFT counts from its own start, so an engine called 300 ms into the request
-adds 300 ms. A value that is not a number of seconds from 0 to a day is not used, and
-counted (``bad_latencies``).
+Queue wait: from vLLM's request span (the record's root, or the first such span below it),
+``gen_ai.latency.time_in_queue`` (seconds). Time to first token: from the first span that
+has one, vLLM's ``gen_ai.latency.time_to_first_token`` (from the request's arrival at the
+engine) or a client's streamed call's ``gen_ai.server.time_to_first_token`` (OpenLIT; the
+older ``gen_ai.server.ttft``; from the call's start; none when ``gen_ai.request.is_stream``
+is false: OpenLIT writes a whole call's duration there). The record's TTFT counts from its
+own start, so an engine called 300 ms into the request adds 300 ms. A value that is not a
+number of seconds from 0 to a day is not used, and counted (``bad_latencies``).
 
 >>> from ragwatch.schema import Span
 >>> def span(sid, parent, name, start, end, **attrs):
@@ -86,6 +88,11 @@ TRACELOOP_REQUEST = {"chat": "llm", "completion": "llm", "embedding": "embedding
 ENGINE_QUEUE_S = "gen_ai.latency.time_in_queue"
 ENGINE_TTFT_S = "gen_ai.latency.time_to_first_token"
 ENGINE_E2E_S = "gen_ai.latency.e2e"
+# a client's LLM call (OpenLIT, and others after it), in seconds from the call's start; the
+# older spelling second. A call not streamed has none: OpenLIT writes its whole duration
+# there, with ``gen_ai.request.is_stream`` false
+CLIENT_TTFT_S = ("gen_ai.server.time_to_first_token", "gen_ai.server.ttft")
+STREAMED = "gen_ai.request.is_stream"
 MAX_LATENCY_S = 86400.0
 INPUT_TOKENS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
 OUTPUT_TOKENS = (
@@ -270,20 +277,22 @@ class TraceAssembler:
         return RequestRecordAt(root.service, root.instance, root.host, rec)
 
     def _engine_times(self, root: Span, below: Sequence[Span]) -> tuple[float | None, float | None]:
-        """``(queue_ms, ttft_ms)`` from the first engine span of the request (the root, or
-        the earliest span below it with vLLM's latency attributes): its queue wait, and its
-        time to first token plus how far into the request the engine was called."""
+        """``(queue_ms, ttft_ms)``: the queue wait of the request's first span with vLLM's
+        (the root, or the earliest below it), and the time to first token of its first span
+        with one (vLLM's, or a client's streamed call) plus how far into the request that
+        span began."""
+        queue = ttft = None
         for s in sorted((root, *below), key=lambda s: s.start_ns):  # the root first on a tie
             a = s.attributes
-            if ENGINE_QUEUE_S not in a and ENGINE_TTFT_S not in a:
-                continue
-            queue, ttft = self._seconds(a, ENGINE_QUEUE_S), self._seconds(a, ENGINE_TTFT_S)
-            called_ms = max(0, s.start_ns - root.start_ns) / 1e6
-            return (
-                None if queue is None else queue * 1000.0,
-                None if ttft is None else called_ms + ttft * 1000.0,
-            )
-        return None, None
+            if queue is None and ENGINE_QUEUE_S in a:
+                queue = self._seconds(a, ENGINE_QUEUE_S)
+            if ttft is None and (name := _ttft_name(a)) is not None:
+                first = self._seconds(a, name)
+                called_ms = max(0, s.start_ns - root.start_ns) / 1e6
+                ttft = None if first is None else called_ms + first * 1000.0
+            if queue is not None and ttft is not None:
+                break
+        return None if queue is None else queue * 1000.0, ttft
 
     def _seconds(self, attrs: Mapping[str, AttrValue], name: str) -> float | None:
         """``attrs[name]`` as seconds (None: absent, or not a number from 0 to a day:
@@ -303,6 +312,16 @@ class RequestRecordAt:
     instance: str
     host: str | None
     record: RequestRecord
+
+
+def _ttft_name(attrs: Mapping[str, AttrValue]) -> str | None:
+    """The attribute that holds a span's time to first token (None: it has none, or the
+    call was not streamed)."""
+    if ENGINE_TTFT_S in attrs:
+        return ENGINE_TTFT_S
+    if attrs.get(STREAMED) is False:
+        return None
+    return next((name for name in CLIENT_TTFT_S if name in attrs), None)
 
 
 def _is_root(spans: Mapping[str, Span], s: Span) -> bool:

@@ -195,6 +195,61 @@ def test_vllms_request_span_is_its_own_services_record_with_its_queue_and_ttft()
     assert asm.stats.bad_latencies == 3, asm.stats
 
 
+def test_a_clients_streamed_calls_give_the_sdks_ttft_and_decode_speed() -> None:
+    """The LLM span is a client's call as OpenLIT records it (``Fleet(client=True)``):
+    streamed, its time to first chunk (seconds, from the call's start) is the record's TTFT
+    once the call's offset in the request is added, so decode speed is told from the first
+    token on, as from the SDK; a call with no output is not streamed, and OpenLIT's whole
+    call duration in the same attribute is no TTFT."""
+    sim = RequestSimulator(RequestSimConfig(services=2, scenario="throughput", batch_s=10.0,
+                                            fault_start_s=600.0))  # fmt: skip
+    envs = [e for _, batch in itertools.islice(sim.ticks(), 180) for e in batch]  # 30 min
+    fleet = Fleet(client=True)
+    payloads = [otlp_json(spans) for env in envs if (spans := fleet.spans(env))]
+    asm = TraceAssembler(grace_s=30.0)
+    done = [env for p in payloads for env in asm.add(decode_traces(p))]
+    got, want = records(done + asm.advance(envs[-1].ts + 120)), records(envs)
+    assert got.keys() == want.keys() and asm.stats.bad_latencies == 0
+    pairs = [(g, w) for key in want for g, w in zip(got[key], want[key], strict=True)]
+    assert len(pairs) == sum(len(e.records) for e in envs)
+    assert sum(w.ttft_ms is None for _, w in pairs) > 0  # some not streamed
+    for g, w in pairs:
+        assert_same(g, w)
+        assert g.queue_ms is None  # a client does not see the engine's queue
+        assert (g.ttft_ms is None) == (w.ttft_ms is None)
+        if w.ttft_ms is not None:
+            assert g.ttft_ms == pytest.approx(w.ttft_ms, abs=1e-3)
+            assert decode_ms_per_token(g) == pytest.approx(decode_ms_per_token(w), abs=1e-5)
+
+
+def test_ttft_from_the_older_spelling_and_from_the_first_span_that_has_one() -> None:
+    """OpenLIT's older ``gen_ai.server.ttft``; a client's streamed call around vLLM's own
+    span in the same process: the queue wait is the engine's, the TTFT the client's (its
+    call began first); a call marked not streamed gives none, and counts as no bad value."""
+    client = {"gen_ai.operation.name": "chat", "gen_ai.request.is_stream": True,
+              "gen_ai.server.time_to_first_token": 0.3}  # fmt: skip
+    vllm = {"gen_ai.latency.time_in_queue": 0.02, "gen_ai.latency.time_to_first_token": 0.25}
+    whole = {"gen_ai.operation.name": "chat", "gen_ai.request.is_stream": False,
+             "gen_ai.server.time_to_first_token": 0.8}  # fmt: skip
+    asm = TraceAssembler(grace_s=1.0)
+    asm.add([
+        span("a", "r", None, end=1000 * MS),
+        span("a", "c", "r", start=100 * MS, end=900 * MS,
+             attrs={"gen_ai.operation.name": "chat", "gen_ai.server.ttft": 0.2}),
+        span("b", "r", None, end=1000 * MS),
+        span("b", "c", "r", start=100 * MS, end=900 * MS, attrs=client),
+        span("b", "v", "c", name="llm_request", start=120 * MS, end=880 * MS, attrs=vllm),
+        span("c", "r", None, end=1000 * MS),
+        span("c", "c", "r", start=100 * MS, end=900 * MS, attrs=whole),
+    ])  # fmt: skip
+    ((env,),) = [asm.advance(100.0)]
+    older, around, not_streamed = env.records
+    assert (older.queue_ms, older.ttft_ms) == (None, pytest.approx(300.0))
+    assert (around.queue_ms, around.ttft_ms) == (pytest.approx(20.0), pytest.approx(400.0))
+    assert (not_streamed.queue_ms, not_streamed.ttft_ms) == (None, None)
+    assert asm.stats.bad_latencies == 0
+
+
 def test_an_engine_called_inside_the_request_adds_when_it_was_called() -> None:
     ms = 1_000_000
     asm = TraceAssembler(grace_s=1.0)
