@@ -22,7 +22,7 @@ Stages (documented in docs/otel.md, configurable by name patterns):
 - OTel GenAI ``gen_ai.operation.name``: chat, text_completion, generate_content -> llm;
   embeddings -> embedding; execute_tool -> tool;
 - OpenLLMetry ``traceloop.span.kind`` tool -> tool, ``llm.request.type`` chat or
-  completion -> llm, embedding -> embedding;
+  completion -> llm, embedding -> embedding, rerank -> reranker;
 - vLLM's own request span (its ``gen_ai.latency.*`` attributes) -> llm;
 - a vector-database (or any database) client span (``db.system`` / ``db.system.name``)
   -> retriever;
@@ -83,7 +83,12 @@ GEN_AI = {
     "embeddings": "embedding",
     "execute_tool": "tool",
 }
-TRACELOOP_REQUEST = {"chat": "llm", "completion": "llm", "embedding": "embedding"}
+TRACELOOP_REQUEST = {
+    "chat": "llm",
+    "completion": "llm",
+    "embedding": "embedding",
+    "rerank": "reranker",
+}
 # vLLM's request span (vllm/tracing.py's SpanAttributes), in seconds
 ENGINE_QUEUE_S = "gen_ai.latency.time_in_queue"
 ENGINE_TTFT_S = "gen_ai.latency.time_to_first_token"

@@ -307,6 +307,7 @@ def test_stages_from_every_convention_and_name_patterns() -> None:
         ("a4", {"llm.request.type": "chat", "llm.token_count.prompt": 9}, "llm"),
         ("a5", {"db.system.name": "qdrant"}, "retriever"),
         ("a6", {"openinference.span.kind": "CHAIN"}, None),
+        ("a7", {"llm.request.type": "rerank"}, "reranker"),  # OpenLLMetry's Cohere rerank
     ]
     stages = StageMap()
     for sid, attrs, stage in conv:
