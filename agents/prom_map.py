@@ -10,7 +10,7 @@ The renaming is one table, :data:`METRICS`: exposed name -> (ragwatch name, unit
 A histogram or summary is listed once under its base name and its ``_bucket``, ``_sum``
 and ``_count`` samples follow it: ``_sum``, quantile values and ``le`` bounds are scaled,
 counts are not. A renamed sample keeps its labels and gains ``engine`` (``vllm``,
-``tgi``, ``triton``, ``dcgm``) and ``source_metric`` (the exposed sample name); an
+``sglang``, ``tgi``, ``triton``, ``dcgm``) and ``source_metric`` (the exposed sample name); an
 exposed label already called so is kept as ``exported_<name>``, as Prometheus does (vLLM
 V1 labels every sample ``engine="<index>"``). Counters stay cumulative, as scraped.
 
@@ -43,7 +43,13 @@ MICRO: Final = Fraction(1, 1_000_000)
 MIB: Final = Fraction(1024 * 1024)
 
 # Which engine a source metric belongs to, by its prefix.
-ENGINE_PREFIXES: Final = (("vllm:", "vllm"), ("tgi_", "tgi"), ("nv_", "triton"), ("DCGM_", "dcgm"))
+ENGINE_PREFIXES: Final = (
+    ("vllm:", "vllm"),
+    ("sglang:", "sglang"),
+    ("tgi_", "tgi"),
+    ("nv_", "triton"),
+    ("DCGM_", "dcgm"),
+)
 HISTOGRAM_SUFFIXES: Final = ("_bucket", "_sum", "_count")
 ADDED_LABELS: Final = ("engine", "source_metric")
 
@@ -71,6 +77,26 @@ METRICS: Final[Mapping[str, tuple[str, Fraction]]] = {
     "vllm:request_inference_time_seconds": ("ragwatch_inference_seconds", ONE),
     "vllm:request_prompt_tokens": ("ragwatch_request_prompt_tokens", ONE),
     "vllm:request_generation_tokens": ("ragwatch_request_generation_tokens", ONE),
+    # SGLang (python/sglang/srt/metrics/collector.py; served with --enable-metrics): the
+    # scheduler's gauges (of TP rank 0 unless --enable-metrics-for-all-schedulers) and
+    # queue time, the tokenizer manager's counters and histograms (counted as each request
+    # finishes). Not renamed: num_aborted_requests_total (aborts and client disconnects,
+    # not failures), cache_hit_rate (the last prefill batch's only), gen_throughput (a
+    # gauge of the last log interval: the rate comes from generation_tokens_total).
+    "sglang:num_queue_reqs": ("ragwatch_requests_waiting", ONE),
+    "sglang:num_running_reqs": ("ragwatch_requests_running", ONE),
+    "sglang:token_usage": ("ragwatch_kv_cache_usage_ratio", ONE),  # 0-1 of the KV token pool
+    "sglang:prompt_tokens_total": ("ragwatch_prompt_tokens_total", ONE),
+    "sglang:generation_tokens_total": ("ragwatch_generation_tokens_total", ONE),
+    "sglang:num_requests_total": ("ragwatch_requests_total", ONE),
+    "sglang:num_retracted_requests_total": ("ragwatch_preemptions_total", ONE),
+    "sglang:cached_tokens_total": ("ragwatch_prefix_cache_hits_total", ONE),
+    "sglang:time_to_first_token_seconds": ("ragwatch_ttft_seconds", ONE),
+    "sglang:inter_token_latency_seconds": ("ragwatch_itl_seconds", ONE),
+    "sglang:e2e_request_latency_seconds": ("ragwatch_e2e_seconds", ONE),
+    "sglang:queue_time_seconds": ("ragwatch_queue_seconds", ONE),
+    "sglang:prompt_tokens_histogram": ("ragwatch_request_prompt_tokens", ONE),
+    "sglang:generation_tokens_histogram": ("ragwatch_request_generation_tokens", ONE),
     # TGI (docs/source/reference/metrics.md); counters are exposed without _total.
     "tgi_queue_size": ("ragwatch_requests_waiting", ONE),
     "tgi_batch_current_size": ("ragwatch_requests_running", ONE),

@@ -1,5 +1,5 @@
 """The Prometheus scrape source against a real HTTP server on loopback, serving the
-exposition fixtures of vLLM, TGI, Triton and dcgm-exporter (tests/fixtures/prom/).
+exposition fixtures of vLLM, SGLang, TGI, Triton and dcgm-exporter (tests/fixtures/prom/).
 
 No mocks of the network: every scrape goes through urllib to ``http.server`` in a
 thread. Names, values and labels are asserted exactly, per engine.
@@ -249,6 +249,93 @@ def test_vllm_exposing_both_names_keeps_the_new_one(exporter: Exporter) -> None:
     (kv,) = find(env, "ragwatch_kv_cache_usage_ratio")
     assert (kv.value, kv.labels["source_metric"]) == (0.4375, "vllm:kv_cache_usage_perc")
     assert src.stats[exporter.url("/metrics")].duplicate_series == 1
+
+
+# ---------------------------------------------------------------- SGLang
+
+QWEN = "Qwen/Qwen2.5-7B-Instruct"
+RANK0 = {"model_name": QWEN, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+
+
+def test_sglang_is_renamed(exporter: Exporter) -> None:
+    """SGLang's /metrics (``--enable-metrics``): the scheduler's gauges and queue time
+    (labelled by rank), the tokenizer manager's counters and histograms."""
+    env = metrics_of(scrape_one(exporter, fixture("sglang")))
+    assert find(env, "ragwatch_requests_waiting") == [
+        MetricSample(
+            "ragwatch_requests_waiting",
+            {**RANK0, "engine": "sglang", "source_metric": "sglang:num_queue_reqs"},
+            6.0,
+        )
+    ]
+    assert value(env, "ragwatch_requests_running") == 18.0
+    assert value(env, "ragwatch_kv_cache_usage_ratio") == 0.71
+    assert value(env, "ragwatch_prompt_tokens_total") == 9_874_211.0
+    assert value(env, "ragwatch_generation_tokens_total") == 743_602.0
+    assert value(env, "ragwatch_requests_total") == 3438.0
+    assert value(env, "ragwatch_preemptions_total") == 4.0
+    assert value(env, "ragwatch_prefix_cache_hits_total") == 5_120_443.0
+    assert value(env, "ragwatch_ttft_seconds_bucket", le="0.4") == 2630.0
+    assert value(env, "ragwatch_ttft_seconds_sum") == 1203.3
+    assert value(env, "ragwatch_itl_seconds_count") == 740_164.0
+    assert value(env, "ragwatch_e2e_seconds_count") == 3438.0
+    assert value(env, "ragwatch_queue_seconds_sum", tp_rank="0") == 412.7
+    assert value(env, "ragwatch_request_generation_tokens_bucket", le="256") == 3050.0
+    assert find(env, "ragwatch_ttft_seconds_count")[0].labels == {
+        "model_name": QWEN,
+        "engine": "sglang",
+        "source_metric": "sglang:time_to_first_token_seconds_count",
+    }
+    # aborts (client disconnects among them) are no failures; a last batch's hit rate and
+    # a log interval's throughput are not the rates ragwatch computes: passed through
+    assert value(env, "sglang:num_aborted_requests_total") == 11.0
+    assert value(env, "sglang:cache_hit_rate") == 0.0
+    assert find(env, "ragwatch_requests_failed_total") == []
+
+
+def test_sglangs_scrapes_become_the_engines_signals(exporter: Exporter) -> None:
+    """Two scrapes of an SGLang server 15 s apart, through the pipelines: the queue, the
+    running requests and the KV cache as SGLang reports them, and rates and mean latencies
+    from its counters and histograms."""
+    clock = {"t": TS}
+    url = exporter.serve("/metrics", fixture("sglang"))
+    src = PromSource([url], host=NODE, clock=lambda: clock["t"])
+    pipes = Pipelines(load_rules())
+    for env in src.sample():
+        pipes.process(env)
+    later = {  # 15 s on: 30 requests more, each ~0.35 s to its first token
+        "sglang:num_requests_total{": 3468.0,
+        "sglang:generation_tokens_total{": 750_802.0,
+        "sglang:prompt_tokens_total{": 9_960_211.0,
+        "sglang:num_retracted_requests_total{": 7.0,
+        "sglang:time_to_first_token_seconds_count{": 3468.0,
+        "sglang:time_to_first_token_seconds_sum{": 1213.8,
+        "sglang:queue_time_seconds_count{": 3468.0,
+        "sglang:queue_time_seconds_sum{": 415.7,
+        "sglang:num_queue_reqs{": 9.0,
+        "sglang:token_usage{": 0.83,
+    }
+    lines = []
+    for line in fixture("sglang").splitlines():
+        prefix = next((p for p in later if line.startswith(p)), None)
+        lines.append(line if prefix is None else f"{line.rsplit(' ', 1)[0]} {later[prefix]}")
+    exporter.serve("/metrics", "\n".join(lines) + "\n")
+    clock["t"] += 15.0
+    for env in src.sample():
+        pipes.process(env)
+    ((engine,),) = [pipes.metrics.engine_snapshot(NODE)]
+    sig = engine["signals"]
+    assert engine["target"] == url
+    assert (sig["requests_waiting"], sig["kv_cache_usage_ratio"]) == (9.0, 0.83)
+    assert sig["requests_running"] == 18.0
+    assert sig["requests_per_s"] == pytest.approx(2.0)
+    assert sig["generation_tokens_per_s"] == pytest.approx(480.0)
+    assert sig["prompt_tokens_per_s"] == pytest.approx(5733.33, abs=0.01)
+    assert sig["tokens_per_request"] == pytest.approx(240.0)
+    assert sig["preemptions_per_s"] == pytest.approx(0.2)
+    assert sig["ttft_mean_s"] == pytest.approx(0.35)
+    assert sig["queue_mean_s"] == pytest.approx(0.1)
+    assert sig["errors_ratio"] is None  # SGLang counts no failures
 
 
 # ---------------------------------------------------------------- TGI
