@@ -9,8 +9,9 @@ format 0.0.4, a deadline of ``timeout_s`` for the whole response, at most
   a GPU without framebuffer fields (MIG instances, NVIDIA/dcgm-exporter#512) is left
   out and its fields go with the metrics; the exporter's Kubernetes labels (``namespace``,
   ``pod``, ``container``) become the GPU's, when they name one container;
-- one :class:`~ragwatch.schema.MetricsEnvelope` per target: vLLM, SGLang, TGI, Triton (and
-  left-over DCGM) metrics renamed by the table in :mod:`ragwatch.agents.prom_map`, and
+- one :class:`~ragwatch.schema.MetricsEnvelope` per target: vLLM, SGLang, llama.cpp, TGI,
+  Triton (and left-over DCGM) metrics renamed by the table in
+  :mod:`ragwatch.agents.prom_map`, and
   everything else passed through unchanged. Counters stay cumulative, as scraped;
   rates and counter resets are handled in streams.
 

@@ -10,9 +10,10 @@ The renaming is one table, :data:`METRICS`: exposed name -> (ragwatch name, unit
 A histogram or summary is listed once under its base name and its ``_bucket``, ``_sum``
 and ``_count`` samples follow it: ``_sum``, quantile values and ``le`` bounds are scaled,
 counts are not. A renamed sample keeps its labels and gains ``engine`` (``vllm``,
-``sglang``, ``tgi``, ``triton``, ``dcgm``) and ``source_metric`` (the exposed sample name); an
-exposed label already called so is kept as ``exported_<name>``, as Prometheus does (vLLM
-V1 labels every sample ``engine="<index>"``). Counters stay cumulative, as scraped.
+``sglang``, ``llamacpp``, ``tgi``, ``triton``, ``dcgm``) and ``source_metric``
+(the exposed sample name); an exposed label already called so is kept as
+``exported_<name>``, as Prometheus does (vLLM V1 labels every sample ``engine="<index>"``).
+Counters stay cumulative, as scraped.
 
 The table's order is a priority: when two entries give the same series (vLLM's
 deprecated twins during their deprecation window, Triton's latency summary next to its
@@ -46,6 +47,7 @@ MIB: Final = Fraction(1024 * 1024)
 ENGINE_PREFIXES: Final = (
     ("vllm:", "vllm"),
     ("sglang:", "sglang"),
+    ("llamacpp:", "llamacpp"),
     ("tgi_", "tgi"),
     ("nv_", "triton"),
     ("DCGM_", "dcgm"),
@@ -97,6 +99,14 @@ METRICS: Final[Mapping[str, tuple[str, Fraction]]] = {
     "sglang:queue_time_seconds": ("ragwatch_queue_seconds", ONE),
     "sglang:prompt_tokens_histogram": ("ragwatch_request_prompt_tokens", ONE),
     "sglang:generation_tokens_histogram": ("ragwatch_request_generation_tokens", ONE),
+    # llama.cpp's server (tools/server, --metrics): gauges and counters, no histograms;
+    # tokens are counted as each request finishes. kv_cache_usage_ratio where a build
+    # still exposes it (current ones do not).
+    "llamacpp:requests_deferred": ("ragwatch_requests_waiting", ONE),
+    "llamacpp:requests_processing": ("ragwatch_requests_running", ONE),
+    "llamacpp:kv_cache_usage_ratio": ("ragwatch_kv_cache_usage_ratio", ONE),
+    "llamacpp:prompt_tokens_total": ("ragwatch_prompt_tokens_total", ONE),
+    "llamacpp:tokens_predicted_total": ("ragwatch_generation_tokens_total", ONE),
     # TGI (docs/source/reference/metrics.md); counters are exposed without _total.
     "tgi_queue_size": ("ragwatch_requests_waiting", ONE),
     "tgi_batch_current_size": ("ragwatch_requests_running", ONE),

@@ -293,16 +293,35 @@ def test_sglang_is_renamed(exporter: Exporter) -> None:
     assert find(env, "ragwatch_requests_failed_total") == []
 
 
+def engine_signals(
+    exporter: Exporter, name: str, later: Mapping[str, float], dt: float
+) -> dict[str, float | None]:
+    """The engine's signals after two scrapes of fixture ``name``, ``dt`` apart, through the
+    pipelines: the second with each line that starts with a key of ``later`` at its value."""
+    clock = {"t": TS}
+    src = PromSource(
+        [exporter.serve("/metrics", fixture(name))], host=NODE, clock=lambda: clock["t"]
+    )
+    pipes = Pipelines(load_rules())
+    lines = []
+    for line in fixture(name).splitlines():
+        prefix = next((p for p in later if line.startswith(p)), None)
+        lines.append(line if prefix is None else f"{line.rsplit(' ', 1)[0]} {later[prefix]}")
+    for text in (None, "\n".join(lines) + "\n"):
+        if text is not None:
+            exporter.serve("/metrics", text)
+            clock["t"] += dt
+        for env in src.sample():
+            pipes.process(env)
+    ((engine,),) = [pipes.metrics.engine_snapshot(NODE)]
+    assert engine["target"] == exporter.url("/metrics")
+    return dict(engine["signals"])
+
+
 def test_sglangs_scrapes_become_the_engines_signals(exporter: Exporter) -> None:
     """Two scrapes of an SGLang server 15 s apart, through the pipelines: the queue, the
     running requests and the KV cache as SGLang reports them, and rates and mean latencies
     from its counters and histograms."""
-    clock = {"t": TS}
-    url = exporter.serve("/metrics", fixture("sglang"))
-    src = PromSource([url], host=NODE, clock=lambda: clock["t"])
-    pipes = Pipelines(load_rules())
-    for env in src.sample():
-        pipes.process(env)
     later = {  # 15 s on: 30 requests more, each ~0.35 s to its first token
         "sglang:num_requests_total{": 3468.0,
         "sglang:generation_tokens_total{": 750_802.0,
@@ -315,17 +334,7 @@ def test_sglangs_scrapes_become_the_engines_signals(exporter: Exporter) -> None:
         "sglang:num_queue_reqs{": 9.0,
         "sglang:token_usage{": 0.83,
     }
-    lines = []
-    for line in fixture("sglang").splitlines():
-        prefix = next((p for p in later if line.startswith(p)), None)
-        lines.append(line if prefix is None else f"{line.rsplit(' ', 1)[0]} {later[prefix]}")
-    exporter.serve("/metrics", "\n".join(lines) + "\n")
-    clock["t"] += 15.0
-    for env in src.sample():
-        pipes.process(env)
-    ((engine,),) = [pipes.metrics.engine_snapshot(NODE)]
-    sig = engine["signals"]
-    assert engine["target"] == url
+    sig = engine_signals(exporter, "sglang", later, 15.0)
     assert (sig["requests_waiting"], sig["kv_cache_usage_ratio"]) == (9.0, 0.83)
     assert sig["requests_running"] == 18.0
     assert sig["requests_per_s"] == pytest.approx(2.0)
@@ -336,6 +345,24 @@ def test_sglangs_scrapes_become_the_engines_signals(exporter: Exporter) -> None:
     assert sig["ttft_mean_s"] == pytest.approx(0.35)
     assert sig["queue_mean_s"] == pytest.approx(0.1)
     assert sig["errors_ratio"] is None  # SGLang counts no failures
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+
+def test_llamacpp_is_renamed(exporter: Exporter) -> None:
+    env = metrics_of(scrape_one(exporter, fixture("llamacpp")))
+    assert find(env, "ragwatch_requests_waiting") == [
+        MetricSample(
+            "ragwatch_requests_waiting",
+            {"engine": "llamacpp", "source_metric": "llamacpp:requests_deferred"},
+            2.0,
+        )
+    ]
+    assert value(env, "ragwatch_requests_running") == 4.0
+    assert value(env, "ragwatch_prompt_tokens_total") == 5_129_934.0
+    assert value(env, "ragwatch_generation_tokens_total") == 410_226.0
+    assert value(env, "llamacpp:predicted_tokens_seconds") == 79.97  # passed through
 
 
 # ---------------------------------------------------------------- TGI
