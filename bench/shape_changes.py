@@ -23,7 +23,9 @@ flash crowd reaches the GPUs and the serving engines too, each with its own shap
   quiet holiday, a weekday at a quarter of the load: idler and cooler all day;
 - **vLLM engines** (two, scraped every 15 s, their load following demand: utilisation 0.6
   at the usual peak, the wait of a queue as ``rho / (1 - rho)``, the requests running by
-  Little's law, the KV cache filling with them): the same doubling.
+  Little's law, the KV cache filling with them): the same doubling;
+- **an embedding server** (Text Embeddings Inference's metrics: no tokens generated, so
+  its requests/s are the witness of its load): the same doubling.
 """
 
 from __future__ import annotations
@@ -180,7 +182,19 @@ def engine_flash_crowd() -> Shape:
     )
 
 
+def embedder_flash_crowd() -> Shape:
+    end = MONDAY + 5 * DAY
+    return Shape(
+        "embedder-flash-crowd",
+        lambda: generic.embedder_envelopes(MONDAY, end, 3, lambda t: generic.load(t) * crowd(t)),
+        faults=(),
+        series_days=5.0,
+        note="An embedding server (no tokens generated: its requests/s are its load) whose "
+        "queue and waits follow demand, demand doubled for 3 h on Thursday morning.",
+    )
+
+
 SHAPES = [
     flash_crowd(), daylight_saving(), prompt_template(), gpu_flash_crowd(), gpu_holiday(),
-    engine_flash_crowd(),
+    engine_flash_crowd(), embedder_flash_crowd(),
 ]  # fmt: skip

@@ -17,7 +17,11 @@ series from Thursday 10:00 for four hours, and the rest of that day:
   for a larger one, a cache gone cold, a CPU fallback);
 - ``generic-kv-cache-filling``: a scraped vLLM engine's KV cache fills (a client sending
   ever longer contexts): usage climbs to 99 %, requests wait, queue time and TTFT grow,
-  preemptions start.
+  preemptions start;
+- ``generic-slow-embedder``: a scraped embedding server (Text Embeddings Inference's
+  metrics: requests, failures, queue size, request and queue durations; no tokens
+  generated) computes each batch 2.5x slower at the usual demand (a model swapped, a GPU
+  shared with another job): its requests wait longer and queue up.
 
 But for the hot replica no GPU here is held by a pod, so the like-GPU rules
 (streams/pipelines/gpu_peers.py) compare nothing: what pages is the generic family
@@ -215,8 +219,57 @@ def kv_cache_filling() -> Shape:
     )  # fmt: skip
 
 
+EMBEDDER = "http://tei:8080/metrics"
+
+
+def embedder_envelopes(
+    t0: float, t1: float, seed: int = 4, demand: Callable[[float], float] = load, slow: float = 1.0
+) -> Iterator[Envelope]:
+    """An embedding server (TEI's metrics, as its agent renames them) scraped every 15 s:
+    requests as demand (40/s at the usual weekday peak), each batch's compute 20 ms (``slow``
+    times that in the fault window) at a utilisation of 0.5 at that peak, a queue's wait as
+    rho / (1 - rho), a few failures."""
+    rng, totals, ts = random.Random(seed), [0.0] * 6, t0
+    while ts < t1:
+        factor = slow if FAULT_AT <= ts < FAULT_AT + FAULT_S else 1.0
+        rps = 40.0 * demand(ts) / 80.0 * math.exp(rng.gauss(0, 0.1))
+        compute = 0.02 * factor * math.exp(rng.gauss(0, 0.05))
+        rho = min(0.97, rps * compute / 1.6)  # 0.5 at the usual peak
+        wait = compute * rho / (1 - rho) * math.exp(rng.gauss(0, 0.2))
+        failed = rps * 15 * 0.001 * rng.random()
+        for k, v in enumerate((rps * 15, failed, rps * 15 * (wait + compute + 0.002),
+                               rps * 15, rps * 15 * wait, rps * 15)):  # fmt: skip
+            totals[k] += v
+        waiting = max(0.0, rps * wait + rng.gauss(0, 0.5))
+        yield MetricsEnvelope("node-05", EMBEDDER, ts, (
+            MetricSample("ragwatch_requests_total", {"method": "batch"}, totals[0]),
+            MetricSample("ragwatch_requests_failed_total", {"err": "overloaded"}, totals[1]),
+            MetricSample("ragwatch_e2e_seconds_sum", {}, totals[2]),
+            MetricSample("ragwatch_e2e_seconds_count", {}, totals[3]),
+            MetricSample("ragwatch_queue_seconds_sum", {}, totals[4]),
+            MetricSample("ragwatch_queue_seconds_count", {}, totals[5]),
+            MetricSample("ragwatch_requests_waiting", {}, waiting),
+        ))  # fmt: skip
+        ts += 15.0
+
+
+def slow_embedder() -> Shape:
+    target = {"host": "node-05", "target": EMBEDDER}
+    exp = Expect("embedder", ("EngineAnomaly",), target, FAULT_AT, FAULT_AT + FAULT_S,
+                 max_delay_s=45 * MINUTE)  # fmt: skip
+    days = (END - MONDAY) / DAY - (FAULT_S + HOUR) / DAY
+    return Shape(
+        "generic-slow-embedder",
+        lambda: embedder_envelopes(MONDAY, END, slow=2.5), (exp,), round(days, 3),
+        "a scraped embedding server computes 2.5x slower at the usual demand: waits, queues",
+    )  # fmt: skip
+
+
 def shapes() -> list[Shape]:
-    return [gpu_hang(), gpu_power_cap(), gpu_hot(), slow_reranker(), kv_cache_filling()]
+    return [
+        gpu_hang(), gpu_power_cap(), gpu_hot(), slow_reranker(), kv_cache_filling(),
+        slow_embedder(),
+    ]  # fmt: skip
 
 
 SHAPES = shapes

@@ -224,10 +224,18 @@ EXPLAINED_BY: dict[str, tuple[str, float]] = {
 # signals is that load, and does not count in anomalous_signals. A GPU busier than its
 # daily profile has seen (a flash crowd, a job at a new hour) is busier, copies more, draws
 # more power and runs hotter, together; a fault decouples them: a power cap (busier, less
-# power), a hang (idle at a busy hour: moves down), heat at the usual load.
+# power), a hang (idle at a busy hour: moves down), heat at the usual load. An engine sent
+# more requests than expected runs more, queues more and longer, fills more of its KV
+# cache and answers slower: its requests/s are the witness that every engine has (one
+# that generates no tokens, an embedder or a reranker, has no tokens/s for EXPLAINED_BY).
 LOAD: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("gpu_util", "power_w"), ("gpu_util", "mem_copy_util", "power_w", "temp_c")),
-)
+    (
+        ("requests_per_s",),
+        ("requests_running", "requests_waiting", "kv_cache_usage_ratio", "queue_mean_s",
+         "ttft_mean_s", "e2e_mean_s", "tpot_mean_s"),
+    ),
+)  # fmt: skip
 ANOMALOUS_SCORE = 0.9
 # ... and moved by at least this much of its expected value (vmanomaly's
 # min_dev_from_expected, relative): a very steady signal's band is narrow, and a move of

@@ -159,13 +159,15 @@ def _engine_day(demand: float, kv_fault: float, rng: random.Random) -> tuple[flo
     return rps, rps * 180.0, rps * 4.0 * (1 + rho), waiting, usage, wait
 
 
+@pytest.mark.parametrize("tokens", [True, False], ids=["generating", "no-tokens"])
 @pytest.mark.parametrize("fault", ["surge", "kv-cache"])
-def test_an_engine_s_load_counts_unless_its_demand_explains_it(fault: str) -> None:
+def test_an_engine_s_load_counts_unless_its_demand_explains_it(fault: str, tokens: bool) -> None:
     """Two days of an engine's daily rhythm, then the third morning: demand doubling for
     three hours moves its running and waiting requests, KV cache and queue wait far out of
     their bands, scored, but its generated tokens/s 100 % above their expectation explain
-    them: not counted. A KV cache filling at the usual demand (requests waiting, their wait
-    up) counts."""
+    them (or, for an engine that generates none, an embedder's, its requests/s): not
+    counted. A KV cache filling at the usual demand (requests waiting, their wait up)
+    counts."""
     pipe, rng, totals = MetricsPipeline(load_rules()), random.Random(3), [0.0] * 5
     start, most = T0 + 2 * 86400 + 8 * 3600, 0.0
     for i in range(int((start - T0) / 60) + 150):
@@ -176,12 +178,14 @@ def test_an_engine_s_load_counts_unless_its_demand_explains_it(fault: str) -> No
         rps, tps, running, waiting, usage, wait = _engine_day(demand * surge, kv, rng)
         for k, v in enumerate((rps, tps, rps * 2500.0, rps * wait, rps)):
             totals[k] += v * 60.0
+        counters = [("ragwatch_requests_succeeded_total", {}, totals[0])]
+        if tokens:
+            counters += [("ragwatch_generation_tokens_total", {}, totals[1]),
+                         ("ragwatch_prompt_tokens_total", {}, totals[2])]  # fmt: skip
+        counters += [("ragwatch_queue_seconds_sum", {}, totals[3]),
+                     ("ragwatch_queue_seconds_count", {}, totals[4])]  # fmt: skip
         pipe.process(scrape(
-            t, ("ragwatch_requests_succeeded_total", {}, totals[0]),
-            ("ragwatch_generation_tokens_total", {}, totals[1]),
-            ("ragwatch_prompt_tokens_total", {}, totals[2]),
-            ("ragwatch_queue_seconds_sum", {}, totals[3]),
-            ("ragwatch_queue_seconds_count", {}, totals[4]),
+            t, *counters,
             ("ragwatch_requests_running", {}, running), ("ragwatch_requests_waiting", {}, waiting),
             ("ragwatch_kv_cache_usage_ratio", {}, usage),
         ))  # fmt: skip
@@ -189,8 +193,10 @@ def test_an_engine_s_load_counts_unless_its_demand_explains_it(fault: str) -> No
             sig = signals(pipe)
             most = max(most, sig["anomalous_signals"] or 0.0)
     assert sig["kv_cache_usage_ratio_score"] == 1.0  # far out of its band either way
+    assert (sig["generation_tokens_per_s"] is not None) == tokens
     if fault == "surge":
-        assert sig["tps_deviation"] is not None and sig["tps_deviation"] > 0.5
+        if tokens:
+            assert sig["tps_deviation"] is not None and sig["tps_deviation"] > 0.5
         assert most <= 1.0
     else:
         assert most >= 2.0
