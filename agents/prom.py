@@ -10,7 +10,7 @@ format 0.0.4, a deadline of ``timeout_s`` for the whole response, at most
   out and its fields go with the metrics; the exporter's Kubernetes labels (``namespace``,
   ``pod``, ``container``) become the GPU's, when they name one container;
 - one :class:`~ragwatch.schema.MetricsEnvelope` per target: vLLM, SGLang, llama.cpp, TGI,
-  Triton (and left-over DCGM) metrics renamed by the table in
+  Text Embeddings Inference, Triton (and left-over DCGM) metrics renamed by the table in
   :mod:`ragwatch.agents.prom_map`, and
   everything else passed through unchanged. Counters stay cumulative, as scraped;
   rates and counter resets are handled in streams.

@@ -10,7 +10,7 @@ The renaming is one table, :data:`METRICS`: exposed name -> (ragwatch name, unit
 A histogram or summary is listed once under its base name and its ``_bucket``, ``_sum``
 and ``_count`` samples follow it: ``_sum``, quantile values and ``le`` bounds are scaled,
 counts are not. A renamed sample keeps its labels and gains ``engine`` (``vllm``,
-``sglang``, ``llamacpp``, ``tgi``, ``triton``, ``dcgm``) and ``source_metric``
+``sglang``, ``llamacpp``, ``tgi``, ``tei``, ``triton``, ``dcgm``) and ``source_metric``
 (the exposed sample name); an exposed label already called so is kept as
 ``exported_<name>``, as Prometheus does (vLLM V1 labels every sample ``engine="<index>"``).
 Counters stay cumulative, as scraped.
@@ -49,6 +49,7 @@ ENGINE_PREFIXES: Final = (
     ("sglang:", "sglang"),
     ("llamacpp:", "llamacpp"),
     ("tgi_", "tgi"),
+    ("te_", "tei"),
     ("nv_", "triton"),
     ("DCGM_", "dcgm"),
 )
@@ -107,6 +108,18 @@ METRICS: Final[Mapping[str, tuple[str, Fraction]]] = {
     "llamacpp:kv_cache_usage_ratio": ("ragwatch_kv_cache_usage_ratio", ONE),
     "llamacpp:prompt_tokens_total": ("ragwatch_prompt_tokens_total", ONE),
     "llamacpp:tokens_predicted_total": ("ragwatch_generation_tokens_total", ONE),
+    # Text Embeddings Inference (the embedder or reranker of a RAG service; router/src,
+    # core/src): counters without _total and no HELP (the metrics crate's exporter);
+    # latencies in seconds, a batch request's queue and inference times the mean of its
+    # inputs'; the queue counts inputs. No tokens are generated.
+    "te_request_count": ("ragwatch_requests_total", ONE),
+    "te_request_success": ("ragwatch_requests_succeeded_total", ONE),
+    "te_request_failure": ("ragwatch_requests_failed_total", ONE),  # label err
+    "te_queue_size": ("ragwatch_requests_waiting", ONE),
+    "te_request_duration": ("ragwatch_e2e_seconds", ONE),
+    "te_request_queue_duration": ("ragwatch_queue_seconds", ONE),
+    "te_request_inference_duration": ("ragwatch_inference_seconds", ONE),
+    "te_request_input_length": ("ragwatch_request_prompt_tokens", ONE),  # per input
     # TGI (docs/source/reference/metrics.md); counters are exposed without _total.
     "tgi_queue_size": ("ragwatch_requests_waiting", ONE),
     "tgi_batch_current_size": ("ragwatch_requests_running", ONE),

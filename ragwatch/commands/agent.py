@@ -1,11 +1,11 @@
 """``ragwatch agent``: one command for every telemetry source, one publisher for all.
 
 Sources: ``sim`` (the simulated fleet), ``nvml`` (this host's GPUs through NVML) and
-``prom`` (Prometheus ``/metrics`` of vLLM, SGLang, llama.cpp, TGI, Triton,
-dcgm-exporter). Every source supports ``--once --json``: take one sample and print its
-envelopes, one JSON object per line, instead of publishing. Otherwise envelopes go through the
-:class:`~ragwatch.agents.publisher.KafkaPublisher` (memory queue, optional
-``--spool-dir``), which SIGTERM flushes.
+``prom`` (Prometheus ``/metrics`` of vLLM, SGLang, llama.cpp, TGI, Text Embeddings
+Inference, Triton, dcgm-exporter). Every source supports ``--once --json``: take one
+sample and print its envelopes, one JSON object per line, instead of publishing.
+Otherwise envelopes go through the :class:`~ragwatch.agents.publisher.KafkaPublisher`
+(memory queue, optional ``--spool-dir``), which SIGTERM flushes.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def add_parser(sub: Any) -> None:
         "agent",
         "sample telemetry and publish it to Kafka",
         "Sample telemetry and publish it to Kafka: this host's GPUs through NVML "
-        "(--source nvml), Prometheus /metrics of vLLM, SGLang, llama.cpp, TGI, Triton or "
-        "dcgm-exporter "
+        "(--source nvml), Prometheus /metrics of vLLM, SGLang, llama.cpp, TGI, Text "
+        "Embeddings Inference, Triton or dcgm-exporter "
         "(--source prom), or a simulated fleet (--source sim). Creates its topics if "
         "they do not exist yet (else keeps its records until they do). Sampling never "
         "waits for the network: a memory queue and an optional spool (--spool-dir) keep "

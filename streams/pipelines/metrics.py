@@ -4,7 +4,7 @@ Plain Python (no Faust): the worker feeds decoded :class:`MetricsEnvelope` s (on
 one target) into :meth:`MetricsPipeline.process`, and so can a test or a replay.
 
 Series ``engine``: one per (host, target), labels ``host`` and ``target``. The agent has
-already renamed vLLM, SGLang, llama.cpp, TGI and Triton metrics to engine-neutral
+already renamed vLLM, SGLang, llama.cpp, TGI, TEI and Triton metrics to engine-neutral
 ``ragwatch_*`` names
 (:mod:`ragwatch.agents.prom_map`); counters arrive cumulative, as scraped. Each counter
 series (one label set) becomes a rate over the last ``window_s`` of event time, with

@@ -1,6 +1,6 @@
 """The metrics a scraped target passes through, scored by the generic detector.
 
-The agents rename what ragwatch reads of vLLM, SGLang, llama.cpp, TGI, Triton and
+The agents rename what ragwatch reads of vLLM, SGLang, llama.cpp, TGI, TEI, Triton and
 dcgm-exporter to
 ``ragwatch_*`` names and pass every other metric through unchanged on
 ``ragwatch.metrics`` (up to their ``--series-cap``). The engine pipeline
