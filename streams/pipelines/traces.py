@@ -282,10 +282,10 @@ class TraceAssembler:
         return RequestRecordAt(root.service, root.instance, root.host, rec)
 
     def _engine_times(self, root: Span, below: Sequence[Span]) -> tuple[float | None, float | None]:
-        """``(queue_ms, ttft_ms)``: the queue wait of the request's first span with vLLM's
-        (the root, or the earliest below it), and the time to first token of its first span
-        with one (vLLM's, or a client's streamed call) plus how far into the request that
-        span began."""
+        """``(queue_ms, ttft_ms)``, each from the request's first span (the root, or the
+        earliest below it) that has it: the engine's queue wait (vLLM's attribute), and a
+        time to first token (vLLM's, or a client's streamed call's) plus how far into the
+        request that span began."""
         queue = ttft = None
         for s in sorted((root, *below), key=lambda s: s.start_ns):  # the root first on a tie
             a = s.attributes
