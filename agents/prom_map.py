@@ -6,7 +6,8 @@ power fields into :class:`~ragwatch.schema.GpuSample` records (:func:`split_gpus
 renames the serving engines' metrics to engine-neutral ragwatch names (:func:`map_sample`,
 :func:`triton_counts`). Everything here is a function of its input; no I/O.
 
-The renaming is one table, :data:`METRICS`: exposed name -> (ragwatch name, unit scale).
+The renaming is one table, :data:`METRICS`: exposed name -> (ragwatch name, unit scale),
+and :data:`BY_LABEL` for a gauge family whose label says what each series is.
 A histogram or summary is listed once under its base name and its ``_bucket``, ``_sum``
 and ``_count`` samples follow it: ``_sum``, quantile values and ``le`` bounds are scaled,
 counts are not. A renamed sample keeps its labels and gains ``engine`` (``vllm``,
@@ -153,6 +154,11 @@ METRICS: Final[Mapping[str, tuple[str, Fraction]]] = {
     "nv_inference_compute_infer_summary_us": ("ragwatch_compute_infer_seconds", MICRO),
     "nv_inference_compute_output_summary_us": ("ragwatch_compute_output_seconds", MICRO),
     "nv_inference_first_response_histogram_ms": ("ragwatch_ttft_seconds", MILLI),
+    # TensorRT-LLM's backend (its custom metrics reporter): each completed request's
+    # output and input tokens are observed once, so a histogram's _sum counts the tokens
+    # (its buckets and count pass through; the requests are Triton's own counters)
+    "nv_llm_output_token_len_sum": ("ragwatch_generation_tokens_total", ONE),
+    "nv_llm_input_token_len_sum": ("ragwatch_prompt_tokens_total", ONE),
     "nv_gpu_utilization": ("ragwatch_gpu_utilization_ratio", ONE),  # 0-1
     "nv_gpu_memory_used_bytes": ("ragwatch_gpu_memory_used_bytes", ONE),
     "nv_gpu_memory_total_bytes": ("ragwatch_gpu_memory_total_bytes", ONE),
@@ -168,7 +174,24 @@ METRICS: Final[Mapping[str, tuple[str, Fraction]]] = {
     "DCGM_FI_DEV_GPU_TEMP": ("ragwatch_gpu_temperature_celsius", ONE),
     "DCGM_FI_DEV_POWER_USAGE": ("ragwatch_gpu_power_watts", ONE),
 }
-PRIORITY: Final[Mapping[str, int]] = {name: i for i, name in enumerate(METRICS)}
+# exposed name -> (the label that says what each series is, its value -> (ragwatch name,
+# unit scale)): a gauge family of TensorRT-LLM's backend for Triton. "waiting" (active
+# less scheduled requests) is in its newer releases only; "fraction" (used / max KV cache
+# blocks, 0-1) too. Listed after METRICS in priority.
+BY_LABEL: Final[Mapping[str, tuple[str, Mapping[str, tuple[str, Fraction]]]]] = {
+    "nv_trt_llm_request_metrics": (
+        "request_type",
+        {
+            "waiting": ("ragwatch_requests_waiting", ONE),
+            "scheduled": ("ragwatch_requests_running", ONE),
+        },
+    ),
+    "nv_trt_llm_kv_cache_block_metrics": (
+        "kv_cache_block_type",
+        {"fraction": ("ragwatch_kv_cache_usage_ratio", ONE)},
+    ),
+}
+PRIORITY: Final[Mapping[str, int]] = {name: i for i, name in enumerate((*METRICS, *BY_LABEL))}
 
 # Triton adds to its latency counters on success only (core/src/infer_stats.cc,
 # UpdateSuccess), so a counter's _count is nv_inference_request_success of the same
@@ -299,6 +322,13 @@ def _scale_le(le: str, factor: Fraction) -> str:
 
 def map_sample(s: MetricSample) -> tuple[int, MetricSample] | None:
     """(priority, renamed sample) for a known metric, None for one to pass through."""
+    if s.name in BY_LABEL:
+        label, table = BY_LABEL[s.name]
+        rule = table.get(s.labels.get(label, ""))
+        if rule is None:
+            return None
+        renamed = _labels(s.labels, engine_of(s.name), s.name)
+        return PRIORITY[s.name], MetricSample(rule[0], renamed, scale(s.value, rule[1]))
     hit = _lookup(s.name)
     if hit is None:
         return None

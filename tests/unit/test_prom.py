@@ -534,6 +534,43 @@ def test_triton_millisecond_histogram_bounds_are_rescaled(exporter: Exporter) ->
     assert value(env, "ragwatch_ttft_seconds_count") == 10.0
 
 
+def test_tensorrt_llms_labelled_gauges_and_token_sums_are_renamed(exporter: Exporter) -> None:
+    """TensorRT-LLM's backend for Triton: one gauge family whose label says what each
+    series is (the requests waiting and scheduled, the KV cache's used fraction); the
+    token histograms' sums count the tokens; the rest passes through."""
+    env = metrics_of(scrape_one(exporter, fixture("trtllm")))
+    waiting = find(env, "ragwatch_requests_waiting", source_metric="nv_trt_llm_request_metrics")
+    assert waiting == [
+        MetricSample(
+            "ragwatch_requests_waiting",
+            {"model": "tensorrt_llm", "request_type": "waiting", "version": "1",
+             "engine": "triton", "source_metric": "nv_trt_llm_request_metrics"},
+            3.0,
+        )
+    ]  # fmt: skip
+    assert value(env, "ragwatch_requests_running") == 11.0  # scheduled, not active or max
+    assert value(env, "ragwatch_kv_cache_usage_ratio") == 0.4875
+    assert value(env, "ragwatch_generation_tokens_total") == 401_977.0
+    assert value(env, "ragwatch_prompt_tokens_total") == 3_902_411.0
+    assert value(env, "nv_trt_llm_request_metrics", request_type="active") == 14.0
+    assert value(env, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used") == 3041
+    assert value(env, "nv_llm_output_token_len_count") == 2210.0
+
+
+def test_tensorrt_llms_scrapes_become_the_engines_signals(exporter: Exporter) -> None:
+    later = {  # 20 s on: 40 requests more, 7,200 tokens generated
+        "nv_inference_request_success{": 2250.0,
+        'nv_llm_output_token_len_sum{model="tensorrt_llm",': 409_177.0,
+        'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting"': 5.0,
+    }
+    sig = engine_signals(exporter, "trtllm", later, 20.0)
+    assert sig["requests_waiting"] == 5.0  # the backend's 5, Triton's own queue empty
+    assert (sig["requests_running"], sig["kv_cache_usage_ratio"]) == (11.0, 0.4875)
+    assert sig["requests_per_s"] == pytest.approx(2.0)
+    assert sig["generation_tokens_per_s"] == pytest.approx(360.0)
+    assert sig["tokens_per_request"] == pytest.approx(180.0)
+
+
 # ---------------------------------------------------------------- dcgm-exporter
 
 
