@@ -12,7 +12,9 @@ with its token usage), one after another, for the stages a record has.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -46,11 +48,13 @@ class Service:
         host: str | None = None,
         *,
         engine: bool = False,
-        client: bool = False,
+        client: str | None = None,
     ) -> None:
         """``engine``: the LLM span is vLLM's own request span in the service's process,
         with its queue wait and time to first token (seconds, from the engine's start);
-        ``client``: it is a client's call as OpenLIT records it (:func:`client_latencies`)."""
+        ``client``: it is a client's call as ``"openlit"`` records it
+        (:func:`client_latencies`), or a generation as ``"langfuse"``'s SDK does
+        (:func:`langfuse_generation`)."""
         self.engine, self.client = engine, client
         attrs = {"service.name": service, "service.instance.id": instance}
         if host:
@@ -77,8 +81,10 @@ class Service:
                 attrs["gen_ai.usage.output_tokens"] = rec.output_tokens
                 if self.engine:
                     attrs.update(engine_latencies(rec, (t - start) / 1e6))
-                if self.client:
+                if self.client == "openlit":
                     attrs.update(client_latencies(rec, (t - start) / 1e6, rec.stages[stage]))
+                elif self.client == "langfuse":
+                    attrs = langfuse_generation(rec, start)
             child = self.tracer.start_span(stage, context=ctx, start_time=t, attributes=attrs)
             child.end(end_time=t + length)
             t += length
@@ -114,11 +120,32 @@ def client_latencies(rec: RequestRecord, called_ms: float, call_ms: float) -> di
             "gen_ai.server.time_to_first_token": (rec.ttft_ms - called_ms) / 1000}  # fmt: skip
 
 
+def langfuse_generation(rec: RequestRecord, start_ns: int) -> dict[str, Any]:
+    """A generation as Langfuse's SDK writes it (each value through its ``_serialize``:
+    the usage a JSON object, the completion start time a JSON-quoted ISO 8601 instant, set
+    for a streamed completion only), without the GenAI conventions' attributes."""
+    out = {
+        "langfuse.observation.type": "generation",
+        "langfuse.observation.model.name": "llama-3-8b",
+        "langfuse.observation.usage_details": json.dumps(
+            {
+                "input": rec.context_tokens,
+                "output": rec.output_tokens,
+                "total": rec.context_tokens + rec.output_tokens,
+            }
+        ),
+    }
+    if rec.ttft_ms is not None:
+        first = datetime.fromtimestamp(start_ns / 1e9 + rec.ttft_ms / 1e3, tz=UTC)
+        out["langfuse.observation.completion_start_time"] = json.dumps(first.isoformat())
+    return out
+
+
 class Fleet:
     """One :class:`Service` per service instance, made when first seen (``engine``,
     ``client``: see :class:`Service`)."""
 
-    def __init__(self, *, engine: bool = False, client: bool = False) -> None:
+    def __init__(self, *, engine: bool = False, client: str | None = None) -> None:
         self.services: dict[tuple[str, str], Service] = {}
         self.engine, self.client = engine, client
 

@@ -23,23 +23,25 @@ Stages (documented in docs/otel.md, configurable by name patterns):
   embeddings -> embedding; execute_tool -> tool;
 - OpenLLMetry ``traceloop.span.kind`` tool -> tool, ``llm.request.type`` chat or
   completion -> llm, embedding -> embedding, rerank -> reranker;
+- Langfuse's ``langfuse.observation.type``: generation -> llm, retriever, embedding, tool;
 - vLLM's own request span (its ``gen_ai.latency.*`` attributes) -> llm;
 - a vector-database (or any database) client span (``db.system`` / ``db.system.name``)
   -> retriever;
 - ``patterns``: (stage, regular expression on the span name), checked first.
 
 Tokens: ``gen_ai.usage.input_tokens`` / ``output_tokens``, the older
-``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` (vLLM writes them) and OpenInference's
-``llm.token_count.prompt`` / ``completion``.
+``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` (vLLM writes them), OpenInference's
+``llm.token_count.prompt`` / ``completion``, else Langfuse's usage details (JSON).
 
 Queue wait: from vLLM's request span (the record's root, or the first such span below it),
 ``gen_ai.latency.time_in_queue`` (seconds). Time to first token: from the first span that
 has one, vLLM's ``gen_ai.latency.time_to_first_token`` (from the request's arrival at the
 engine) or a client's streamed call's ``gen_ai.server.time_to_first_token`` (OpenLIT; the
 older ``gen_ai.server.ttft``; from the call's start; none when ``gen_ai.request.is_stream``
-is false: OpenLIT writes a whole call's duration there). The record's TTFT counts from its
-own start, so an engine called 300 ms into the request adds 300 ms. A value that is not a
-number of seconds from 0 to a day is not used, and counted (``bad_latencies``).
+is false: OpenLIT writes a whole call's duration there), or Langfuse's completion start
+time (an instant). The record's TTFT counts from its own start, so an engine called 300 ms
+into the request adds 300 ms. A value that is not a number of seconds from 0 to a day (an
+instant within a day of the start) is not used, and counted (``bad_latencies``).
 
 >>> from ragwatch.schema import Span
 >>> def span(sid, parent, name, start, end, **attrs):
@@ -65,6 +67,10 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
 
 from ragwatch.config import parse_stage_patterns
 from ragwatch.schema import AttrValue, RequestRecord, RequestsEnvelope, Span
@@ -83,6 +89,13 @@ GEN_AI = {
     "embeddings": "embedding",
     "execute_tool": "tool",
 }
+# Langfuse's SDK (v3, on OpenTelemetry): an observation's type; a generation's usage (a
+# JSON object: input, output) and when its completion started (an ISO 8601 time, JSON
+# quoted as the SDK serialises it; streamed generations only)
+LANGFUSE_TYPE = "langfuse.observation.type"
+LANGFUSE = {"generation": "llm", "retriever": "retriever", "embedding": "embedding", "tool": "tool"}
+LANGFUSE_USAGE = "langfuse.observation.usage_details"
+LANGFUSE_FIRST = "langfuse.observation.completion_start_time"
 TRACELOOP_REQUEST = {
     "chat": "llm",
     "completion": "llm",
@@ -135,6 +148,9 @@ class StageMap:
         req = a.get("llm.request.type")
         if isinstance(req, str) and req in TRACELOOP_REQUEST:
             return TRACELOOP_REQUEST[req]
+        kind = a.get(LANGFUSE_TYPE)
+        if isinstance(kind, str) and kind in LANGFUSE:
+            return LANGFUSE[kind]
         if ENGINE_TTFT_S in a or ENGINE_E2E_S in a:
             return "llm"
         if "db.system" in a or "db.system.name" in a:
@@ -295,9 +311,21 @@ class TraceAssembler:
                 first = self._seconds(a, name)
                 called_ms = max(0, s.start_ns - root.start_ns) / 1e6
                 ttft = None if first is None else called_ms + first * 1000.0
+            elif ttft is None and LANGFUSE_FIRST in a:
+                ttft = self._first_token_ms(a[LANGFUSE_FIRST], root)
             if queue is not None and ttft is not None:
                 break
         return None if queue is None else queue * 1000.0, ttft
+
+    def _first_token_ms(self, when: AttrValue, root: Span) -> float | None:
+        """The time from the request's start to Langfuse's completion start time (None:
+        not an ISO 8601 time within a day after the start: counted in ``bad_latencies``)."""
+        at = _instant_ns(when)
+        ms = None if at is None else (at - root.start_ns) / 1e6
+        if ms is not None and 0 <= ms <= MAX_LATENCY_S * 1000.0:
+            return ms
+        self.stats.bad_latencies += 1
+        return None
 
     def _seconds(self, attrs: Mapping[str, AttrValue], name: str) -> float | None:
         """``attrs[name]`` as seconds (None: absent, or not a number from 0 to a day:
@@ -387,7 +415,47 @@ def _inside_same_stage(
 
 
 def _tokens(s: Span) -> tuple[int, int]:
-    return _count(s.attributes, INPUT_TOKENS), _count(s.attributes, OUTPUT_TOKENS)
+    a = s.attributes
+    inputs, outputs = _count(a, INPUT_TOKENS), _count(a, OUTPUT_TOKENS)
+    if inputs or outputs or LANGFUSE_USAGE not in a:
+        return inputs, outputs
+    return _usage(a[LANGFUSE_USAGE])
+
+
+def _usage(details: AttrValue) -> tuple[int, int]:
+    """Input and output tokens of Langfuse's usage details, a JSON object (0 where it is
+    not one, or has no such count).
+
+    >>> _usage('{"input": 3000, "output": 250, "total": 3250}'), _usage("3000")
+    ((3000, 250), (0, 0))
+    """
+    try:
+        d: Any = orjson.loads(details) if isinstance(details, str) else None
+    except orjson.JSONDecodeError:
+        return 0, 0
+    if not isinstance(d, dict):
+        return 0, 0
+    return _count(d, ("input", "input_tokens")), _count(d, ("output", "output_tokens"))
+
+
+def _instant_ns(when: AttrValue) -> int | None:
+    """An ISO 8601 time (JSON quoted or not; UTC if it names no zone) in nanoseconds.
+
+    >>> _instant_ns('"2026-01-01T00:00:00.250Z"'), _instant_ns("2026-01-01 00:00:00.25")
+    (1767225600250000000, 1767225600250000000)
+    """
+    if not isinstance(when, str):
+        return None
+    try:
+        t = datetime.fromisoformat(when.strip().strip('"'))
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return (t - _EPOCH) // _US * 1000  # whole microseconds, as datetime holds them
+
+
+_EPOCH, _US = datetime(1970, 1, 1, tzinfo=UTC), timedelta(microseconds=1)
 
 
 def _under_counted(
