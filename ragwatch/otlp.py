@@ -6,7 +6,8 @@ Every failure is a :class:`~ragwatch.errors.SchemaError` with a reason (the mess
 dead-lettered like any other bad input). Bounded: at most ``MAX_SPANS`` spans a message,
 names and labels checked like every label (printable, at most 256 characters), attribute
 strings cut to ``MAX_ATTR_LEN``, arrays and maps dropped (no stage or token attribute is
-one), JSON nesting bounded by the codec's size limit and orjson's depth limit.
+one), of a span's events only the earliest time of :data:`FIRST_CHUNK_EVENTS`, JSON
+nesting bounded by the codec's size limit and orjson's depth limit.
 
 ``encoding`` is ``otlp_proto``, ``otlp_json`` or ``auto`` (a JSON object starts with
 ``{`` after optional white space; a protobuf ``ExportTraceServiceRequest`` starts with the
@@ -43,6 +44,12 @@ ENCODINGS: tuple[str, ...] = ("otlp_proto", "otlp_json", "auto")
 MAX_SPANS = 20_000  # per message: the Collector's batches are far smaller
 MAX_ATTR_LEN = 1024
 STATUS_ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
+# span events that mark a streamed response's chunks: OpenInference's instrumentations add
+# one at the first chunk, OpenLLMetry's one at each (older and newer names); the earliest
+# is when the first token came
+FIRST_CHUNK_EVENTS = frozenset(
+    {"First Token Stream Event", "llm.content.completion.chunk", "gen_ai.completion.chunk"}
+)
 
 
 def decode_traces(
@@ -99,6 +106,11 @@ def _json_span(sp: Mapping[str, Any], resource: Mapping[str, AttrValue], where: 
         attributes=_json_attributes(sp, where),
         resource=resource,
         where=where,
+        first_chunk_ns=_first_chunk(
+            (e.get("name"), _json_uint(e.get("timeUnixNano", 0), f"{where}.events"))
+            for e in _list(sp.get("events", []), f"{where}.events")
+            if isinstance(e, dict) and e.get("name") in FIRST_CHUNK_EVENTS
+        ),
     )
 
 
@@ -207,6 +219,7 @@ def _proto_spans(data: bytes) -> Iterator[Span]:
                     attributes=_proto_attributes(sp.attributes),
                     resource=resource,
                     where=where,
+                    first_chunk_ns=_first_chunk((e.name, e.time_unix_nano) for e in sp.events),
                 )
 
 
@@ -240,6 +253,12 @@ def _proto_attributes(attrs: Iterable[Any]) -> dict[str, AttrValue]:
 # ---------------------------------------------------------------- both
 
 
+def _first_chunk(events: Iterable[tuple[Any, int]]) -> int | None:
+    """The earliest time (ns) of the events that mark a streamed chunk (0: no time)."""
+    times = [t for name, t in events if name in FIRST_CHUNK_EVENTS and t > 0]
+    return min(times) if times else None
+
+
 def _span(
     *,
     trace_id: str | None,
@@ -252,6 +271,7 @@ def _span(
     attributes: dict[str, AttrValue],
     resource: Mapping[str, AttrValue],
     where: str,
+    first_chunk_ns: int | None = None,
 ) -> Span:
     assert trace_id is not None and span_id is not None
     if trace_id == "0" * 32 or span_id == "0" * 16:
@@ -276,6 +296,7 @@ def _span(
         service=service,
         instance=instance or service,
         host=_resource_label(resource, ("host.name",), where),
+        first_chunk_ns=first_chunk_ns,
     )
 
 

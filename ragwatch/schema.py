@@ -664,9 +664,10 @@ AttrValue = str | int | float | bool
 @dataclass(frozen=True, slots=True)
 class Span:
     """One span of a trace, as decoded from OTLP (:mod:`ragwatch.otlp`): ids in hex, times
-    in nanoseconds, scalar attributes only (arrays and maps are dropped), and where it
-    ran from its resource (``service.name``, ``service.instance.id`` or ``k8s.pod.name``,
-    ``host.name``)."""
+    in nanoseconds, scalar attributes only (arrays and maps are dropped), where it ran
+    from its resource (``service.name``, ``service.instance.id`` or ``k8s.pod.name``,
+    ``host.name``), and when its first streamed chunk came, if an event says so
+    (:data:`ragwatch.otlp.FIRST_CHUNK_EVENTS`)."""
 
     trace_id: str
     span_id: str
@@ -679,6 +680,7 @@ class Span:
     service: str
     instance: str
     host: str | None = None
+    first_chunk_ns: int | None = None
 
     @property
     def end(self) -> float:

@@ -53,8 +53,10 @@ class Service:
         """``engine``: the LLM span is vLLM's own request span in the service's process,
         with its queue wait and time to first token (seconds, from the engine's start);
         ``client``: it is a client's call as ``"openlit"`` records it
-        (:func:`client_latencies`), or a generation as ``"langfuse"``'s SDK does
-        (:func:`langfuse_generation`)."""
+        (:func:`client_latencies`), a generation as ``"langfuse"``'s SDK does
+        (:func:`langfuse_generation`), or an LLM call as ``"openinference"``'s
+        instrumentations do: its kind and token counts, and a span event at its first
+        streamed chunk."""
         self.engine, self.client = engine, client
         attrs = {"service.name": service, "service.instance.id": instance}
         if host:
@@ -85,7 +87,14 @@ class Service:
                     attrs.update(client_latencies(rec, (t - start) / 1e6, rec.stages[stage]))
                 elif self.client == "langfuse":
                     attrs = langfuse_generation(rec, start)
+                elif self.client == "openinference":
+                    attrs = {"openinference.span.kind": "LLM",
+                             "llm.token_count.prompt": rec.context_tokens,
+                             "llm.token_count.completion": rec.output_tokens}  # fmt: skip
             child = self.tracer.start_span(stage, context=ctx, start_time=t, attributes=attrs)
+            if stage == "llm" and self.client == "openinference" and rec.ttft_ms is not None:
+                first = start + round(rec.ttft_ms * 1e6)
+                child.add_event("First Token Stream Event", timestamp=first)
             child.end(end_time=t + length)
             t += length
         if rec.status == "error":

@@ -38,8 +38,10 @@ Queue wait: from vLLM's request span (the record's root, or the first such span 
 has one, vLLM's ``gen_ai.latency.time_to_first_token`` (from the request's arrival at the
 engine) or a client's streamed call's ``gen_ai.server.time_to_first_token`` (OpenLIT; the
 older ``gen_ai.server.ttft``; from the call's start; none when ``gen_ai.request.is_stream``
-is false: OpenLIT writes a whole call's duration there), or Langfuse's completion start
-time (an instant). The record's TTFT counts from its own start, so an engine called 300 ms
+is false: OpenLIT writes a whole call's duration there), Langfuse's completion start time
+(an instant), or the span's first streamed chunk (an event OpenInference's and
+OpenLLMetry's instrumentations add: ``Span.first_chunk_ns``). The record's TTFT counts from
+its own start, so an engine called 300 ms
 into the request adds 300 ms. A value that is not a number of seconds from 0 to a day (an
 instant within a day of the start) is not used, and counted (``bad_latencies``).
 
@@ -312,15 +314,16 @@ class TraceAssembler:
                 called_ms = max(0, s.start_ns - root.start_ns) / 1e6
                 ttft = None if first is None else called_ms + first * 1000.0
             elif ttft is None and LANGFUSE_FIRST in a:
-                ttft = self._first_token_ms(a[LANGFUSE_FIRST], root)
+                ttft = self._since_start_ms(_instant_ns(a[LANGFUSE_FIRST]), root)
+            elif ttft is None and s.first_chunk_ns is not None:
+                ttft = self._since_start_ms(s.first_chunk_ns, root)
             if queue is not None and ttft is not None:
                 break
         return None if queue is None else queue * 1000.0, ttft
 
-    def _first_token_ms(self, when: AttrValue, root: Span) -> float | None:
-        """The time from the request's start to Langfuse's completion start time (None:
-        not an ISO 8601 time within a day after the start: counted in ``bad_latencies``)."""
-        at = _instant_ns(when)
+    def _since_start_ms(self, at: int | None, root: Span) -> float | None:
+        """The time from the request's start to ``at`` (ns; None: not within a day after
+        the start, or no time: counted in ``bad_latencies``)."""
         ms = None if at is None else (at - root.start_ns) / 1e6
         if ms is not None and 0 <= ms <= MAX_LATENCY_S * 1000.0:
             return ms

@@ -8,6 +8,7 @@ import io
 import itertools
 import random
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -195,7 +196,7 @@ def test_vllms_request_span_is_its_own_services_record_with_its_queue_and_ttft()
     assert asm.stats.bad_latencies == 3, asm.stats
 
 
-@pytest.mark.parametrize("client", ["openlit", "langfuse"])
+@pytest.mark.parametrize("client", ["openlit", "langfuse", "openinference"])
 def test_a_clients_streamed_calls_give_the_sdks_ttft_and_decode_speed(client: str) -> None:
     """The LLM span is a client's call as OpenLIT records it: streamed, its time to first
     chunk (seconds, from the call's start) is the record's TTFT once the call's offset in
@@ -203,7 +204,8 @@ def test_a_clients_streamed_calls_give_the_sdks_ttft_and_decode_speed(client: st
     a call with no output is not streamed, and OpenLIT's whole call duration in the same
     attribute is no TTFT. Or a generation as Langfuse's SDK writes it, without the GenAI
     conventions: its type, its usage as JSON, its completion start time as an instant
-    (microseconds: the TTFTs to within 2 µs)."""
+    (microseconds: the TTFTs to within 2 µs). Or OpenInference's: a span event at the
+    first streamed chunk."""
     sim = RequestSimulator(RequestSimConfig(services=2, scenario="throughput", batch_s=10.0,
                                             fault_start_s=600.0))  # fmt: skip
     envs = [e for _, batch in itertools.islice(sim.ticks(), 180) for e in batch]  # 30 min
@@ -286,6 +288,28 @@ def test_langfuses_generation_gives_its_tokens_and_ttft_and_bad_values_none() ->
                for r in timed)  # fmt: skip
     assert (no_usage.context_tokens, no_usage.output_tokens) == (0, 0)
     assert asm.stats.bad_latencies == 3
+
+
+@pytest.mark.parametrize("encode", [otlp_proto, otlp_json], ids=["proto", "json"])
+def test_the_first_chunk_event_gives_the_ttft_in_both_encodings(encode: Any) -> None:
+    """OpenLLMetry adds an event at each streamed chunk (``llm.content.completion.chunk``):
+    the earliest is the first token; other events are not."""
+    svc, start = Service("rag-api", "pod-1"), round(T0 * NS)
+    root = svc.tracer.start_span("POST /ask", start_time=start, kind=trace.SpanKind.SERVER)
+    call = svc.tracer.start_span(
+        "openai.chat", context=trace.set_span_in_context(root), start_time=start + 200 * MS,
+        attributes={"llm.request.type": "chat"},
+    )  # fmt: skip
+    call.add_event("gen_ai.content.prompt", timestamp=start + 210 * MS)
+    for ms in (520, 400, 450):
+        call.add_event("llm.content.completion.chunk", timestamp=start + ms * MS)
+    call.end(end_time=start + 900 * MS)
+    root.end(end_time=start + 1000 * MS)
+    asm = TraceAssembler(grace_s=1.0)
+    asm.add(decode_traces(encode(svc.take())))
+    ((env,),) = [asm.advance(T0 + 60)]
+    (rec,) = env.records
+    assert rec.ttft_ms == pytest.approx(400.0) and rec.stages == {"llm": 700.0}
 
 
 def test_an_engine_called_inside_the_request_adds_when_it_was_called() -> None:
