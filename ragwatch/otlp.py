@@ -46,7 +46,8 @@ MAX_ATTR_LEN = 1024
 STATUS_ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
 # span events that mark a streamed response's chunks: OpenInference's instrumentations add
 # one at the first chunk, OpenLLMetry's one at each (older and newer names); the earliest
-# is when the first token came
+# is when the first token came, unless the span dropped events (an SDK keeps the newest
+# 128 by default: a long answer's first chunks are gone)
 FIRST_CHUNK_EVENTS = frozenset(
     {"First Token Stream Event", "llm.content.completion.chunk", "gen_ai.completion.chunk"}
 )
@@ -107,9 +108,12 @@ def _json_span(sp: Mapping[str, Any], resource: Mapping[str, AttrValue], where: 
         resource=resource,
         where=where,
         first_chunk_ns=_first_chunk(
-            (e.get("name"), _json_uint(e.get("timeUnixNano", 0), f"{where}.events"))
-            for e in _list(sp.get("events", []), f"{where}.events")
-            if isinstance(e, dict) and e.get("name") in FIRST_CHUNK_EVENTS
+            (
+                (e.get("name"), _json_uint(e.get("timeUnixNano", 0), f"{where}.events"))
+                for e in _list(sp.get("events", []), f"{where}.events")
+                if isinstance(e, dict) and e.get("name") in FIRST_CHUNK_EVENTS
+            ),
+            _json_uint(sp.get("droppedEventsCount", 0), f"{where}.droppedEventsCount"),
         ),
     )
 
@@ -219,7 +223,9 @@ def _proto_spans(data: bytes) -> Iterator[Span]:
                     attributes=_proto_attributes(sp.attributes),
                     resource=resource,
                     where=where,
-                    first_chunk_ns=_first_chunk((e.name, e.time_unix_nano) for e in sp.events),
+                    first_chunk_ns=_first_chunk(
+                        ((e.name, e.time_unix_nano) for e in sp.events), sp.dropped_events_count
+                    ),
                 )
 
 
@@ -253,10 +259,11 @@ def _proto_attributes(attrs: Iterable[Any]) -> dict[str, AttrValue]:
 # ---------------------------------------------------------------- both
 
 
-def _first_chunk(events: Iterable[tuple[Any, int]]) -> int | None:
-    """The earliest time (ns) of the events that mark a streamed chunk (0: no time)."""
+def _first_chunk(events: Iterable[tuple[Any, int]], dropped: int) -> int | None:
+    """The earliest time (ns) of the events that mark a streamed chunk (0: no time); None
+    if there is none, or the span ``dropped`` events (the first chunk's may be one)."""
     times = [t for name, t in events if name in FIRST_CHUNK_EVENTS and t > 0]
-    return min(times) if times else None
+    return min(times) if times and not dropped else None
 
 
 def _span(

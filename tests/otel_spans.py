@@ -22,7 +22,7 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
@@ -49,6 +49,7 @@ class Service:
         *,
         engine: bool = False,
         client: str | None = None,
+        limits: SpanLimits | None = None,
     ) -> None:
         """``engine``: the LLM span is vLLM's own request span in the service's process,
         with its queue wait and time to first token (seconds, from the engine's start);
@@ -56,13 +57,13 @@ class Service:
         (:func:`client_latencies`), a generation as ``"langfuse"``'s SDK does
         (:func:`langfuse_generation`), or an LLM call as ``"openinference"``'s
         instrumentations do: its kind and token counts, and a span event at its first
-        streamed chunk."""
+        streamed chunk. ``limits``: the SDK's span limits (its defaults if None)."""
         self.engine, self.client = engine, client
         attrs = {"service.name": service, "service.instance.id": instance}
         if host:
             attrs["host.name"] = host
         self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider(resource=Resource.create(attrs))
+        self.provider = TracerProvider(resource=Resource.create(attrs), span_limits=limits)
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer = self.provider.get_tracer("rag-app")
 
