@@ -41,9 +41,9 @@ older ``gen_ai.server.ttft``; from the call's start; none when ``gen_ai.request.
 is false: OpenLIT writes a whole call's duration there), Langfuse's completion start time
 (an instant), or the span's first streamed chunk (an event OpenInference's and
 OpenLLMetry's instrumentations add: ``Span.first_chunk_ns``). The record's TTFT counts from
-its own start, so an engine called 300 ms
-into the request adds 300 ms. A value that is not a number of seconds from 0 to a day (an
-instant within a day of the start) is not used, and counted (``bad_latencies``).
+its own start, so an engine called 300 ms into the request adds 300 ms. A value that is not
+a number of seconds from 0 to a day (an instant within a day of the start) is not used,
+and counted (``bad_latencies``).
 
 >>> from ragwatch.schema import Span
 >>> def span(sid, parent, name, start, end, **attrs):
