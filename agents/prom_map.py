@@ -4,7 +4,8 @@
 samples (:func:`parse`), folds dcgm-exporter's framebuffer, utilisation, temperature and
 power fields into :class:`~ragwatch.schema.GpuSample` records (:func:`split_gpus`), and
 renames the serving engines' metrics to engine-neutral ragwatch names (:func:`map_sample`,
-:func:`triton_counts`). Everything here is a function of its input; no I/O.
+:func:`triton_counts`, :func:`trtllm_derived`). Everything here is a function of its
+input; no I/O.
 
 The renaming is one table, :data:`METRICS`: exposed name -> (ragwatch name, unit scale),
 and :data:`BY_LABEL` for a gauge family whose label says what each series is.
@@ -177,7 +178,8 @@ METRICS: Final[Mapping[str, tuple[str, Fraction]]] = {
 # exposed name -> (the label that says what each series is, its value -> (ragwatch name,
 # unit scale)): a gauge family of TensorRT-LLM's backend for Triton. "waiting" (active
 # less scheduled requests) is in its newer releases only; "fraction" (used / max KV cache
-# blocks, 0-1) too. Listed after METRICS in priority.
+# blocks, 0-1) too: for older ones they are computed the same way (trtllm_derived).
+# Listed after METRICS in priority.
 BY_LABEL: Final[Mapping[str, tuple[str, Mapping[str, tuple[str, Fraction]]]]] = {
     "nv_trt_llm_request_metrics": (
         "request_type",
@@ -352,6 +354,38 @@ def triton_counts(samples: Iterable[MetricSample]) -> list[tuple[int, MetricSamp
     return out
 
 
+# what TensorRT-LLM's newer releases export and older ones let compute: (family, label,
+# the value computed, its ragwatch name, the minuend's and the divisor's or subtrahend's
+# label values, whether it is a ratio)
+TRTLLM_DERIVED: Final = (
+    ("nv_trt_llm_request_metrics", "request_type", "waiting", "ragwatch_requests_waiting",
+     "active", "scheduled", False),
+    ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction",
+     "ragwatch_kv_cache_usage_ratio", "used", "max", True),
+)  # fmt: skip
+
+
+def trtllm_derived(samples: Iterable[MetricSample]) -> list[tuple[int, MetricSample]]:
+    """For a TensorRT-LLM model whose release exports no ``waiting`` or ``fraction``
+    series: its active less its scheduled requests, and its used over its max KV cache
+    blocks (0 where max is 0), as the newer releases compute them, at the same priority."""
+    samples, out = list(samples), []
+    for family, label, want, name, first, second, ratio in TRTLLM_DERIVED:
+        groups: dict[frozenset[tuple[str, str]], dict[str, MetricSample]] = {}
+        for s in samples:
+            if s.name == family and label in s.labels:
+                rest = frozenset((k, v) for k, v in s.labels.items() if k != label)
+                groups.setdefault(rest, {})[s.labels[label]] = s
+        for by_value in groups.values():
+            a, b = by_value.get(first), by_value.get(second)
+            if want in by_value or a is None or b is None:
+                continue
+            value = (a.value / b.value if b.value else 0.0) if ratio else a.value - b.value
+            labels = _labels({**a.labels, label: want}, engine_of(family), family)
+            out.append((PRIORITY[family], MetricSample(name, labels, max(0.0, value))))
+    return out
+
+
 def _series(s: MetricSample) -> SeriesKey:
     """Identity of a series: its name and labels, less ``source_metric``."""
     return s.name, frozenset((k, v) for k, v in s.labels.items() if k != "source_metric")
@@ -375,7 +409,8 @@ def select(samples: Iterable[MetricSample]) -> tuple[list[MetricSample], int]:
             known.append(mapped)
     chosen: dict[SeriesKey, tuple[int, MetricSample]] = {}
     duplicates = 0
-    for prio, s in known + triton_counts(samples) + [(len(PRIORITY), s) for s in unknown]:
+    derived = triton_counts(samples) + trtllm_derived(samples)
+    for prio, s in known + derived + [(len(PRIORITY), s) for s in unknown]:
         key = _series(s)
         if key in chosen:
             duplicates += 1

@@ -557,6 +557,31 @@ def test_tensorrt_llms_labelled_gauges_and_token_sums_are_renamed(exporter: Expo
     assert value(env, "nv_llm_output_token_len_count") == 2210.0
 
 
+def test_older_tensorrt_llm_releases_get_waiting_and_kv_usage_computed(
+    exporter: Exporter,
+) -> None:
+    """A release without the ``waiting`` and ``fraction`` series: active less scheduled
+    requests, used over max KV cache blocks, as newer releases compute them; a release
+    with them gets no second series."""
+    older = "\n".join(
+        line for line in fixture("trtllm").splitlines()
+        if 'request_type="waiting"' not in line and 'kv_cache_block_type="fraction"' not in line
+    ) + "\n"  # fmt: skip
+    env = metrics_of(scrape_one(exporter, older))
+    assert find(env, "ragwatch_requests_waiting", source_metric="nv_trt_llm_request_metrics") == [
+        MetricSample(
+            "ragwatch_requests_waiting",
+            {"model": "tensorrt_llm", "request_type": "waiting", "version": "1",
+             "engine": "triton", "source_metric": "nv_trt_llm_request_metrics"},
+            3.0,  # 14 active, 11 scheduled
+        )
+    ]  # fmt: skip
+    assert value(env, "ragwatch_kv_cache_usage_ratio") == pytest.approx(3041 / 6239)
+    newer = metrics_of(scrape_one(exporter, fixture("trtllm")))
+    assert len(find(newer, "ragwatch_kv_cache_usage_ratio")) == 1
+    assert len(find(newer, "ragwatch_requests_waiting", request_type="waiting")) == 1
+
+
 def test_tensorrt_llms_scrapes_become_the_engines_signals(exporter: Exporter) -> None:
     later = {  # 20 s on: 40 requests more, 7,200 tokens generated
         "nv_inference_request_success{": 2250.0,
