@@ -354,15 +354,13 @@ def triton_counts(samples: Iterable[MetricSample]) -> list[tuple[int, MetricSamp
     return out
 
 
-# what TensorRT-LLM's newer releases export and older ones let compute: (family, label,
-# the value computed, its ragwatch name, the minuend's and the divisor's or subtrahend's
-# label values, whether it is a ratio)
+# what TensorRT-LLM's newer releases export and older ones let compute: (a BY_LABEL
+# family, the label value computed, the minuend's and the divisor's or subtrahend's label
+# values, whether it is a ratio)
 TRTLLM_DERIVED: Final = (
-    ("nv_trt_llm_request_metrics", "request_type", "waiting", "ragwatch_requests_waiting",
-     "active", "scheduled", False),
-    ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction",
-     "ragwatch_kv_cache_usage_ratio", "used", "max", True),
-)  # fmt: skip
+    ("nv_trt_llm_request_metrics", "waiting", "active", "scheduled", False),
+    ("nv_trt_llm_kv_cache_block_metrics", "fraction", "used", "max", True),
+)
 
 
 def trtllm_derived(samples: Iterable[MetricSample]) -> list[tuple[int, MetricSample]]:
@@ -370,7 +368,9 @@ def trtllm_derived(samples: Iterable[MetricSample]) -> list[tuple[int, MetricSam
     series: its active less its scheduled requests, and its used over its max KV cache
     blocks (0 where max is 0), as the newer releases compute them, at the same priority."""
     samples, out = list(samples), []
-    for family, label, want, name, first, second, ratio in TRTLLM_DERIVED:
+    for family, want, first, second, ratio in TRTLLM_DERIVED:
+        label, table = BY_LABEL[family]
+        name = table[want][0]
         groups: dict[frozenset[tuple[str, str]], dict[str, MetricSample]] = {}
         for s in samples:
             if s.name == family and label in s.labels:

@@ -104,6 +104,13 @@ TRACELOOP_REQUEST = {
     "embedding": "embedding",
     "rerank": "reranker",
 }
+# attribute -> (its value -> stage), in this order (after OpenInference's kind)
+STAGE_TABLES: tuple[tuple[str, Mapping[str, str]], ...] = (
+    ("gen_ai.operation.name", GEN_AI),
+    ("traceloop.span.kind", {"tool": "tool"}),
+    ("llm.request.type", TRACELOOP_REQUEST),
+    (LANGFUSE_TYPE, LANGFUSE),
+)
 # vLLM's request span (vllm/tracing.py's SpanAttributes), in seconds
 ENGINE_QUEUE_S = "gen_ai.latency.time_in_queue"
 ENGINE_TTFT_S = "gen_ai.latency.time_to_first_token"
@@ -142,17 +149,10 @@ class StageMap:
         kind = a.get("openinference.span.kind")
         if isinstance(kind, str):
             return OPENINFERENCE.get(kind.upper())
-        op = a.get("gen_ai.operation.name")
-        if isinstance(op, str) and op in GEN_AI:
-            return GEN_AI[op]
-        if a.get("traceloop.span.kind") == "tool":
-            return "tool"
-        req = a.get("llm.request.type")
-        if isinstance(req, str) and req in TRACELOOP_REQUEST:
-            return TRACELOOP_REQUEST[req]
-        kind = a.get(LANGFUSE_TYPE)
-        if isinstance(kind, str) and kind in LANGFUSE:
-            return LANGFUSE[kind]
+        for name, table in STAGE_TABLES:
+            v = a.get(name)
+            if isinstance(v, str) and v in table:
+                return table[v]
         if ENGINE_TTFT_S in a or ENGINE_E2E_S in a:
             return "llm"
         if "db.system" in a or "db.system.name" in a:

@@ -1,5 +1,6 @@
 """The Prometheus scrape source against a real HTTP server on loopback, serving the
-exposition fixtures of vLLM, SGLang, TGI, Triton and dcgm-exporter (tests/fixtures/prom/).
+exposition fixtures of vLLM, SGLang, llama.cpp, TEI, TGI, Triton (TensorRT-LLM
+included) and dcgm-exporter (tests/fixtures/prom/).
 
 No mocks of the network: every scrape goes through urllib to ``http.server`` in a
 thread. Names, values and labels are asserted exactly, per engine.
