@@ -33,6 +33,11 @@ from typing import Protocol
 from ragwatch.detectors.counts import BucketCounts
 
 STAGES = ("retriever", "reranker", "llm")
+# The latencies a request's own size sets (its context, its answer): a record of an active
+# outlier cluster leaves them out, as its counts (a new kind's long prefill is no slower
+# service). The stages before the LLM and the queue serve every request alike: counted.
+OWN = ("e2e", "llm", "ttft", "tpot", "ttft_net", "out")
+SHARED_STAGES = tuple(s for s in STAGES if s not in OWN)
 # values derived from a record (decode time per token, TTFT less queue wait): sampled, once
 # their reservoir is full, with a generator of their own, so that adding them left the
 # samples of the measured latencies (and the series' shared generator) as they were
@@ -109,16 +114,24 @@ class Bucket:
 
     def add(self, rec: Record, clustered: bool = False) -> None:
         """One record; one of an active outlier cluster is counted apart (``clustered``):
-        it is the fault RequestOutlierCluster pages for, not the service's usual traffic,
-        so the traffic baselines neither learn it nor test it. Its latencies count."""
+        it is the news RequestOutlierCluster pages for, not the service's usual traffic,
+        so the traffic baselines neither learn it nor test it, nor do the latencies its
+        own size sets (:data:`OWN`: a new kind 20x as long as the usual takes its long
+        prefill, no slower service). The retriever, the reranker and the queue serve it
+        as they serve every request: those count."""
         if clustered:
             self.clustered += 1
-        else:
-            self.n += 1
-            self.errors += rec.status != "ok"
-            self.output_tokens += rec.output_tokens
-            self.output_sq += rec.output_tokens * rec.output_tokens
-            self.context_tokens += rec.context_tokens
+            for stage, ms in rec.stages.items():
+                if stage in SHARED_STAGES:
+                    self._sample(stage, ms)
+            if rec.queue_ms is not None:
+                self._sample("queue", rec.queue_ms)
+            return
+        self.n += 1
+        self.errors += rec.status != "ok"
+        self.output_tokens += rec.output_tokens
+        self.output_sq += rec.output_tokens * rec.output_tokens
+        self.context_tokens += rec.context_tokens
         self._sample("e2e", rec.e2e_ms)
         for stage, ms in rec.stages.items():
             if stage in STAGES:
@@ -131,7 +144,7 @@ class Bucket:
             self._sample("tpot", tpot)
         if (net := ttft_net_ms(rec)) is not None:
             self._sample("ttft_net", net)
-        if rec.status == "ok" and not clustered:
+        if rec.status == "ok":
             self._sample("out", float(rec.output_tokens))
 
     def add_run(self, recs: Sequence[Record], clustered: Sequence[bool] = ()) -> None:
@@ -200,29 +213,27 @@ def _latency_columns(
     recs: Sequence[Record], clustered: Sequence[bool] = ()
 ) -> dict[str, list[float]]:
     """The latencies of ``recs`` by name, each in the order :meth:`Bucket.add` samples
-    them (the records' order); a name no record has is left out. ``out`` leaves out the
-    records of an active outlier cluster (``clustered``), as the counts do."""
-    cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in recs]}
-    stages = [r.stages for r in recs]
-    if any(stages):
-        for stage in STAGES:
-            col = [v for st in stages if (v := st.get(stage)) is not None]
-            if col:
-                cols[stage] = col
-    ttft = [v for r in recs if (v := r.ttft_ms) is not None]
+    them (the records' order); a name no record has is left out. Of the records of an
+    active outlier cluster (``clustered``), only the latencies not in :data:`OWN`."""
+    own = [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
+    cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in own]}
+    for stage in STAGES:
+        of = own if stage in OWN else recs
+        col = [v for r in of if (v := r.stages.get(stage)) is not None]
+        if col:
+            cols[stage] = col
+    ttft = [v for r in own if (v := r.ttft_ms) is not None]
     queue = [v for r in recs if (v := r.queue_ms) is not None]
     if ttft:
         cols["ttft"] = ttft
     if queue:
         cols["queue"] = queue
-    tpot = [v for r in recs if (v := decode_ms_per_token(r)) is not None]
+    tpot = [v for r in own if (v := decode_ms_per_token(r)) is not None]
     if tpot:
         cols["tpot"] = tpot
     if ttft:
-        cols["ttft_net"] = [v for r in recs if (v := ttft_net_ms(r)) is not None]
-    flags = clustered or [False] * len(recs)
-    out = [float(r.output_tokens) for r, c in zip(recs, flags, strict=True) if r.status == "ok"
-           and not c]  # fmt: skip
+        cols["ttft_net"] = [v for r in own if (v := ttft_net_ms(r)) is not None]
+    out = [float(r.output_tokens) for r in own if r.status == "ok"]
     if out:
         cols["out"] = out
     return cols

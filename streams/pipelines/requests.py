@@ -84,9 +84,12 @@ two requests) but over windows that hold enough of them
   labelled). While a cluster is active, the records landing in its cells are counted
   apart (``clustered_requests`` over the rate window): they are the fault its alert is
   about, not the service's usual traffic, so the traffic baselines and their tests
-  (requests, errors, tokens: everything but ``rps``, which says what was served, and the
-  latencies) leave them out. Learnt, hours of a cluster that doubles a quiet service's
-  traffic would read as a drop at the same time on the next day.
+  (requests, errors, tokens: everything but ``rps``, which says what was served) leave
+  them out, and so do the latencies their own size sets (end to end, the LLM stage, time
+  to first token, decode speed: :data:`~.buckets.OWN`; a new kind 20x as long as the
+  usual takes its long prefill, no slower service). The retriever's, the reranker's and
+  the queue's count. Learnt, hours of a cluster that doubles a quiet service's traffic
+  would read as a drop at the same time on the next day.
 
 **Holding.** A baseline learns nothing while its window deviates by more than
 ``hold_band`` and ``hold_z`` standard deviations (a latency baseline: while the quantile

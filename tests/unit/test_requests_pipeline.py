@@ -335,7 +335,8 @@ def test_an_outlier_clusters_requests_are_kept_out_of_the_traffic_baselines() ->
     """Hours of an outlier cluster that doubles the traffic (a client looping on odd
     requests) page once, for the cluster: the usual traffic's baselines neither hold nor
     learn its requests, so tokens per request do not drop and, once it ends, throughput
-    does not either (learnt, its hours would read as a drop on the next day)."""
+    does not either (learnt, its hours would read as a drop on the next day). Nor do its
+    latencies count: its 4x contexts take 10x the prefill, no slower service."""
     rules = [
         rule("TokensPerRequestDrop", "tpr_deviation", "<", -0.25, 300.0),
         rule("ThroughputDrop", "tps_deviation", "<", -0.25, 300.0),
@@ -350,9 +351,10 @@ def test_an_outlier_clusters_requests_are_kept_out_of_the_traffic_baselines() ->
         t = start + 5 * k
         batch = [usual.record(t + rng.random() * 5) for _ in range(5)]
         batch += [
-            rec(t + rng.random() * 5, ctx=12000 + rng.randrange(40), out=20 + rng.randrange(5))
+            rec(t + rng.random() * 5, 2300.0, 12000 + rng.randrange(40), 20 + rng.randrange(5),
+                stages={"llm": 2200.0}, ttft_ms=2000.0, queue_ms=10.0)
             for _ in range(5)
-        ]
+        ]  # fmt: skip
         out += pipe.process(env(sorted(batch, key=lambda r: r.ts)))
         if k == 12 * 60:  # an hour in
             sig = signals(pipe)["signals"]
@@ -361,6 +363,7 @@ def test_an_outlier_clusters_requests_are_kept_out_of_the_traffic_baselines() ->
             assert abs(sig["rps_deviation"]) < 0.2  # type: ignore[arg-type]
             assert sig["clustered_requests"] and sig["clustered_requests"] > 0
             assert sig["rps"] > 1.6  # type: ignore[operator]  # what it served: both
+            assert sig["ttft_net_p95_ms"] < 300 and sig["e2e_p95_ms"] < 1000  # type: ignore[operator]
     out += play(pipe, start + 120 * MIN, 60 * MIN, usual, rps=1)
     assert [(t.alert.rule, t.alert.status) for t in out if t.notify][:1] == [
         ("NewCluster", "firing")
@@ -540,3 +543,18 @@ def test_a_run_of_records_adds_what_adding_them_one_by_one_adds(
         k: (list(r.values), r.seen) for k, r in b.latencies.items()
     }
     assert a.rng.getstate() == b.rng.getstate()
+
+
+def test_a_clustered_record_adds_the_shared_stages_and_queue_only() -> None:
+    """A record of an active outlier cluster: counted apart; its retriever, reranker and
+    queue times sampled (they serve every request alike), not the latencies its own size
+    sets (end to end, LLM, TTFT and what is derived from them)."""
+    record = rec(T0, 2300.0, 29_000, 12, stages={"retriever": 40.0, "reranker": 20.0,
+                 "llm": 2200.0}, ttft_ms=1500.0, queue_ms=5.0)  # fmt: skip
+    for add in ("add", "add_run"):
+        b = Bucket(10, random.Random(1))
+        b.add(record, True) if add == "add" else b.add_run([record], [True])
+        assert (b.counts().n, b.counts().clustered) == (0, 1)
+        assert {k: list(r.values) for k, r in b.latencies.items()} == {
+            "retriever": [40.0], "reranker": [20.0], "queue": [5.0]
+        }  # fmt: skip
