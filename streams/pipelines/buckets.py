@@ -36,8 +36,7 @@ STAGES = ("retriever", "reranker", "llm")
 # The latencies a request's own size sets (its context, its answer): a record of an active
 # outlier cluster leaves them out, as its counts (a new kind's long prefill is no slower
 # service). The stages before the LLM and the queue serve every request alike: counted.
-OWN = ("e2e", "llm", "ttft", "tpot", "ttft_net", "out")
-SHARED_STAGES = tuple(s for s in STAGES if s not in OWN)
+OWN: tuple[str, ...] = ("e2e", "llm", "ttft", "tpot", "ttft_net", "out")
 # values derived from a record (decode time per token, TTFT less queue wait): sampled, once
 # their reservoir is full, with a generator of their own, so that adding them left the
 # samples of the measured latencies (and the series' shared generator) as they were
@@ -119,32 +118,29 @@ class Bucket:
         own size sets (:data:`OWN`: a new kind 20x as long as the usual takes its long
         prefill, no slower service). The retriever, the reranker and the queue serve it
         as they serve every request: those count."""
+        skip = OWN if clustered else ()
         if clustered:
             self.clustered += 1
-            for stage, ms in rec.stages.items():
-                if stage in SHARED_STAGES:
-                    self._sample(stage, ms)
-            if rec.queue_ms is not None:
-                self._sample("queue", rec.queue_ms)
-            return
-        self.n += 1
-        self.errors += rec.status != "ok"
-        self.output_tokens += rec.output_tokens
-        self.output_sq += rec.output_tokens * rec.output_tokens
-        self.context_tokens += rec.context_tokens
-        self._sample("e2e", rec.e2e_ms)
+        else:
+            self.n += 1
+            self.errors += rec.status != "ok"
+            self.output_tokens += rec.output_tokens
+            self.output_sq += rec.output_tokens * rec.output_tokens
+            self.context_tokens += rec.context_tokens
+        if "e2e" not in skip:
+            self._sample("e2e", rec.e2e_ms)
         for stage, ms in rec.stages.items():
-            if stage in STAGES:
+            if stage in STAGES and stage not in skip:
                 self._sample(stage, ms)
-        if rec.ttft_ms is not None:
+        if rec.ttft_ms is not None and "ttft" not in skip:
             self._sample("ttft", rec.ttft_ms)
-        if rec.queue_ms is not None:
+        if rec.queue_ms is not None and "queue" not in skip:
             self._sample("queue", rec.queue_ms)
-        if (tpot := decode_ms_per_token(rec)) is not None:
+        if "tpot" not in skip and (tpot := decode_ms_per_token(rec)) is not None:
             self._sample("tpot", tpot)
-        if (net := ttft_net_ms(rec)) is not None:
+        if "ttft_net" not in skip and (net := ttft_net_ms(rec)) is not None:
             self._sample("ttft_net", net)
-        if rec.status == "ok":
+        if rec.status == "ok" and "out" not in skip:
             self._sample("out", float(rec.output_tokens))
 
     def add_run(self, recs: Sequence[Record], clustered: Sequence[bool] = ()) -> None:
@@ -216,24 +212,27 @@ def _latency_columns(
     them (the records' order); a name no record has is left out. Of the records of an
     active outlier cluster (``clustered``), only the latencies not in :data:`OWN`."""
     own = [r for r, c in zip(recs, clustered, strict=True) if not c] if any(clustered) else recs
-    cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in own]}
+
+    def of(name: str) -> Sequence[Record]:
+        return own if name in OWN else recs
+
+    cols: dict[str, list[float]] = {"e2e": [r.e2e_ms for r in of("e2e")]}
     for stage in STAGES:
-        of = own if stage in OWN else recs
-        col = [v for r in of if (v := r.stages.get(stage)) is not None]
+        col = [v for r in of(stage) if (v := r.stages.get(stage)) is not None]
         if col:
             cols[stage] = col
-    ttft = [v for r in own if (v := r.ttft_ms) is not None]
-    queue = [v for r in recs if (v := r.queue_ms) is not None]
+    ttft = [v for r in of("ttft") if (v := r.ttft_ms) is not None]
+    queue = [v for r in of("queue") if (v := r.queue_ms) is not None]
     if ttft:
         cols["ttft"] = ttft
     if queue:
         cols["queue"] = queue
-    tpot = [v for r in own if (v := decode_ms_per_token(r)) is not None]
+    tpot = [v for r in of("tpot") if (v := decode_ms_per_token(r)) is not None]
     if tpot:
         cols["tpot"] = tpot
     if ttft:
-        cols["ttft_net"] = [v for r in own if (v := ttft_net_ms(r)) is not None]
-    out = [float(r.output_tokens) for r in own if r.status == "ok"]
+        cols["ttft_net"] = [v for r in of("ttft_net") if (v := ttft_net_ms(r)) is not None]
+    out = [float(r.output_tokens) for r in of("out") if r.status == "ok"]
     if out:
         cols["out"] = out
     return cols
