@@ -295,6 +295,13 @@ class SeasonalBank:
         with np.errstate(all="ignore"):
             return self._forecast(r, self._column(t, r))
 
+    def held_var(self, rows: npt.ArrayLike, t: npt.ArrayLike) -> F64:
+        """The part of each row's forecast variance at ``t`` that its hold added
+        (:meth:`_held_var`; 0 where it holds nothing): a test whose own dispersion was
+        learnt against the level as it was may leave it out."""
+        r = self._read(rows)
+        return self._held_var(r, self._column(t, r))
+
     def _offset(self, r: IDX, t: F64) -> F64:
         out = self._profile_at(r, t)
         if self._tau2 > 0 and len(r):

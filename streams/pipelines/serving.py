@@ -26,7 +26,9 @@ more):
 - ``tpr_recent``: the mean output tokens of the last :data:`DECODE_REQUESTS` successful
   requests or 2 minutes', with ``tpr_recent_deviation`` and ``tpr_recent_z`` against the
   tokens-per-request baseline (the rate window's ``tpr_*`` hold ~150 requests: a quarter
-  of an hour on a quiet instance);
+  of an hour on a quiet instance): of that mean's test, or of the last
+  :data:`LOG_REQUESTS` answers' mean log length where that test is the stronger (a
+  heavy-tailed mix's mean hides a drop in its noise: :func:`_recent_tokens`);
 - ``retriever_tail_ratio`` and ``retriever_tail_z``: how many of the tail window's
   retrievals (the P99's own: the last 200 or 2 minutes') took longer than the baseline P99,
   against the 1 % a P99 leaves above it (a binomial z with a quarter of slack for the
@@ -105,6 +107,14 @@ TAIL_SLACK = 0.25  # relative uncertainty of that share (a baseline P99 is an es
 LEARN_Z = 3.0
 TAIL_LEARN = 1440
 TAIL_PRIOR = 360  # windows' worth of belief in the prior (the quantile's own share, 1)
+# The recent answers' log test (_log_test) learns its offset and dispersion over the first
+# LOG_LEARN closes (half a day at a close a minute), then with that weight, and judges
+# from its LOG_TRUST th close (an hour's)
+LOG_LEARN = 720
+LOG_TRUST = 60
+# ... over the newest 120 requests (or 2 minutes'): answers a third shorter (a log gap of
+# 0.4) on a real mix's log spread of 0.9 are a z of -3.5 over 60, -4.9 over 120
+LOG_REQUESTS = 120
 RECOVERED = 7.0  # nats of evidence that a tail came back (odds of ~1000 to 1)
 # A tail_cusum weighs a share above the quantile of 2.5 times the usual one against the
 # usual: the most sensitive to what a stall fault does to a retriever whose usual share is
@@ -183,13 +193,22 @@ def _judge(st: ServiceRows, rows: Rows, end: F64, values: F64, sig: Signals) -> 
 
 
 def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
-    """The mean output tokens of the newest :data:`DECODE_REQUESTS` successful requests
-    (or 2 minutes'), against the tokens-per-request baseline: a truncation shows within
-    minutes at any traffic, where the rate window of ~150 requests takes a quarter of an
-    hour on a quiet instance. z: the mean's sampling noise (the tokens' own spread over
-    sqrt(n)) plus the baseline's uncertainty over the window."""
-    got = [_mean_sd(st.tails[r], t) for r, t in zip(rows.tolist(), end.tolist(), strict=True)]
-    mean, var, n = (np.array(c, dtype=np.float64) for c in zip(*got, strict=True))
+    """The output tokens of the newest :data:`DECODE_REQUESTS` successful requests (or 2
+    minutes'), against the tokens-per-request baseline: a truncation shows within minutes
+    at any traffic, where the rate window of ~150 requests takes a quarter of an hour on a
+    quiet instance. Two tests, the stronger (larger ``|z|``) gives ``tpr_recent_deviation``
+    and ``tpr_recent_z``:
+
+    - the mean: its sampling noise (the tokens' own spread over sqrt(n)) plus the
+      baseline's uncertainty over the window; a cut of the long answers (max_tokens) moves
+      the mean most;
+    - the mean log of the last :data:`LOG_REQUESTS` (:func:`_log_test`): on a
+      heavy-tailed mix (real traffic's answer lengths: a coefficient of variation of 2, a
+      log spread of 0.85) a mean of 60 moves by 28 % by chance, and answers 40 % shorter
+      are a z of -1.4; their logs move by 0.51 against a standard error of 0.08 over 120,
+      a z of -6 (less the baseline's own uncertainty)."""
+    got = [_tokens(st.tails[r], t) for r, t in zip(rows.tolist(), end.tolist(), strict=True)]
+    mean, var, n, logs, log_var, log_n = np.array(got, dtype=np.float64).reshape(-1, 6).T
     # the tokens-per-request baseline (row 2r + 1 of the traffic bank) a minute back: the
     # middle of a window of about 2 minutes, whose excess noise averages over 2 buckets
     f_mean, f_var, f_noise = st.traffic.forecast(2 * rows + 1, end - 60.0)
@@ -197,18 +216,80 @@ def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
     rel = f_var + f_noise / 2
     with np.errstate(divide="ignore", invalid="ignore"):
         se2 = var / n + forecast * forecast * rel
-        z = (mean - forecast) / np.sqrt(se2)
-        sig["tpr_recent"] = mean
-        sig["tpr_recent_deviation"] = mean / forecast - 1
-    sig["tpr_recent_z"] = np.where(se2 > 0, z, NAN)
+        z = np.where(se2 > 0, (mean - forecast) / np.sqrt(se2), NAN)
+        d = mean / forecast - 1
+    # the logs' own spread is in their sampling noise; of the baseline's, only its level's
+    # uncertainty as it was before any hold (its excess noise per bucket is the means'
+    # scatter, on a heavy-tailed mix most of it; a hold's growth is for the tests of the
+    # level itself): what else moves the gap, the row's dispersion learns. Nothing is
+    # learnt while the baseline holds a deviation.
+    tpr = 2 * rows + 1
+    level_var = f_var - st.traffic.held_var(tpr, end - 60.0)
+    held = st.traffic.holding(tpr)
+    log_d, log_z = _log_test(st, rows, logs - f_mean, log_var / log_n + level_var, held)
+    stronger = np.abs(log_z) > np.abs(np.where(np.isnan(z), 0.0, z))
+    sig["tpr_recent"] = mean
+    sig["tpr_recent_deviation"] = np.where(stronger, log_d, d)
+    sig["tpr_recent_z"] = np.where(stronger, log_z, z)
 
 
-def _mean_sd(tail: TailWindow, now: float) -> tuple[float, float, float]:
-    """The newest output tokens' mean, variance and count (NaN below MIN_DECODE)."""
-    v = np.frombuffer(tail.recent("out", now, DECODE_REQUESTS), dtype=np.float64)
-    if len(v) < MIN_DECODE:
-        return NAN, NAN, float(len(v))
-    return float(v.mean()), float(v.var()), float(len(v))
+def _log_test(
+    st: ServiceRows, rows: Rows, gap: F64, se2: F64, held: npt.NDArray[np.bool_] | None = None
+) -> tuple[F64, F64]:
+    """The newest answers' mean log tokens against the baseline: ``gap``, their mean log
+    less the baseline's log, is some usual offset apart (the baseline is the log of a mean
+    of tokens, above a mean log by half the logs' variance and more: a shape, which the
+    row learns) give or take ``se2`` (the logs' spread over n, and the baseline's
+    uncertainty) times the row's usual dispersion. Both learnt as the tail tests' are:
+    over the first :data:`LOG_LEARN` closes, then with that weight, from the closes
+    with no evidence of a change (``|z|`` under :data:`LEARN_Z`, the baseline not
+    ``held``); the test judges (z, and the deviation, ``exp(gap - offset) - 1``) from
+    the :data:`LOG_TRUST` th.
+    Unknown (NaN, nothing learnt) where the window or the baseline is.
+
+    >>> from ragwatch.streams.pipelines.service_rows import ServiceRows
+    >>> st = ServiceRows(bucket_s=60.0, rate_max_s=600.0, tail=(200, 120.0, 3600.0),
+    ...                  min_baseline=3, hold_max_s=86400.0)
+    >>> rows = np.array([st.add(("rag", "a"), at=0.0)])
+    >>> for _ in range(LOG_TRUST):  # mean logs 0.4 under the baseline's, +-0.1
+    ...     _ = _log_test(st, rows, np.array([-0.4]), np.array([0.01]))
+    >>> [round(float(x[0]), 2) for x in _log_test(st, rows, np.array([-0.9]), np.array([0.01]))]
+    [-0.39, -5.0]
+    """
+    col = st.col
+    offset, disp = col["tpr_log_offset"][rows], col["tpr_log_disp"][rows]
+    learnt = col["tpr_log_learnt"][rows]
+    ok = np.isfinite(gap) & np.isfinite(se2) & (se2 > 0)
+    first = ok & np.isnan(offset)
+    with np.errstate(invalid="ignore"):
+        z = (gap - offset) / np.sqrt(se2 * np.maximum(1.0, disp))
+        judged = ok & (learnt >= LOG_TRUST)
+        learn = ok & ~first & (~judged | (np.abs(z) < LEARN_Z))
+    if held is not None:
+        learn &= ~held
+    a = np.maximum(1.0 / LOG_LEARN, 1.0 / (learnt + 1))
+    seen = (gap - offset) ** 2 / se2
+    r = rows[learn]
+    col["tpr_log_offset"][r] = offset[learn] + a[learn] * (gap - offset)[learn]
+    col["tpr_log_disp"][r] = disp[learn] + a[learn] * (seen - disp)[learn]
+    col["tpr_log_offset"][rows[first]] = gap[first]
+    col["tpr_log_learnt"][rows[learn | first]] += 1
+    return np.where(judged, np.expm1(gap - offset), NAN), np.where(judged, z, NAN)
+
+
+def _tokens(tail: TailWindow, now: float) -> tuple[float, ...]:
+    """The newest output tokens' mean, variance and count (the last
+    :data:`DECODE_REQUESTS`), and their logs' mean, variance and count (the last
+    :data:`LOG_REQUESTS`; each token count at least 0.5, as the baseline's); NaN below
+    MIN_DECODE."""
+    got: list[float] = []
+    for least, log in ((DECODE_REQUESTS, False), (LOG_REQUESTS, True)):
+        v = np.frombuffer(tail.recent("out", now, least), dtype=np.float64)
+        if log:
+            v = np.log(np.maximum(v, 0.5))
+        got += (float(v.mean()), float(v.var())) if len(v) >= MIN_DECODE else (NAN, NAN)
+        got.append(float(len(v)))
+    return tuple(got)
 
 
 def _decode(tail: TailWindow, now: float) -> tuple[float, float, float]:
