@@ -296,9 +296,8 @@ class SeasonalBank:
             return self._forecast(r, self._column(t, r))
 
     def held_var(self, rows: npt.ArrayLike, t: npt.ArrayLike) -> F64:
-        """The part of each row's forecast variance at ``t`` that its hold added
-        (:meth:`_held_var`; 0 where it holds nothing): a test whose own dispersion was
-        learnt against the level as it was may leave it out."""
+        """The part of each row's forecast variance at ``t`` that its hold added (0 where
+        it holds nothing): a test that learnt its own dispersion may leave it out."""
         r = self._read(rows)
         return self._held_var(r, self._column(t, r))
 
