@@ -27,8 +27,9 @@ more):
   requests or 2 minutes', with ``tpr_recent_deviation`` and ``tpr_recent_z`` against the
   tokens-per-request baseline (the rate window's ``tpr_*`` hold ~150 requests: a quarter
   of an hour on a quiet instance): of that mean's test, or of the last
-  :data:`LOG_REQUESTS` answers' mean log length where that test is the stronger (a
-  heavy-tailed mix's mean hides a drop in its noise: :func:`_recent_tokens`);
+  :data:`LOG_REQUESTS` answers' log lengths (their middle half's mean) where that test is
+  the stronger (a heavy-tailed mix's mean hides a drop in its noise:
+  :func:`_recent_tokens`);
 - ``retriever_tail_ratio`` and ``retriever_tail_z``: how many of the tail window's
   retrievals (the P99's own: the last 200 or 2 minutes') took longer than the baseline P99,
   against the 1 % a P99 leaves above it (a binomial z with a quarter of slack for the
@@ -202,7 +203,7 @@ def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
     - the mean: its sampling noise (the tokens' own spread over sqrt(n)) plus the
       baseline's uncertainty over the window; a cut of the long answers (max_tokens) moves
       the mean most;
-    - the mean log of the last :data:`LOG_REQUESTS` (:func:`_log_test`): on a
+    - the logs of the last :data:`LOG_REQUESTS` (their middle half's mean, :func:`_log_test`): on a
       heavy-tailed mix (real traffic's answer lengths: a coefficient of variation of 2, a
       log spread of 0.85) a mean of 60 moves by 28 % by chance, and answers 40 % shorter
       are a z of -1.4; their logs move by 0.51 against a standard error of 0.08 over 120,
@@ -236,10 +237,10 @@ def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
 def _log_test(
     st: ServiceRows, rows: Rows, gap: F64, se2: F64, held: npt.NDArray[np.bool_] | None = None
 ) -> tuple[F64, F64]:
-    """The newest answers' mean log tokens against the baseline: ``gap``, their mean log
-    less the baseline's log, is some usual offset apart (the baseline is the log of a mean
-    of tokens, above a mean log by half the logs' variance and more: a shape, which the
-    row learns) give or take ``se2`` (the logs' spread over n, and the baseline's
+    """The newest answers' log tokens against the baseline: ``gap``, their mean log (of
+    the middle half) less the baseline's log, is some usual offset apart (the baseline is
+    the log of a mean of tokens, above a mean log by half the logs' variance and more: a
+    shape, which the row learns) give or take ``se2`` (the logs' spread over n, and the baseline's
     uncertainty) times the row's usual dispersion. Both learnt as the tail tests' are:
     over the first :data:`LOG_LEARN` closes, then with that weight, from the closes
     with no evidence of a change (``|z|`` under :data:`LEARN_Z`, the baseline not
