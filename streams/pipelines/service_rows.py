@@ -116,8 +116,9 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
     "novel_score": (np.float64, 0.0),  # novel records, decaying by NOVEL_DECAY a bucket
     "token_cv2": (np.float64, TOKEN_CV2),
     "cluster_size": (np.float64, math.nan),  # its latest outlier cluster's, when it appeared
-    # the recent answers' mean log tokens against the tokens baseline's log: their usual
-    # offset, dispersion and how many closes taught them (serving._log_test)
+    # the recent answers' log tokens (their middle half's mean) against the tokens
+    # baseline's log: their usual offset, dispersion and how many closes taught them
+    # (serving._log_test)
     "tpr_log_offset": (np.float64, math.nan),
     "tpr_log_disp": (np.float64, 1.0),
     "tpr_log_learnt": (np.int64, 0),

@@ -77,6 +77,7 @@ from learning).
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -87,6 +88,7 @@ from ragwatch.detectors.tails import MIN_VALUES, TailWindow
 from ragwatch.streams.pipelines.service_rows import SERVING, ServiceRows
 
 F64 = npt.NDArray[np.float64]
+L = TypeVar("L", float, F64)  # a row's learnt value, or rows'
 Rows = npt.NDArray[np.intp]
 Signals = dict[str, F64]
 NAN = math.nan
@@ -235,7 +237,7 @@ def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
 
 
 def _log_test(
-    st: ServiceRows, rows: Rows, gap: F64, se2: F64, held: npt.NDArray[np.bool_] | None = None
+    st: ServiceRows, rows: Rows, gap: F64, se2: F64, held: npt.NDArray[np.bool_]
 ) -> tuple[F64, F64]:
     """The newest answers' log tokens against the baseline: ``gap``, their mean log (of
     the middle half) less the baseline's log, is some usual offset apart (the baseline is
@@ -253,8 +255,9 @@ def _log_test(
     ...                  min_baseline=3, hold_max_s=86400.0)
     >>> rows = np.array([st.add(("rag", "a"), at=0.0)])
     >>> for _ in range(LOG_TRUST):  # mean logs 0.4 under the baseline's, +-0.1
-    ...     _ = _log_test(st, rows, np.array([-0.4]), np.array([0.01]))
-    >>> [round(float(x[0]), 2) for x in _log_test(st, rows, np.array([-0.9]), np.array([0.01]))]
+    ...     _ = _log_test(st, rows, np.array([-0.4]), np.array([0.01]), np.array([False]))
+    >>> got = _log_test(st, rows, np.array([-0.9]), np.array([0.01]), np.array([False]))
+    >>> [round(float(x[0]), 2) for x in got]
     [-0.39, -5.0]
     """
     col = st.col
@@ -265,14 +268,13 @@ def _log_test(
     with np.errstate(invalid="ignore"):
         z = (gap - offset) / np.sqrt(se2 * np.maximum(1.0, disp))
         judged = ok & (learnt >= LOG_TRUST)
-        learn = ok & ~first & (~judged | (np.abs(z) < LEARN_Z))
-    if held is not None:
-        learn &= ~held
+        learn = ok & ~first & ~held & (~judged | (np.abs(z) < LEARN_Z))
     a = np.maximum(1.0 / LOG_LEARN, 1.0 / (learnt + 1))
-    seen = (gap - offset) ** 2 / se2
+    seen = (gap[learn], ((gap - offset) ** 2 / se2)[learn])
     r = rows[learn]
-    col["tpr_log_offset"][r] = offset[learn] + a[learn] * (gap - offset)[learn]
-    col["tpr_log_disp"][r] = disp[learn] + a[learn] * (seen - disp)[learn]
+    col["tpr_log_offset"][r], col["tpr_log_disp"][r] = _learnt(
+        (offset[learn], disp[learn]), seen, a[learn]
+    )
     col["tpr_log_offset"][rows[first]] = gap[first]
     col["tpr_log_learnt"][rows[learn | first]] += 1
     return np.where(judged, np.expm1(gap - offset), NAN), np.where(judged, z, NAN)
@@ -478,16 +480,17 @@ def tail_recovered(
     return float(r[best]) / max(1.0, disp), best + 1
 
 
-def _learnt(
-    known: tuple[float, float], seen: tuple[float, float], a: float
-) -> tuple[float, float]:  # fmt: skip
-    """The usual share of a window above its baseline quantile, and the count's usual
-    variance over its mean (1 for independent requests; more where slow requests come in
-    runs: a burst of long answers, a retriever's stalls in a GC pause), moved by one
-    window that was no evidence at rate ``a``: a mean over the row's windows since the
-    baseline judged, the last :data:`TAIL_LEARN` of them (a day of minutes), after a
-    prior of :data:`TAIL_PRIOR` windows at the quantile's own share and 1. The prior
-    keeps a fault of a series' first hour from teaching it its own share."""
+def _learnt(known: tuple[L, L], seen: tuple[L, L], a: L) -> tuple[L, L]:
+    """A usual level and dispersion moved by one window that was no evidence of a change,
+    at rate ``a`` (:func:`_tail`'s; :func:`_log_test`'s, for rows at once).
+
+    The tail tests': the usual share of a window above its baseline quantile, and the
+    count's usual variance over its mean (1 for independent requests; more where slow
+    requests come in runs: a burst of long answers, a retriever's stalls in a GC pause):
+    a mean over the row's windows since the baseline judged, the last :data:`TAIL_LEARN`
+    of them (a day of minutes), after a prior of :data:`TAIL_PRIOR` windows at the
+    quantile's own share and 1. The prior keeps a fault of a series' first hour from
+    teaching it its own share."""
     return known[0] + a * (seen[0] - known[0]), known[1] + a * (seen[1] - known[1])
 
 

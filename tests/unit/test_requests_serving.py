@@ -490,7 +490,7 @@ def test_shorter_answers_of_a_heavy_tailed_mix_page_and_its_noise_does_not() -> 
     """Real answers' lengths are heavy-tailed (the Azure LLM inference trace's: a
     coefficient of variation of 2, a log spread of 0.85): a mean of 60 of them moves by a
     quarter and more by chance, and answers 40 % shorter are no evidence to it; their logs'
-    mean moves by 0.5 against a standard error of 0.14 (serving._log_test)."""
+    middle half moves by 0.5 against a standard error of about 0.1 (serving._log_test)."""
     start = T0 + 4 * HOUR
     mix = lambda median: Service(rpm=20.0, output_median=median, output_sigma=1.1)  # noqa: E731
     healthy, (shorter,) = _run_forked(
