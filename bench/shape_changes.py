@@ -12,7 +12,18 @@ their bands for 25 minutes) pages on, so each tests that the rule knows demand f
   day are an hour off on every edge of the day;
 - **a prompt template change**: from the fourth day on, requests carry 1.6x the context
   (more retrieved chunks), for good: prefill and time to first token grow with it, a new
-  normal that is not a fault.
+  normal that is not a fault;
+- **a batch client**: beside the chat traffic, a client sends 15 requests a minute to each
+  instance with 6,000-token contexts and 350-token answers (a nightly summarisation job)
+  between 01:00 and 03:00 UTC, where the chat traffic is at its trough: at those hours it
+  is most of the traffic, and the answers, the end-to-end latency, the first token and
+  each request's decode (attention over a longer context) all move. Three forms: every
+  night from the first; every night from the fourth (a new job); Sundays 02:00-05:00 only,
+  for two weeks (a weekly report: news to the daily profile every time);
+- **a scale-in**: three instances, one removed on the fourth day at 11:00 (an autoscaler,
+  a zone drained); its traffic goes to the other two, 1.5x (or 1.3x) their load on the
+  same capacity, for good: utilisation 0.9 (0.78) at the daily peak instead of 0.6, and
+  the queue wait grows as ``rho / (1 - rho)``, 6x (2.4x) at the peak.
 
 Two instances of the chat-like service (answers of ~180 tokens, contexts of ~2,500). The
 flash crowd reaches the GPUs and the serving engines too, each with its own shape:
@@ -112,6 +123,59 @@ def prompt_template() -> Shape:
     )
 
 
+@dataclass(frozen=True)
+class Hours(Rhythm):
+    """A batch client's rhythm: 1 from ``start_h`` to ``end_h`` UTC (on ``weekday`` only,
+    0 = Monday, if set) from ``from_ts`` on, else 0."""
+
+    start_h: float = 1.0
+    end_h: float = 3.0
+    weekday: int | None = None
+    from_ts: float = 0.0
+
+    def level(self, ts: float) -> float:
+        hour, day = (ts % DAY) / HOUR, int((ts - MONDAY) // DAY) % 7
+        on = ts >= self.from_ts and self.start_h <= hour < self.end_h
+        return 1.0 if on and self.weekday in (None, day) else 0.0
+
+
+def batch_client(name: str, days: int, hours: Hours, note: str) -> Shape:
+    t0, t1 = MONDAY, MONDAY + days * DAY
+    chat = _chat(95, rhythm=RHYTHM)
+    mix = traffic.Mix(context_median=6000, context_sigma=0.25, output_median=350,
+                      output_sigma=0.4)  # fmt: skip
+    batch = replace(chat, rhythm=hours, peak_rpm=15.0, burst_sigma=0.05, mix=mix, seed=96)
+    return Shape(
+        name,
+        lambda: traffic.merged(traffic.envelopes(chat, t0, t1), traffic.envelopes(batch, t0, t1)),
+        faults=(),
+        series_days=traffic._healthy_days(2, t0, t1),
+        note=note,
+    )
+
+
+def scale_in(name: str, factor: float) -> Shape:
+    """Three instances until Thursday 11:00, then two, each with ``factor`` times the load
+    on the same capacity (the capacity is ``peak_rpm / utilisation``)."""
+    t0, t1 = MONDAY, MONDAY + 7 * DAY
+    switch = t0 + 3 * DAY + 11 * HOUR
+    three = traffic._chat("rag-api", 3, traffic.HOSTS4[:3], 97, peak_rpm=40.0, rhythm=RHYTHM,
+                          offsets=(1.0, 1.03, 0.97))  # fmt: skip
+    two = replace(three, instances=three.instances[:2], hosts=three.hosts[:2], seed=98,
+                  peak_rpm=40.0 * factor, utilisation=0.6 * factor,
+                  offsets=(1.0, 1.03))  # fmt: skip
+    return Shape(
+        name,
+        lambda: traffic.merged(
+            traffic.envelopes(three, t0, switch), traffic.envelopes(two, switch, t1)
+        ),
+        faults=(),
+        series_days=round(traffic._healthy_days(2, t0, t1) + (switch - t0) / DAY, 3),
+        note=f"Three instances, one removed on Thursday 11:00: the other two take {factor}x "
+        f"their load on the same capacity, for good (utilisation {0.6 * factor:.2f} at the peak).",
+    )
+
+
 CROWD_AT = MONDAY + 3 * DAY + 8 * HOUR  # Thursday 08:00 UTC
 
 
@@ -197,4 +261,12 @@ def embedder_flash_crowd() -> Shape:
 SHAPES = [
     flash_crowd(), daylight_saving(), prompt_template(), gpu_flash_crowd(), gpu_holiday(),
     engine_flash_crowd(), embedder_flash_crowd(),
+    batch_client("batch-nightly", 7, Hours(),
+                 "A batch client (6,000-token contexts, 350-token answers, 15 requests a "
+                 "minute an instance) every night 01:00-03:00 UTC beside the chat traffic."),
+    batch_client("batch-new-nightly", 7, Hours(from_ts=MONDAY + 3 * DAY),
+                 "The same batch client, every night from Thursday on: a new job."),
+    batch_client("batch-weekly", 14, Hours(2.0, 5.0, weekday=6),
+                 "The same batch client on Sundays 02:00-05:00 only, two weeks."),
+    scale_in("scale-in", 1.5), scale_in("scale-in-1.3", 1.3),
 ]  # fmt: skip
