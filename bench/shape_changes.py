@@ -140,6 +140,10 @@ class Hours(Rhythm):
 
 
 def batch_client(name: str, days: int, hours: Hours, note: str) -> Shape:
+    """The chat service of two instances, and a batch client's stream to the same instances
+    at ``hours``. Each stream's queue wait and decode slowdown follow its own load (the
+    harness has no capacity shared by two streams): the batch's requests queue as at a
+    peak (utilisation 0.6), the chat's as at their trough."""
     t0, t1 = MONDAY, MONDAY + days * DAY
     chat = _chat(95, rhythm=RHYTHM)
     mix = traffic.Mix(context_median=6000, context_sigma=0.25, output_median=350,
