@@ -214,7 +214,8 @@ def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
     mean, var, n, logs, log_var, log_n = np.array(got, dtype=np.float64).reshape(-1, 6).T
     # the tokens-per-request baseline (row 2r + 1 of the traffic bank) a minute back: the
     # middle of a window of about 2 minutes, whose excess noise averages over 2 buckets
-    f_mean, f_var, f_noise = st.traffic.forecast(2 * rows + 1, end - 60.0)
+    tpr, back = 2 * rows + 1, end - 60.0
+    f_mean, f_var, f_noise = st.traffic.forecast(tpr, back)
     forecast = np.exp(f_mean)
     rel = f_var + f_noise / 2
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -226,8 +227,7 @@ def _recent_tokens(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None:
     # scatter, on a heavy-tailed mix most of it; a hold's growth is for the tests of the
     # level itself): what else moves the gap, the row's dispersion learns. Nothing is
     # learnt while the baseline holds a deviation.
-    tpr = 2 * rows + 1
-    level_var = f_var - st.traffic.held_var(tpr, end - 60.0)
+    level_var = f_var - st.traffic.held_var(tpr, back)
     held = st.traffic.holding(tpr)
     log_d, log_z = _log_test(st, rows, logs - f_mean, log_var / log_n + level_var, held)
     stronger = np.abs(log_z) > np.abs(np.where(np.isnan(z), 0.0, z))
