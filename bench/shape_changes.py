@@ -166,8 +166,8 @@ def scale_in(name: str, factor: float) -> Shape:
     three = traffic._chat("rag-api", 3, traffic.HOSTS4[:3], 97, peak_rpm=40.0, rhythm=RHYTHM,
                           offsets=(1.0, 1.03, 0.97))  # fmt: skip
     two = replace(three, instances=three.instances[:2], hosts=three.hosts[:2], seed=98,
-                  peak_rpm=40.0 * factor, utilisation=0.6 * factor,
-                  offsets=(1.0, 1.03))  # fmt: skip
+                  peak_rpm=three.peak_rpm * factor, utilisation=three.utilisation * factor,
+                  offsets=three.offsets[:2])  # fmt: skip
     return Shape(
         name,
         lambda: traffic.merged(
@@ -176,7 +176,8 @@ def scale_in(name: str, factor: float) -> Shape:
         faults=(),
         series_days=round(traffic._healthy_days(2, t0, t1) + (switch - t0) / DAY, 3),
         note=f"Three instances, one removed on Thursday 11:00: the other two take {factor}x "
-        f"their load on the same capacity, for good (utilisation {0.6 * factor:.2f} at the peak).",
+        f"their load on the same capacity, for good (utilisation {two.utilisation:.2f} at the "
+        "peak).",
     )
 
 
