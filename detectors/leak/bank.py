@@ -62,6 +62,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.detectors.medians import nanmedian_rows
+
 GB = 1e9
 # A bucket step under this share of the memory is rounding, not a rise; and a level above
 # the known range by the margin plus this much is above it (bucket means differ in their
@@ -241,8 +243,7 @@ def _dense_theil_sen(t: F64, v: F64) -> F64:
         i, j = pair_indices(n)
         keep = t[:, j] != t[:, i]
         s = np.where(keep, (v[:, j] - v[:, i]) / np.where(keep, t[:, j] - t[:, i], 1.0), np.nan)
-        with np.errstate(all="ignore"):
-            out = np.nanmedian(np.where(keep, s, np.nan), axis=1)
+        out = nanmedian_rows(np.where(keep, s, np.nan))
         return np.where(keep.any(axis=1), out, 0.0)
     mid = m // 2
     slopes.partition(mid, axis=1)  # in place: no copy of the matrix
@@ -569,9 +570,8 @@ class LeakBank:
         (NaN: none), at least ``noise_floor_bytes``. Robust: a leak's steady steps move the
         median, not the spread; an allocator's few large steps are outliers to it."""
         p = self.params
-        with np.errstate(all="ignore"):
-            mid = np.nanmedian(step, axis=1)
-            mad = np.nanmedian(np.abs(step - mid[:, None]), axis=1)
+        mid = nanmedian_rows(step)
+        mad = nanmedian_rows(np.abs(step - mid[:, None]))
         spread: F64 = np.fmax(p.noise_k * 1.4826 * mad, p.noise_floor_bytes)
         return spread
 
