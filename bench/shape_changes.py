@@ -23,7 +23,15 @@ their bands for 25 minutes) pages on, so each tests that the rule knows demand f
 - **a scale-in**: three instances, one removed on the fourth day at 11:00 (an autoscaler,
   a zone drained); its traffic goes to the other two, 1.5x (or 1.3x) their load on the
   same capacity, for good: utilisation 0.9 (0.78) at the daily peak instead of 0.6, and
-  the queue wait grows as ``rho / (1 - rho)``, 6x (2.4x) at the peak.
+  the queue wait grows as ``rho / (1 - rho)``, 6x (2.4x) at the peak;
+- **pods of new names**: a Deployment's two pods replaced by two new ones every weekday at
+  14:00 (a rolling update, 5 minutes apart; instances of new names with no history, near
+  the peak), and a third pod of a new name each weekday 10:00-19:00 (an autoscaler at the
+  peak) taking a third of the load;
+- **restarts under the same names** (a StatefulSet's rolling update), both instances in
+  turn every weekday at 14:00: a third of a minute's requests fail, none for 2 minutes
+  (the other instance takes them), then a cold start, the retriever 4x slower for a
+  minute (lazy initialisation) and 1.5x for 4 more (caches warming).
 
 Two instances of the chat-like service (answers of ~180 tokens, contexts of ~2,500). The
 flash crowd reaches the GPUs and the serving engines too, each with its own shape:
@@ -45,10 +53,11 @@ import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import shape_generic as generic
 import shape_traffic as traffic
-from shape_kit import DAY, HOUR, MONDAY, Shape
+from shape_kit import DAY, HOUR, MINUTE, MONDAY, Shape
 from shape_traffic import Effect, Rhythm
 
 from ragwatch.schema import Envelope
@@ -181,6 +190,104 @@ def scale_in(name: str, factor: float) -> Shape:
     )
 
 
+def _pod(chat: traffic.Service, name: str, host: int, seed: int, **kw: object) -> traffic.Service:
+    """One pod of ``chat``: an instance of its own name on ``chat``'s ``host``-th host."""
+    return replace(chat, instances=(name,), hosts=(chat.hosts[host],), offsets=(), seed=seed,
+                   **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def rolling_deploys(days: int = 7) -> Shape:
+    """Two pods of a Deployment, replaced by two new ones (new names) every weekday at
+    14:00 UTC, the second 5 minutes after the first."""
+    t0, t1 = MONDAY, MONDAY + days * DAY
+    chat = _chat(101, rhythm=RHYTHM)
+    deploys = [t0 + d * DAY + 14 * HOUR for d in range(days) if d % 7 < 5]
+    pods = []  # (pod, from, to)
+    for i in range(2):
+        cuts = [t0, *(t + i * 5 * MINUTE for t in deploys), t1]
+        for g, (a, b) in enumerate(pairwise(cuts)):
+            pod = _pod(chat, f"rag-api-{0x5F3A + g:04x}-{'xq'[i]}", i, 110 + 2 * g + i)
+            pods.append((pod, a, b))
+    return Shape(
+        "rolling-deploys",
+        lambda: traffic.merged(*(traffic.envelopes(*p) for p in pods)),
+        faults=(),
+        series_days=traffic._healthy_days(2, t0, t1),
+        note="Two pods replaced by two new ones every weekday at 14:00 (a rolling update, 5 "
+        "minutes apart): instances of new names, with no history, at an hour near the peak.",
+    )
+
+
+def autoscaled_pod(days: int = 7) -> Shape:
+    """Two pods for good, and a third (a new name each time) from 10:00 to 19:00 UTC on
+    weekdays, taking a third of the load on the same capacity a pod."""
+    t0, t1 = MONDAY, MONDAY + days * DAY
+    spans = [(t0 + d * DAY + 10 * HOUR, t0 + d * DAY + 19 * HOUR) for d in range(days)
+             if d % 7 < 5]  # fmt: skip
+    effects = tuple(Effect("demand", INSTANCES, a, b, size=2 / 3) for a, b in spans)
+    chat = _chat(102, rhythm=RHYTHM, effects=effects)
+    extra = [
+        _pod(chat, f"rag-api-{0x7C10 + d:04x}-z", 0, 120 + d, effects=(),
+             peak_rpm=chat.peak_rpm * 2 / 3, utilisation=chat.utilisation * 2 / 3)
+        for d in range(len(spans))
+    ]  # fmt: skip
+    return Shape(
+        "autoscaled-pod",
+        lambda: traffic.merged(
+            traffic.envelopes(chat, t0, t1),
+            *(traffic.envelopes(pod, a, b) for pod, (a, b) in zip(extra, spans, strict=True)),
+        ),
+        faults=(),
+        series_days=round(traffic._healthy_days(2, t0, t1) + 9 * HOUR * len(spans) / DAY, 3),
+        note="Two pods, and a third of a new name on weekdays 10:00-19:00 (an autoscaler at the "
+        "daily peak): the new pod has no history and takes a third of the load.",
+    )
+
+
+# a cold start: (slowdown of the retriever, from minute, to minute) after the restart
+COLD = ((4.0, 3, 4), (1.5, 4, 8))
+
+
+def _restart(
+    inst: str, other: str, at: float, cold: tuple[tuple[float, int, int], ...]
+) -> tuple[Effect, ...]:
+    """A pod restarted at ``at`` under its own name: the requests it had in flight fail
+    (a third of its minute's), it takes none for 2 minutes (``other`` takes them), then
+    its retriever is ``cold`` (:data:`COLD`: its first minute 4x slower, lazy
+    initialisation of the embedder's kernels and the tokenizer; the next 4 minutes 1.5x,
+    caches warming)."""
+    m = MINUTE
+    return (
+        Effect("errors", (inst,), at, at + m, size=0.33),
+        Effect("demand", (inst,), at + m, at + 3 * m, size=0.0),
+        Effect("demand", (other,), at + m, at + 3 * m, size=2.0),
+        *(Effect("retrieval", (inst,), at + a * m, at + b * m, size=x) for x, a, b in cold),
+    )
+
+
+def restarts(
+    days: int = 7, cold: tuple[tuple[float, int, int], ...] = COLD, name: str = "restarts"
+) -> Shape:
+    """Two instances restarted in turn, 10 minutes apart, every weekday at 14:00 UTC (a
+    StatefulSet's rolling update: the same names)."""
+    t0, t1 = MONDAY, MONDAY + days * DAY
+    at = [t0 + d * DAY + 14 * HOUR for d in range(days) if d % 7 < 5]
+    a, b = INSTANCES
+    effects = tuple(
+        e for t in at for e in (*_restart(a, b, t, cold), *_restart(b, a, t + 600.0, cold))
+    )
+    s = _chat(103, rhythm=RHYTHM, effects=effects)
+    return Shape(
+        name,
+        lambda: traffic._world((s,), t0, t1),
+        faults=(),
+        series_days=traffic._healthy_days(2, t0, t1),
+        note="Both instances restarted in turn every weekday at 14:00: a third of a minute's "
+        "requests fail, none for 2 minutes (the other instance takes them), then the "
+        "retriever 4x slower for a minute and 1.5x for 4 (a cold start).",
+    )
+
+
 CROWD_AT = MONDAY + 3 * DAY + 8 * HOUR  # Thursday 08:00 UTC
 
 
@@ -273,5 +380,6 @@ SHAPES = [
                  "The same batch client, every night from Thursday on: a new job."),
     batch_client("batch-weekly", 14, Hours(2.0, 5.0, weekday=6),
                  "The same batch client on Sundays 02:00-05:00 only, two weeks."),
-    scale_in("scale-in", 1.5), scale_in("scale-in-1.3", 1.3),
+    scale_in("scale-in", 1.5), scale_in("scale-in-1.3", 1.3), rolling_deploys(), autoscaled_pod(),
+    restarts(),
 ]  # fmt: skip
