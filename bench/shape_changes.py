@@ -283,8 +283,10 @@ def restarts(
         faults=(),
         series_days=traffic._healthy_days(2, t0, t1),
         note="Both instances restarted in turn every weekday at 14:00: a third of a minute's "
-        "requests fail, none for 2 minutes (the other instance takes them), then the "
-        "retriever 4x slower for a minute and 1.5x for 4 (a cold start).",
+        "requests fail, none for 2 minutes (the other instance takes them), then a cold "
+        "start: the retriever "
+        + (", then ".join(f"{x:g}x slower for {b - a} min" for x, a, b in cold) or "as before")
+        + ".",
     )
 
 
