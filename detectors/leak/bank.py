@@ -571,7 +571,8 @@ class LeakBank:
         median, not the spread; an allocator's few large steps are outliers to it."""
         p = self.params
         mid = nanmedian_rows(step)
-        mad = nanmedian_rows(np.abs(step - mid[:, None]))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: huge steps
+            mad = nanmedian_rows(np.abs(step - mid[:, None]))
         spread: F64 = np.fmax(p.noise_k * 1.4826 * mad, p.noise_floor_bytes)
         return spread
 
