@@ -196,12 +196,17 @@ def _pod(chat: traffic.Service, name: str, host: int, seed: int, **kw: object) -
                    **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
+def _weekdays(days: int, hour: float) -> list[float]:
+    """``hour`` UTC of each weekday of the ``days`` from MONDAY."""
+    return [MONDAY + d * DAY + hour * HOUR for d in range(days) if d % 7 < 5]
+
+
 def rolling_deploys(days: int = 7) -> Shape:
     """Two pods of a Deployment, replaced by two new ones (new names) every weekday at
     14:00 UTC, the second 5 minutes after the first."""
     t0, t1 = MONDAY, MONDAY + days * DAY
     chat = _chat(101, rhythm=RHYTHM)
-    deploys = [t0 + d * DAY + 14 * HOUR for d in range(days) if d % 7 < 5]
+    deploys = _weekdays(days, 14.0)
     pods = []  # (pod, from, to)
     for i in range(2):
         cuts = [t0, *(t + i * 5 * MINUTE for t in deploys), t1]
@@ -222,8 +227,7 @@ def autoscaled_pod(days: int = 7) -> Shape:
     """Two pods for good, and a third (a new name each time) from 10:00 to 19:00 UTC on
     weekdays, taking a third of the load on the same capacity a pod."""
     t0, t1 = MONDAY, MONDAY + days * DAY
-    spans = [(t0 + d * DAY + 10 * HOUR, t0 + d * DAY + 19 * HOUR) for d in range(days)
-             if d % 7 < 5]  # fmt: skip
+    spans = [(t, t + 9 * HOUR) for t in _weekdays(days, 10.0)]
     effects = tuple(Effect("demand", INSTANCES, a, b, size=2 / 3) for a, b in spans)
     chat = _chat(102, rhythm=RHYTHM, effects=effects)
     extra = [
@@ -271,10 +275,10 @@ def restarts(
     """Two instances restarted in turn, 10 minutes apart, every weekday at 14:00 UTC (a
     StatefulSet's rolling update: the same names)."""
     t0, t1 = MONDAY, MONDAY + days * DAY
-    at = [t0 + d * DAY + 14 * HOUR for d in range(days) if d % 7 < 5]
+    at = _weekdays(days, 14.0)
     a, b = INSTANCES
     effects = tuple(
-        e for t in at for e in (*_restart(a, b, t, cold), *_restart(b, a, t + 600.0, cold))
+        e for t in at for e in (*_restart(a, b, t, cold), *_restart(b, a, t + 10 * MINUTE, cold))
     )
     s = _chat(103, rhythm=RHYTHM, effects=effects)
     return Shape(
