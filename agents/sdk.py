@@ -247,12 +247,26 @@ class RequestTimer:
         self.__exit__(exc_type, exc, tb)
 
 
+def _now(clock: Callable[[], float]) -> float | None:
+    """``clock()`` as a start time; None (not sent) if it fails or is not one."""
+    try:
+        t = float(clock())
+    except Exception:
+        log.warning("the recorder's clock failed: its envelopes will not say when it started")
+        return None
+    return t if 0.0 <= t < math.inf else None
+
+
 class RequestRecorder:
     """Buffers request records and publishes them in batches from a background thread.
 
     ``sink`` receives ``write(topic, service, bytes)``; the recorder never closes it.
     ``buffer_size`` bounds the records waiting (the flusher may hold one more swapped-out
     batch while it sends). ``clock`` gives wall-clock ``ts``; ``perf`` times stages.
+    ``started``: when this process started serving (epoch s; default: ``clock()`` when
+    the recorder is created), sent on every envelope; a newer one tells the worker the instance
+    restarted, and its first minutes' latencies are taken as a cold start
+    (``streams/pipelines/warmup.py``). Create the recorder once per process, at startup.
     With ``autostart=False`` nothing runs in the background until :meth:`start`;
     :meth:`flush` still drains synchronously. Records made after :meth:`close` wait in the
     buffer until the next :meth:`flush` (or the interpreter's exit).
@@ -269,6 +283,7 @@ class RequestRecorder:
         instance: str,
         host: str | None = None,
         pid: int | None = None,
+        started: float | None = None,
         flush_interval_s: float = 1.0,
         heartbeat_s: float = 30.0,
         max_batch: int = 1000,
@@ -294,6 +309,9 @@ class RequestRecorder:
         # (the NVML agent reports socket.gethostname() too) and its serving process.
         self.host = socket.gethostname() if host is None else host
         self.pid = os.getpid() if pid is None else pid
+        if started is not None and not 0.0 <= started < math.inf:
+            raise ValueError(f"started must be epoch seconds >= 0, got {started!r}")
+        self.started = _now(clock) if started is None else float(started)
         self.flush_interval_s, self.max_batch, self.buffer_size = (
             flush_interval_s,
             max_batch,
@@ -489,6 +507,7 @@ class RequestRecorder:
                 tuple(records),
                 host=self.host or None,
                 pid=self.pid,
+                started=self.started,
             )
             data = encode(env)
         except Exception:  # validated records always encode; a broken clock might not

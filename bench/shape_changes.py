@@ -57,7 +57,7 @@ from itertools import pairwise
 
 import shape_generic as generic
 import shape_traffic as traffic
-from shape_kit import DAY, HOUR, MINUTE, MONDAY, Shape
+from shape_kit import DAY, HOUR, MINUTE, MONDAY, Expect, Shape
 from shape_traffic import Effect, Rhythm
 
 from ragwatch.schema import Envelope
@@ -263,24 +263,31 @@ def _restart(
     m = MINUTE
     return (
         Effect("errors", (inst,), at, at + m, size=0.33),
+        Effect("start", (inst,), at + m),  # the new process, its envelopes say so
         Effect("demand", (inst,), at + m, at + 3 * m, size=0.0),
         Effect("demand", (other,), at + m, at + 3 * m, size=2.0),
         *(Effect("retrieval", (inst,), at + a * m, at + b * m, size=x) for x, a, b in cold),
     )
 
 
+def _restarted(days: int, cold: tuple[tuple[float, int, int], ...]) -> tuple[Effect, ...]:
+    """Both instances restarted in turn, 10 minutes apart, every weekday at 14:00 UTC (a
+    StatefulSet's rolling update: the same names); their envelopes say when their process
+    started (as the SDK's do)."""
+    a, b = INSTANCES
+    at = _weekdays(days, 14.0)
+    turns = (
+        e for t in at for e in (*_restart(a, b, t, cold), *_restart(b, a, t + 10 * MINUTE, cold))
+    )
+    return (Effect("start", INSTANCES, MONDAY - DAY), *turns)
+
+
 def restarts(
     days: int = 7, cold: tuple[tuple[float, int, int], ...] = COLD, name: str = "restarts"
 ) -> Shape:
-    """Two instances restarted in turn, 10 minutes apart, every weekday at 14:00 UTC (a
-    StatefulSet's rolling update: the same names)."""
+    """The restarts of :func:`_restarted`, each with its cold start."""
     t0, t1 = MONDAY, MONDAY + days * DAY
-    at = _weekdays(days, 14.0)
-    a, b = INSTANCES
-    effects = tuple(
-        e for t in at for e in (*_restart(a, b, t, cold), *_restart(b, a, t + 10 * MINUTE, cold))
-    )
-    s = _chat(103, rhythm=RHYTHM, effects=effects)
+    s = _chat(103, rhythm=RHYTHM, effects=_restarted(days, cold))
     return Shape(
         name,
         lambda: traffic._world((s,), t0, t1),
@@ -291,6 +298,25 @@ def restarts(
         "start: the retriever "
         + (", then ".join(f"{x:g}x slower for {b - a} min" for x, a, b in cold) or "as before")
         + ".",
+    )
+
+
+def restart_slow(days: int = 5) -> Shape:
+    """The restarts, but Thursday's first brings back a retriever 4x slower for 2 hours (a
+    new index that does not fit its cache): a fault the warm-up must not hide."""
+    t0, t1 = MONDAY, MONDAY + days * DAY
+    start = MONDAY + 3 * DAY + 14 * HOUR + MINUTE  # the new process
+    slow = Effect("retrieval", (INSTANCES[0],), start, start + 2 * HOUR, size=4.0)
+    s = _chat(107, rhythm=RHYTHM, effects=(*_restarted(days, COLD), slow))
+    exp = Expect("retrieval", ("RetrievalSlowdown",), traffic._target(s, 0), start,
+                 start + 2 * HOUR, max_delay_s=20 * MINUTE)  # fmt: skip
+    return Shape(
+        "restart-slow",
+        lambda: traffic._world((s,), t0, t1),
+        faults=(exp,),
+        series_days=traffic._healthy_days(2, t0, t1, (exp,)),
+        note="The restarts, but Thursday's first brings back a retriever 4x slower for 2 h, "
+        "past its 10-minute warm-up.",
     )
 
 
@@ -387,5 +413,5 @@ SHAPES = [
     batch_client("batch-weekly", 14, Hours(2.0, 5.0, weekday=6),
                  "The same batch client on Sundays 02:00-05:00 only, two weeks."),
     scale_in("scale-in", 1.5), scale_in("scale-in-1.3", 1.3), rolling_deploys(), autoscaled_pod(),
-    restarts(),
+    restarts(), restart_slow(),
 ]  # fmt: skip

@@ -145,7 +145,9 @@ class Effect:
     after ``ramp_s``. Kinds: ``decode`` / ``llm`` (per-token decode time, the whole LLM
     stage: x size), ``errors`` (a share failing after their tokens), ``queue`` (+size ms of
     wait), ``retrieval`` (retriever x size), ``reranker`` (reranker x size), ``tokens``
-    (output tokens x size), ``demand`` (arrivals x size)."""
+    (output tokens x size), ``demand`` (arrivals x size); ``start``: the instance's
+    process started at ``start_ts`` (its envelopes say so from the next minute on:
+    :func:`started`)."""
 
     kind: str
     instances: tuple[str, ...]
@@ -177,7 +179,7 @@ class Mods:
 def mods(effects: Sequence[Effect], instance: str, ts: float) -> Mods:
     m = Mods()
     for e in effects:
-        w = e.weight(ts) if instance in e.instances else 0.0
+        w = e.weight(ts) if instance in e.instances and e.kind != "start" else 0.0
         if w <= 0:
             continue
         scale = 1.0 + (e.size - 1.0) * w  # multiplicative kinds, ramped in
@@ -188,6 +190,13 @@ def mods(effects: Sequence[Effect], instance: str, ts: float) -> Mods:
         else:
             m = replace(m, **{e.kind: getattr(m, e.kind) * scale})
     return m
+
+
+def started(effects: Sequence[Effect], instance: str, ts: float) -> float | None:
+    """When the instance's process started, as its envelope for the minute from ``ts``
+    says (None: the effects do not say, and neither does the envelope)."""
+    starts = [e.start_ts for e in effects if e.kind == "start" and instance in e.instances]
+    return max((t for t in starts if t <= ts), default=None)
 
 
 @dataclass(frozen=True)
@@ -303,7 +312,10 @@ def envelopes(s: Service, t0: float, t1: float) -> Iterator[RequestsEnvelope]:
             m = mods(s.effects, s.instances[i], t)
             rho = min(0.95, n / capacity)
             recs = records(rng, s.latency, m, rho, offsets[i], ts, ctx, out)
-            yield RequestsEnvelope(s.name, s.instances[i], t + MINUTE, recs, host=s.hosts[i])
+            name = s.instances[i]
+            yield RequestsEnvelope(
+                s.name, name, t + MINUTE, recs, host=s.hosts[i], started=started(s.effects, name, t)
+            )
 
 
 def records(

@@ -43,6 +43,7 @@ Encoding = Literal["otlp_proto", "otlp_json", "auto"]
 ENCODINGS: tuple[str, ...] = ("otlp_proto", "otlp_json", "auto")
 MAX_SPANS = 20_000  # per message: the Collector's batches are far smaller
 MAX_ATTR_LEN = 1024
+PROCESS_CREATED = "process.creation.time"  # semantic conventions (experimental): ISO 8601
 STATUS_ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
 # span events that mark a streamed response's chunks: OpenInference's instrumentations add
 # one at the first chunk, OpenLLMetry's one at each (older and newer names); the earliest
@@ -291,6 +292,7 @@ def _span(
     instance = _resource_label(
         resource, ("service.instance.id", "k8s.pod.name", "host.name"), where
     )
+    created = resource.get(PROCESS_CREATED)
     return Span(
         trace_id=trace_id,
         span_id=span_id,
@@ -304,6 +306,7 @@ def _span(
         instance=instance or service,
         host=_resource_label(resource, ("host.name",), where),
         first_chunk_ns=first_chunk_ns,
+        process_created=created if isinstance(created, str) else None,
     )
 
 

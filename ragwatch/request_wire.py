@@ -65,6 +65,7 @@ class RequestsWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     records: list[RecordWire]
     host: Label | None = None
     pid: Count | None = None
+    started: Time | None = None
 
 
 _DECODER = msgspec.json.Decoder(RequestsWire)
@@ -107,4 +108,4 @@ def to_envelope(w: RequestsWire) -> RequestsEnvelope:
             for r in w.records
         ]
     )
-    return RequestsEnvelope(w.service, w.instance, w.ts, records, w.host or None, w.pid)
+    return RequestsEnvelope(w.service, w.instance, w.ts, records, w.host or None, w.pid, w.started)

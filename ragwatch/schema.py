@@ -417,6 +417,10 @@ class RequestsEnvelope:
     ``host`` and ``pid`` (optional) say where the instance runs: the GPU host and the
     serving process. With them an alert on the service can name the GPU process whose
     memory grows on the same host, and a GPU alert can name the services it slows down.
+    ``started`` (optional, epoch seconds) is when the sending process started: a newer one
+    than the instance had says it restarted, and its first minutes' latencies are a cold
+    start, not a fault (the worker's warm-up grace; a container's pid is often the same
+    after a restart, its start time is not).
     """
 
     kind: ClassVar[str] = "requests"
@@ -426,6 +430,7 @@ class RequestsEnvelope:
     records: tuple[RequestRecord, ...]
     host: str | None = None
     pid: int | None = None
+    started: float | None = None
 
     @property
     def key(self) -> str:
@@ -444,6 +449,7 @@ class RequestsEnvelope:
             ),
             host=_opt_label(d, "host", "") or None,
             pid=_opt_int(d, "pid", ""),
+            started=_opt_float(d, "started", "", minimum=0.0),
         )
 
 
@@ -666,8 +672,9 @@ class Span:
     """One span of a trace, as decoded from OTLP (:mod:`ragwatch.otlp`): ids in hex, times
     in nanoseconds, scalar attributes only (arrays and maps are dropped), where it ran
     from its resource (``service.name``, ``service.instance.id`` or ``k8s.pod.name``,
-    ``host.name``), and when its first streamed chunk came, if an event says so
-    (:data:`ragwatch.otlp.FIRST_CHUNK_EVENTS`)."""
+    ``host.name``), when its first streamed chunk came, if an event says so
+    (:data:`ragwatch.otlp.FIRST_CHUNK_EVENTS`), and when its process started, as the
+    resource says it (``process.creation.time``, ISO 8601, as given)."""
 
     trace_id: str
     span_id: str
@@ -681,6 +688,7 @@ class Span:
     instance: str
     host: str | None = None
     first_chunk_ns: int | None = None
+    process_created: str | None = None
 
     @property
     def end(self) -> float:

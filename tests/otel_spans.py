@@ -50,6 +50,7 @@ class Service:
         engine: bool = False,
         client: str | None = None,
         limits: SpanLimits | None = None,
+        resource: dict[str, str] | None = None,
     ) -> None:
         """``engine``: the LLM span is vLLM's own request span in the service's process,
         with its queue wait and time to first token (seconds, from the engine's start);
@@ -57,11 +58,13 @@ class Service:
         (:func:`client_latencies`), a generation as ``"langfuse"``'s SDK does
         (:func:`langfuse_generation`), or an LLM call as ``"openinference"``'s
         instrumentations do: its kind and token counts, and a span event at its first
-        streamed chunk. ``limits``: the SDK's span limits (its defaults if None)."""
+        streamed chunk. ``limits``: the SDK's span limits (its defaults if None);
+        ``resource``: more resource attributes."""
         self.engine, self.client = engine, client
         attrs = {"service.name": service, "service.instance.id": instance}
         if host:
             attrs["host.name"] = host
+        attrs.update(resource or {})
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider(resource=Resource.create(attrs), span_limits=limits)
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))

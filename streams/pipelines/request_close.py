@@ -135,11 +135,13 @@ def close_round(
     b: Sequence[int],
     buckets: Sequence[Bucket],
     outliers: F64,
+    warm: npt.NDArray[np.bool_],
 ) -> F64:
     """Close bucket ``b[i]`` of row ``rows[i]`` (rows distinct; ``buckets[i]`` what it
-    gathered; ``outliers[i]`` its outlier signals, from :func:`close_outliers`): the
-    signals go to ``st.signals``. Returns the buckets' ends (the event time their rules
-    are evaluated at)."""
+    gathered; ``outliers[i]`` its outlier signals, from :func:`close_outliers`; ``warm[i]``:
+    it is a restarted process's warm-up, whose latencies are not evidence:
+    :mod:`~.warmup`): the signals go to ``st.signals``. Returns the buckets' ends (the
+    event time their rules are evaluated at)."""
     ends = np.array([(k + 1) * prm.bucket_s for k in b], dtype=np.float64)
     c = _counted(rows, ends, buckets)
     col = st.col
@@ -158,7 +160,7 @@ def close_round(
     st.counts.push(rows, c.end, c.n, c.errors, c.tokens, c.tokens_sq, c.context, ones,
                    expected, c.clustered)  # fmt: skip
     for i, row in enumerate(rows.tolist()):
-        values = {name: r.values for name, r in buckets[i].latencies.items()}
+        values = {} if warm[i] else {name: r.values for name, r in buckets[i].latencies.items()}
         st.tails[row].push(float(c.end[i]), values)
     sig: Signals = {
         "requests_total": col["requests_total"][rows].astype(np.float64),

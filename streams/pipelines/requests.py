@@ -161,6 +161,7 @@ from ragwatch.streams.pipelines.service_rows import (
     ServiceView,
     ServiceViews,
 )
+from ragwatch.streams.pipelines.warmup import in_warmup, restart
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,8 @@ class RequestsMessage(Protocol):
     def host(self) -> str | None: ...
     @property
     def pid(self) -> int | None: ...
+    @property
+    def started(self) -> float | None: ...
 
 
 @dataclass
@@ -216,6 +219,8 @@ class PipelineStats:
     duplicates: int = 0  # records of envelopes not newer than the instance's last one
     too_old: int = 0  # records more than MAX_RECORD_AGE_S older than their envelope's newest time
     unscored_records: int = 0  # records beyond MAX_SCORED_PER_ENVELOPE: not seen by outliers
+    restarts: int = 0  # senders that restarted (a newer ``started``) and got a warm-up
+    warmup_records: int = 0  # records of a warm-up: counted, their latencies held back
 
 
 @dataclass
@@ -433,6 +438,9 @@ class RequestPipeline:
             del senders[min(senders, key=senders.__getitem__)]
         if env.host:
             rows.host[row] = env.host
+        if env.started is not None:
+            col = rows.col
+            self.stats.restarts += restart(col["started"], col["warm_until"], row, env.started)
         svc = self._services[env.service]
         newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
         records = self._recent(env, newest)  # (the newest record is always kept)
@@ -560,9 +568,14 @@ class RequestPipeline:
         rows = np.array([c.row for c in closes], dtype=np.intp)
         outliers = np.array([c.outliers for c in closes], dtype=np.float64)
         self.stats.buckets_closed += len(closes)
+        begins = np.array([c.b * self.bucket_s for c in closes], dtype=np.float64)
+        warm = in_warmup(self.rows.col["warm_until"], rows, begins)
+        self.stats.warmup_records += sum(
+            closes[i].bucket.n + closes[i].bucket.clustered for i in np.flatnonzero(warm)
+        )
         ends = close_round(
             self.rows, self.params, rows, [c.b for c in closes], [c.bucket for c in closes],
-            outliers,
+            outliers, warm,
         )  # fmt: skip
         if self.rules:
             self._evaluate(k, closes, rows, ends)

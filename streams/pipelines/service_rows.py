@@ -116,6 +116,9 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
     "novel_score": (np.float64, 0.0),  # novel records, decaying by NOVEL_DECAY a bucket
     "token_cv2": (np.float64, TOKEN_CV2),
     "cluster_size": (np.float64, math.nan),  # its latest outlier cluster's, when it appeared
+    # when the sending process started, and the end of its warm-up after a restart (.warmup)
+    "started": (np.float64, math.nan),
+    "warm_until": (np.float64, -math.inf),
     # the recent answers' log tokens (their middle half's mean) against the tokens
     # baseline's log: their usual offset, dispersion and how many closes taught them
     # (serving._log_test)

@@ -176,6 +176,7 @@ class TraceStats:
     records: int = 0
     evicted: int = 0  # traces emitted early: more than max_traces were open
     bad_latencies: int = 0  # an engine's queue or TTFT attribute not used: not seconds in range
+    bad_process_times: int = 0  # a process.creation.time not used: not an ISO 8601 time
     open: int = 0
 
 
@@ -297,7 +298,19 @@ class TraceAssembler:
             queue_ms=queue_ms,
             ttft_ms=ttft_ms,
         )
-        return RequestRecordAt(root.service, root.instance, root.host, rec)
+        return RequestRecordAt(root.service, root.instance, root.host, rec, self._started(root))
+
+    def _started(self, root: Span) -> float | None:
+        """When the request's process started (epoch s), from its resource's
+        ``process.creation.time`` (None: none, or not a time: counted in
+        ``bad_process_times``)."""
+        if root.process_created is None:
+            return None
+        ns = _instant_ns(root.process_created)
+        if ns is None or ns < 0:
+            self.stats.bad_process_times += 1
+            return None
+        return ns / 1e9
 
     def _engine_times(self, root: Span, below: Sequence[Span]) -> tuple[float | None, float | None]:
         """``(queue_ms, ttft_ms)``, each from the request's first span (the root, or the
@@ -348,6 +361,7 @@ class RequestRecordAt:
     instance: str
     host: str | None
     record: RequestRecord
+    started: float | None = None  # when its process started (process.creation.time)
 
 
 def _ttft_name(attrs: Mapping[str, AttrValue]) -> str | None:
@@ -481,10 +495,18 @@ def _count(attrs: Mapping[str, AttrValue], names: Sequence[str]) -> int:
 def _envelopes(recs: Iterable[RequestRecordAt]) -> list[RequestsEnvelope]:
     """One envelope per service instance (and host), records in event-time order."""
     groups: dict[tuple[str, str, str | None], list[RequestRecord]] = {}
+    started: dict[tuple[str, str, str | None], float] = {}
     for r in recs:
-        groups.setdefault((r.service, r.instance, r.host), []).append(r.record)
+        key = (r.service, r.instance, r.host)
+        groups.setdefault(key, []).append(r.record)
+        if r.started is not None:  # the newest process's start
+            started[key] = max(started.get(key, r.started), r.started)
     out = []
-    for (service, instance, host), records in groups.items():
+    for key, records in groups.items():
         records.sort(key=lambda r: r.ts)
-        out.append(RequestsEnvelope(service, instance, records[-1].ts, tuple(records), host=host))
+        service, instance, host = key
+        env = RequestsEnvelope(
+            service, instance, records[-1].ts, tuple(records), host=host, started=started.get(key)
+        )
+        out.append(env)
     return out

@@ -197,6 +197,25 @@ def test_vllms_request_span_is_its_own_services_record_with_its_queue_and_ttft()
     assert asm.stats.bad_latencies == 3, asm.stats
 
 
+def test_the_process_start_time_of_the_resource_is_the_envelopes_started() -> None:
+    """``process.creation.time`` (ISO 8601, OpenTelemetry's semantic conventions) says when
+    the instance's process started: the newest of an envelope's is its ``started`` (the
+    worker's warm-up after a restart); one that is not a time is not used, and counted."""
+    rec = RequestRecord(T0, "ok", 812.0, 3100, 220, {"retriever": 95.0})
+    old = Service("rag-api", "pod-1", resource={"process.creation.time": "2025-12-31T22:00:00Z"})
+    new = Service("rag-api", "pod-1", resource={"process.creation.time": "2025-12-31T23:59:00.5Z"})
+    bad = Service("rag-api", "pod-2", resource={"process.creation.time": "yesterday"})
+    plain = Service("rag-api", "pod-3")
+    for svc in (old, new, bad, plain):
+        svc.request(rec)
+    asm = TraceAssembler(grace_s=1.0)
+    payload = otlp_json([*old.take(), *new.take(), *bad.take(), *plain.take()])
+    envs = asm.add(decode_traces(payload)) + asm.advance(T0 + 60)
+    started = {env.instance: env.started for env in envs}
+    assert started == {"pod-1": T0 - 59.5, "pod-2": None, "pod-3": None}
+    assert asm.stats.bad_process_times == 1
+
+
 @pytest.mark.parametrize("client", ["openlit", "langfuse", "openinference"])
 def test_a_clients_streamed_calls_give_the_sdks_ttft_and_decode_speed(client: str) -> None:
     """The LLM span is a client's call as OpenLIT records it: streamed, its time to first

@@ -41,9 +41,10 @@ VALID: dict[str, Any] = {
     ],
     "host": "gpu-1",
     "pid": 4242,
+    "started": 1_699_990_000.25,
 }  # fmt: skip
 FIELDS = {
-    (): ["v", "kind", "service", "instance", "ts", "records", "host", "pid"],
+    (): ["v", "kind", "service", "instance", "ts", "records", "host", "pid", "started"],
     ("records", 0): [
         "ts", "status", "e2e_ms", "context_tokens", "output_tokens", "stages", "queue_ms",
         "ttft_ms",

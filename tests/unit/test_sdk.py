@@ -230,6 +230,29 @@ def test_envelopes_decode_with_kind_requests_keyed_by_service() -> None:
     assert (env.kind, env.service, env.instance, env.ts) == ("requests", "svc", "i-9", 77.0)
 
 
+def test_envelopes_say_when_the_process_started() -> None:
+    """``started`` (the worker's warm-up after a restart): the clock when the recorder was
+    made, or what the service says; a bad one is refused at once, a broken clock sends none."""
+    now = [1000.0]
+    sink = ListSink()
+    rec = recorder(sink, clock=lambda: now[0])
+    now[0] = 1060.0
+    rec.record(e2e_ms=3.0)
+    rec.flush()
+    told = recorder(sink, started=900.5)
+    told.record(e2e_ms=3.0)
+    told.flush()
+    assert [(e.ts, e.started) for e in envelopes(sink)] == [(1060.0, 1000.0), (1000.0, 900.5)]
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="started"):
+            recorder(sink, started=bad)
+
+    def broken() -> float:
+        raise OSError("clock gone")
+
+    assert recorder(sink, clock=broken).started is None
+
+
 # ---------------------------------------------------------------- validation off the hot path
 
 

@@ -1,0 +1,70 @@
+"""A restarted process's warm-up: its first minutes' latencies are not evidence.
+
+A serving process starts cold: lazy initialisation, empty caches, an index to page in.
+Its first minute can be several times slower and the next few mildly so; the tail window
+of 200 requests holds that for a quarter of an hour, and the retriever's tail tests read it
+as a slowdown that has not ended (``bench/shapes.py``'s ``restarts``: 9
+``RetrievalSlowdown`` pages in 10 restarts before this). Datadog's monitors have the
+same idea as ``new_group_delay``.
+
+The sender says when its process started (``started`` on a requests envelope: the SDK
+sets it when its recorder is created; OTLP spans bring the resource attribute
+``process.creation.time``). A start newer than the one the series knew is a restart:
+buckets that begin before ``started + WARMUP_S`` do not give their latencies to the tail
+window (so not to the quantiles, the tail tests and CUSUMs, the decode, TTFT and queue
+signals, nor the baselines that learn from them); their requests and errors count as any
+others'.
+
+- A restart less than :data:`CRASH_LOOP_S` after the one before is a crash loop, a
+  fault: no grace, and a grace under way ends at the new start.
+- The first start a series sees is no restart (a new series has no baselines to fool).
+- An older start than the series' (an old process's last envelopes) changes nothing.
+- Without ``started`` nothing changes: a sender that does not say gets no grace.
+
+>>> started, warm = np.array([np.nan]), np.array([-np.inf])
+>>> restart(started, warm, 0, 1_000.0)  # the first start seen: none
+False
+>>> restart(started, warm, 0, 90_000.0), float(warm[0])  # a day later: 10 minutes' grace
+(True, 90600.0)
+>>> restart(started, warm, 0, 90_300.0), float(warm[0])  # 5 minutes later: a crash loop
+(False, 90300.0)
+>>> in_warmup(warm, np.array([0, 0]), np.array([90_240.0, 90_300.0])).tolist()
+[True, False]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["CRASH_LOOP_S", "WARMUP_S", "in_warmup", "restart"]
+
+WARMUP_S = 600.0  # a restarted process's latencies are held back this long
+CRASH_LOOP_S = 1800.0  # a restart sooner than this after the last one gets no grace
+SAME_START_S = 1.0  # starts closer than this are one (clocks, rounding of ISO 8601 times)
+
+F64 = npt.NDArray[np.float64]
+
+
+def restart(started: F64, warm_until: F64, row: int, start: float) -> bool:
+    """Note that ``row``'s sender started at ``start`` (epoch s); whether that is a
+    restart with a warm-up (``warm_until[row]`` then moves to its end)."""
+    known = float(started[row])
+    if not math.isnan(known) and start <= known + SAME_START_S:
+        return False  # the same process, or an older one's late envelope
+    started[row] = start
+    if math.isnan(known):
+        return False
+    if start - known < CRASH_LOOP_S:
+        warm_until[row] = min(float(warm_until[row]), start)
+        return False
+    warm_until[row] = start + WARMUP_S
+    return True
+
+
+def in_warmup(warm_until: F64, rows: npt.NDArray[np.intp], begins: F64) -> npt.NDArray[np.bool_]:
+    """Which buckets (of ``rows``, beginning at ``begins``) begin within a warm-up."""
+    out: npt.NDArray[np.bool_] = begins < warm_until[rows]
+    return out

@@ -1,0 +1,114 @@
+"""A restarted process's warm-up (streams/pipelines/warmup.py): its cold start's latencies
+are not evidence, a fault that outlasts the warm-up still pages, a crash loop gets no grace.
+
+The traffic is test_requests_serving's (one instance, 60 requests a minute, the shipped
+rules); the envelopes say when their process started, as the SDK's do.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+
+from ragwatch.schema import Transition
+from ragwatch.streams.pipelines.requests import RequestPipeline
+from ragwatch.streams.pipelines.warmup import WARMUP_S
+from tests.unit.test_requests_serving import MIN, RULES, T0, Service, _firing, _minute
+
+HOUR = 3600.0
+RESTART = T0 + 4 * HOUR
+HEALTHY = Service()
+COLD = Service(retriever_ms=4 * HEALTHY.retriever_ms)  # lazy initialisation
+WARMING = Service(retriever_ms=1.5 * HEALTHY.retriever_ms)  # caches filling
+
+
+def cold_start(at: float) -> Callable[[float], Service]:
+    """A restart at ``at``: no requests for 2 minutes, the retriever 4x slower for one,
+    then 1.5x for four (bench/shape_changes.py's ``restarts``)."""
+
+    def plan(t: float) -> Service:
+        since = (t - at) / MIN
+        if 0 <= since < 2:
+            return Service(rpm=0.0)
+        if 2 <= since < 3:
+            return COLD
+        return WARMING if 3 <= since < 7 else HEALTHY
+
+    return plan
+
+
+def run(
+    plan: Callable[[float], Service], hours: float, starts: tuple[float, ...] | None
+) -> tuple[list[Transition], RequestPipeline]:
+    """The instance's envelopes, each with its process's start (the newest of ``starts``
+    before its minute; None: the envelopes do not say)."""
+    rng, pipe, out = random.Random(0), RequestPipeline(RULES), []
+    for m in range(int(hours * 60)):
+        env = _minute(rng, plan, m)
+        if starts is not None:
+            begun = max(s for s in starts if s <= env.ts - MIN)
+            env = replace(env, started=begun)
+        out += pipe.process(env)
+    return out, pipe
+
+
+def test_a_cold_start_pages_without_its_start_time_and_not_with_it() -> None:
+    blind, unaware = run(cold_start(RESTART), 6.0, None)
+    assert [r for r, _ in _firing(blind)] == ["RetrievalSlowdown"]
+    told, pipe = run(cold_start(RESTART), 6.0, (T0 - HOUR, RESTART))
+    assert _firing(told) == []
+    assert (pipe.stats.restarts, unaware.stats.restarts) == (1, 0)
+    # the warm-up's 8 minutes of records (none in the first 2) count as traffic, only
+    # their latencies are held back
+    assert 8 * 60 * 0.8 < pipe.stats.warmup_records < 8 * 60 * 1.2
+    row = pipe.rows.index.get(("rag", "a"))
+    assert row is not None
+    for name in ("requests_total", "errors_total"):
+        assert pipe.rows.col[name][row] == unaware.rows.col[name][row]
+    assert pipe.rows.col["warm_until"][row] == RESTART + WARMUP_S
+
+
+def test_a_retriever_slow_from_the_restart_on_pages_when_the_warmup_ends() -> None:
+    slow = Service(retriever_ms=4 * HEALTHY.retriever_ms)
+
+    def plan(t: float) -> Service:
+        return slow if RESTART <= t < RESTART + HOUR else HEALTHY
+
+    out, _ = run(plan, 6.0, (T0 - HOUR, RESTART))
+    fired = _firing(out)
+    assert [r for r, _ in fired] == ["RetrievalSlowdown"]
+    assert RESTART + WARMUP_S < fired[0][1] <= RESTART + WARMUP_S + 4 * MIN
+
+
+def test_a_restart_soon_after_the_last_is_a_crash_loop_and_gets_no_grace() -> None:
+    again = RESTART + 15 * MIN
+    slow = Service(retriever_ms=4 * HEALTHY.retriever_ms)
+    first = cold_start(RESTART)
+
+    def plan(t: float) -> Service:
+        return slow if again <= t < again + HOUR else first(t)
+
+    out, pipe = run(plan, 6.0, (T0 - HOUR, RESTART, again))
+    fired = _firing(out)
+    assert [r for r, _ in fired] == ["RetrievalSlowdown"]
+    assert again < fired[0][1] <= again + 4 * MIN  # no warm-up: as any slowdown
+    assert pipe.stats.restarts == 1  # the first; the second was the loop's
+
+
+def test_an_older_process_late_envelope_starts_no_warmup() -> None:
+    """The old process (pid 6) sends its last envelope after the new one (pid 7) began:
+    not a duplicate (its own envelopes are older), and not a restart either."""
+    rng, pipe = random.Random(1), RequestPipeline(RULES)
+    for m in range(5 * 60):
+        env = _minute(rng, lambda t: HEALTHY, m)
+        new = env.ts - MIN >= RESTART
+        pipe.process(replace(env, pid=7 if new else 6, started=RESTART if new else T0 - HOUR))
+        if m == 4 * 60 + 30:
+            late = replace(_minute(rng, lambda t: HEALTHY, m), pid=6, started=T0 - HOUR)
+            pipe.process(late)
+    row = pipe.rows.index.get(("rag", "a"))
+    assert row is not None and pipe.stats.duplicates == 0
+    assert pipe.stats.restarts == 1
+    assert pipe.rows.col["started"][row] == RESTART
+    assert pipe.rows.col["warm_until"][row] == RESTART + WARMUP_S
