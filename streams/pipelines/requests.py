@@ -161,7 +161,7 @@ from ragwatch.streams.pipelines.service_rows import (
     ServiceView,
     ServiceViews,
 )
-from ragwatch.streams.pipelines.warmup import in_warmup, restart
+from ragwatch.streams.pipelines.warmup import in_warmup, note_start
 
 log = logging.getLogger(__name__)
 
@@ -432,15 +432,13 @@ class RequestPipeline:
         if row is None:
             self.stats.dropped_records += len(env.records)
             return
-        senders = rows.senders[row]
+        senders, col = rows.senders[row], rows.col
+        self.stats.restarts += note_start(col["started"], col["warm_until"], row, env, senders)
         senders[env.pid] = env.ts
         if len(senders) > MAX_SENDERS:  # forget the longest-silent process
             del senders[min(senders, key=senders.__getitem__)]
         if env.host:
             rows.host[row] = env.host
-        if env.started is not None:
-            col = rows.col
-            self.stats.restarts += restart(col["started"], col["warm_until"], row, env.started)
         svc = self._services[env.service]
         newest = max(env.ts, max((r.ts for r in env.records), default=env.ts))
         records = self._recent(env, newest)  # (the newest record is always kept)

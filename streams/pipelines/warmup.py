@@ -9,7 +9,11 @@ same idea as ``new_group_delay``.
 
 The sender says when its process started (``started`` on a requests envelope: the SDK
 sets it when its recorder is created; OTLP spans bring the resource attribute
-``process.creation.time``). A start newer than the one the series knew is a restart:
+``process.creation.time``). A sender that does not say (an SDK from before ``started``,
+another client) but names a pid the series has not had is a new process too, started at
+its envelope's first record (outside a container's pid namespace a restart changes the
+pid; inside one it often does not, and only ``started`` tells).
+A start newer than the one the series knew is a restart:
 buckets that begin before ``started + WARMUP_S`` do not give their latencies to the tail
 window (so not to the quantiles, the tail tests and CUSUMs, the decode, TTFT and queue
 signals, nor the baselines that learn from them); their requests and errors count as any
@@ -35,17 +39,50 @@ False
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CRASH_LOOP_S", "WARMUP_S", "in_warmup", "restart"]
+__all__ = ["CRASH_LOOP_S", "WARMUP_S", "in_warmup", "note_start", "restart"]
 
 WARMUP_S = 600.0  # a restarted process's latencies are held back this long
 CRASH_LOOP_S = 1800.0  # a restart sooner than this after the last one gets no grace
 SAME_START_S = 1.0  # starts closer than this are one (clocks, rounding of ISO 8601 times)
 
 F64 = npt.NDArray[np.float64]
+
+
+class _Timed(Protocol):
+    @property
+    def ts(self) -> float: ...
+
+
+class Sent(Protocol):
+    """What of an envelope tells when its process started."""
+
+    @property
+    def ts(self) -> float: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def started(self) -> float | None: ...
+    @property
+    def records(self) -> Sequence[_Timed]: ...
+
+
+def note_start(
+    started: F64, warm_until: F64, row: int, env: Sent, pids: Collection[object]
+) -> bool:
+    """``row``'s envelope ``env`` (``pids``: those the series had before it): whether its
+    process restarted, with a warm-up (:func:`restart`)."""
+    start = env.started
+    if start is None:
+        if env.pid is None or env.pid in pids:
+            return False
+        start = min((r.ts for r in env.records), default=env.ts)  # a new process's
+    return restart(started, warm_until, row, start)
 
 
 def restart(started: F64, warm_until: F64, row: int, start: float) -> bool:

@@ -39,16 +39,22 @@ def cold_start(at: float) -> Callable[[float], Service]:
 
 
 def run(
-    plan: Callable[[float], Service], hours: float, starts: tuple[float, ...] | None
+    plan: Callable[[float], Service],
+    hours: float,
+    starts: tuple[float, ...] | None,
+    *,
+    pids: bool = False,
 ) -> tuple[list[Transition], RequestPipeline]:
     """The instance's envelopes, each with its process's start (the newest of ``starts``
-    before its minute; None: the envelopes do not say)."""
+    before its minute; None: the envelopes do not say) or, with ``pids``, its pid only
+    (a new one at each start)."""
     rng, pipe, out = random.Random(0), RequestPipeline(RULES), []
     for m in range(int(hours * 60)):
         env = _minute(rng, plan, m)
         if starts is not None:
             begun = max(s for s in starts if s <= env.ts - MIN)
-            env = replace(env, started=begun)
+            pid = 100 + starts.index(begun)
+            env = replace(env, pid=pid) if pids else replace(env, started=begun)
         out += pipe.process(env)
     return out, pipe
 
@@ -67,6 +73,19 @@ def test_a_cold_start_pages_without_its_start_time_and_not_with_it() -> None:
     for name in ("requests_total", "errors_total"):
         assert pipe.rows.col[name][row] == unaware.rows.col[name][row]
     assert pipe.rows.col["warm_until"][row] == RESTART + WARMUP_S
+
+
+def test_a_sender_that_does_not_say_when_it_started_restarts_with_a_new_pid() -> None:
+    """An older SDK, another client: a pid the instance has not had is a new process,
+    started at its envelope's first record, or at the envelope if it has none (here a
+    heartbeat at the end of the restart's second minute, without requests)."""
+    out, pipe = run(cold_start(RESTART), 6.0, (T0 - HOUR, RESTART), pids=True)
+    assert _firing(out) == [] and pipe.stats.restarts == 1
+    row = pipe.rows.index.get(("rag", "a"))
+    assert row is not None
+    first = pipe.rows.col["started"][row]
+    assert first == RESTART + 2 * MIN - 0.001
+    assert pipe.rows.col["warm_until"][row] == first + WARMUP_S
 
 
 def test_a_retriever_slow_from_the_restart_on_pages_when_the_warmup_ends() -> None:
