@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ragwatch.detectors.medians import nanmedian_rows
 from ragwatch.detectors.seasonal.curves import daily_profile, fold_into, posterior
 from ragwatch.detectors.seasonal.params import (
     BLOCK_COVERAGE,
@@ -657,9 +658,8 @@ class SeasonalBank:
             enough = count >= np.maximum(1.0, BLOCK_COVERAGE * size)
             mean = np.where(enough, np.add.reduceat(z, start, axis=1) / count, NAN)
             s2 = np.where(enough, np.add.reduceat(inv, start, axis=1) / count**2, NAN)
-        typical = np.zeros(self.blocks)
-        some = ~np.isnan(mean).all(axis=0)
-        typical[some] = np.nanmedian(mean[:, some], axis=0)
+        typical = nanmedian_rows(mean.T)  # each block's over the days; 0 where none has it
+        typical[np.isnan(typical)] = 0.0
         e: F64 = mean - typical
         return e, s2
 
