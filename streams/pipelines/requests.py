@@ -219,20 +219,22 @@ class PipelineStats:
     duplicates: int = 0  # records of envelopes not newer than the instance's last one
     too_old: int = 0  # records more than MAX_RECORD_AGE_S older than their envelope's newest time
     unscored_records: int = 0  # records beyond MAX_SCORED_PER_ENVELOPE: not seen by outliers
-    restarts: int = 0  # senders that restarted (a newer ``started``) and got a warm-up
+    restarts: int = 0  # senders that restarted (a newer start, a new pid) and got a warm-up
     warmup_records: int = 0  # records of a warm-up: counted, their latencies held back
 
 
 @dataclass
 class _Close:
     """A bucket to close: the envelope that closed it (its place in the batch), the row,
-    the bucket number, what it gathered, and its outlier signals (done at once)."""
+    the bucket number, what it gathered, its outlier signals (done at once), and whether
+    it began in a warm-up (as the envelopes up to that one said: :mod:`~.warmup`)."""
 
     at: int
     row: int
     b: int
     bucket: Bucket
     outliers: tuple[float, ...]
+    warm: bool
 
 
 @dataclass
@@ -542,7 +544,9 @@ class RequestPipeline:
                     continue
             bucket = bucket or Bucket(self.reservoir, self._rng)
             signals = close_outliers(rows, self.params, row, b, bucket, svc)
-            out.append(_Close(at, row, b, bucket, signals))
+            begins, col = b * self.bucket_s, rows.col
+            warm = in_warmup(col["started"], col["warm_until"], row, begins, begins + self.bucket_s)
+            out.append(_Close(at, row, b, bucket, signals, warm))
             b += 1
         rows.next_bucket[row] = b
         return out
@@ -566,11 +570,8 @@ class RequestPipeline:
         rows = np.array([c.row for c in closes], dtype=np.intp)
         outliers = np.array([c.outliers for c in closes], dtype=np.float64)
         self.stats.buckets_closed += len(closes)
-        begins = np.array([c.b * self.bucket_s for c in closes], dtype=np.float64)
-        warm = in_warmup(self.rows.col["warm_until"], rows, begins)
-        self.stats.warmup_records += sum(
-            closes[i].bucket.n + closes[i].bucket.clustered for i in np.flatnonzero(warm)
-        )
+        warm = np.array([c.warm for c in closes], dtype=np.bool_)
+        self.stats.warmup_records += sum(c.bucket.n + c.bucket.clustered for c in closes if c.warm)
         ends = close_round(
             self.rows, self.params, rows, [c.b for c in closes], [c.bucket for c in closes],
             outliers, warm,

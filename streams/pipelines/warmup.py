@@ -12,28 +12,27 @@ sets it when its recorder is created; OTLP spans bring the resource attribute
 ``process.creation.time``). A sender that does not say (an SDK from before ``started``,
 another client) but names a pid the series has not had is a new process too, started at
 its envelope's first record (outside a container's pid namespace a restart changes the
-pid; inside one it often does not, and only ``started`` tells).
-A start newer than the one the series knew is a restart:
-buckets that begin before ``started + WARMUP_S`` do not give their latencies to the tail
-window (so not to the quantiles, the tail tests and CUSUMs, the decode, TTFT and queue
-signals, nor the baselines that learn from them); their requests and errors count as any
-others'.
+pid; inside one it often does not, and only ``started`` tells). A start newer than the
+one the series knew is a restart: buckets that begin before ``started + WARMUP_S`` do not
+give their latencies to the tail window (so not to the quantiles, the tail tests and
+CUSUMs, the decode, TTFT and queue signals, nor the baselines that learn from them);
+their requests and errors count as any others'.
 
 - A restart less than :data:`CRASH_LOOP_S` after the one before is a crash loop, a
   fault: no grace, and a grace under way ends at the new start.
 - The first start a series sees is no restart (a new series has no baselines to fool).
 - An older start than the series' (an old process's last envelopes) changes nothing.
-- Without ``started`` nothing changes: a sender that does not say gets no grace.
+- A sender that says neither (no ``started``; no pid, or always the same) gets no grace.
 
 >>> started, warm = np.array([np.nan]), np.array([-np.inf])
 >>> restart(started, warm, 0, 1_000.0)  # the first start seen: none
 False
 >>> restart(started, warm, 0, 90_000.0), float(warm[0])  # a day later: 10 minutes' grace
 (True, 90600.0)
+>>> [in_warmup(started, warm, 0, t, t + 60.0) for t in (89_940.0, 90_540.0, 90_600.0)]
+[False, True, False]
 >>> restart(started, warm, 0, 90_300.0), float(warm[0])  # 5 minutes later: a crash loop
 (False, 90300.0)
->>> in_warmup(warm, np.array([0, 0]), np.array([90_240.0, 90_300.0])).tolist()
-[True, False]
 """
 
 from __future__ import annotations
@@ -101,7 +100,8 @@ def restart(started: F64, warm_until: F64, row: int, start: float) -> bool:
     return True
 
 
-def in_warmup(warm_until: F64, rows: npt.NDArray[np.intp], begins: F64) -> npt.NDArray[np.bool_]:
-    """Which buckets (of ``rows``, beginning at ``begins``) begin within a warm-up."""
-    out: npt.NDArray[np.bool_] = begins < warm_until[rows]
-    return out
+def in_warmup(started: F64, warm_until: F64, row: int, begins: float, ends: float) -> bool:
+    """Whether ``row``'s bucket from ``begins`` to ``ends`` is in a warm-up: it ends after
+    the process started and begins before the warm-up ends (as the envelopes so far say:
+    decided when the bucket is closed, not when its round runs)."""
+    return ends > float(started[row]) and begins < float(warm_until[row])

@@ -125,7 +125,8 @@ def test_a_day_of_daily_rhythm_with_quiet_nights_and_a_fault_that_lasts() -> Non
 
 
 def _stream(rng: random.Random, n: int) -> Iterator[RequestsEnvelope]:
-    """Odd traffic: several services and instances, senders (pids), gaps, duplicates,
+    """Odd traffic: several services and instances, senders (pids) and their restarts
+    (``started``: warm-ups, crash loops, an older process's envelopes), gaps, duplicates,
     late and too-old records, errors, missing stages, bursts, outlier clusters."""
     t = T0 + rng.random() * 60
     keys = [(f"s{rng.randrange(3)}", f"i{rng.randrange(3)}") for _ in range(5)]
@@ -152,7 +153,9 @@ def _stream(rng: random.Random, n: int) -> Iterator[RequestsEnvelope]:
             )  # fmt: skip
         recs.sort(key=lambda r: r.ts)
         sent = t if rng.random() < 0.95 else t - 100.0  # a retry: a duplicate
-        yield RequestsEnvelope(service, instance, sent, tuple(recs), pid=rng.choice([None, 1, 2]))
+        started = rng.choice([None, T0 - 100.0, T0 + 2000.0, T0 + 2600.0, t - 300.0])
+        pid = rng.choice([None, 1, 2, rng.randrange(3, 100)])
+        yield RequestsEnvelope(service, instance, sent, tuple(recs), pid=pid, started=started)
 
 
 # not batches of 1: ``process(e)`` is ``process_batch([e])``, the reference itself
