@@ -94,6 +94,7 @@ class WorkerCounters:
     otlp_late_spans: int = 0
     otlp_evicted_traces: int = 0
     otlp_bad_latencies: int = 0  # engine queue / TTFT attributes not used (docs/otel.md)
+    otlp_bad_process_times: int = 0  # process.creation.time not an ISO 8601 time (otel.md)
     worker_id_clashes: int = 0  # status writes that found another process under our id
     held_acks: int = 0  # messages read whose offsets wait for their snapshots
     commit_stalls: int = 0  # times snapshots could not be written and commits stopped

@@ -92,3 +92,4 @@ class TraceRelay:
         c.otlp_late_spans = stats.late_spans
         c.otlp_evicted_traces = stats.evicted
         c.otlp_bad_latencies = stats.bad_latencies
+        c.otlp_bad_process_times = stats.bad_process_times
