@@ -221,6 +221,7 @@ class PipelineStats:
     unscored_records: int = 0  # records beyond MAX_SCORED_PER_ENVELOPE: not seen by outliers
     restarts: int = 0  # senders that restarted (a newer start, a new pid) and got a warm-up
     warmup_records: int = 0  # records of a warm-up: counted, their latencies held back
+    bad_starts: int = 0  # envelopes whose process started after they were sent: not used
 
 
 @dataclass
@@ -435,7 +436,9 @@ class RequestPipeline:
             self.stats.dropped_records += len(env.records)
             return
         senders, col = rows.senders[row], rows.col
-        self.stats.restarts += note_start(col["started"], col["warm_until"], row, env, senders)
+        start = note_start(col["started"], col["warm_until"], row, env, senders)
+        self.stats.restarts += start == "restart"
+        self.stats.bad_starts += start == "bad"
         senders[env.pid] = env.ts
         if len(senders) > MAX_SENDERS:  # forget the longest-silent process
             del senders[min(senders, key=senders.__getitem__)]

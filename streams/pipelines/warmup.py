@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +51,7 @@ CRASH_LOOP_S = 1800.0  # a restart sooner than this after the last one gets no g
 SAME_START_S = 1.0  # starts closer than this are one (clocks, rounding of ISO 8601 times)
 
 F64 = npt.NDArray[np.float64]
+Start = Literal["restart", "bad", ""]  # what an envelope says of its process (note_start)
 
 
 class _Timed(Protocol):
@@ -73,15 +74,19 @@ class Sent(Protocol):
 
 def note_start(
     started: F64, warm_until: F64, row: int, env: Sent, pids: Collection[object]
-) -> bool:
+) -> Start:
     """``row``'s envelope ``env`` (``pids``: those the series had before it): whether its
-    process restarted, with a warm-up (:func:`restart`)."""
+    process restarted, with a warm-up (:func:`restart`); ``"bad"``: it says its process
+    started after the envelope was sent (milliseconds for seconds, a broken clock), which
+    is not used (a start from the future would stand for good: no later one is newer)."""
     start = env.started
     if start is None:
         if env.pid is None or env.pid in pids:
-            return False
+            return ""
         start = min((r.ts for r in env.records), default=env.ts)  # a new process's
-    return restart(started, warm_until, row, start)
+    elif start > env.ts + SAME_START_S:
+        return "bad"
+    return "restart" if restart(started, warm_until, row, start) else ""
 
 
 def restart(started: F64, warm_until: F64, row: int, start: float) -> bool:

@@ -134,3 +134,17 @@ def test_an_older_process_late_envelope_starts_no_warmup() -> None:
     assert pipe.stats.restarts == 1
     assert pipe.rows.col["started"][row] == RESTART
     assert pipe.rows.col["warm_until"][row] == RESTART + WARMUP_S
+
+
+def test_a_start_after_its_envelope_is_not_used_and_counted() -> None:
+    """Milliseconds for seconds: a start from the future would stand for good (no later
+    one would be newer), so it is not used, and counted; the restart after it still is."""
+    rng, pipe = random.Random(2), RequestPipeline(RULES)
+    for m in range(5 * 60):
+        env = _minute(rng, lambda t: HEALTHY, m)
+        start = RESTART if env.ts - MIN >= RESTART else T0 - HOUR
+        pipe.process(replace(env, started=start * 1000.0 if m == 60 else start))
+    row = pipe.rows.index.get(("rag", "a"))
+    assert row is not None
+    assert (pipe.stats.bad_starts, pipe.stats.restarts) == (1, 1)
+    assert pipe.rows.col["warm_until"][row] == RESTART + WARMUP_S
