@@ -106,9 +106,10 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     "ttft_net_p95_excess_ms", "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio",
     "queue_p95_excess_ms", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
     "clustered_requests", *_baseline_signals("service"),
-    # 1 while a serving baseline holds a deviation back at the same hour as a day or two
-    # before, no higher (detectors/recurrence.py)
+    # 1 while a serving baseline (or the retriever P99's) holds a deviation back at the same
+    # hour as a day or two before, no higher (detectors/recurrence.py)
     "decode_recurring", "ttft_net_p95_recurring", "queue_p95_recurring",
+    "retriever_p99_recurring",
     # against the other instances of its service: their median, the ratio to it, and 1
     # while deviant (streams/pipelines/replica_signals.py)
     *(f"replica_{name}_{field}" for name in ("retriever", "e2e", "decode", "tpr", "errors")

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragwatch.detectors.counts import CountWindows
+from ragwatch.detectors.recurrence import HoldMemory, recurring
 from ragwatch.detectors.service_clusters import ServiceClusters
 from ragwatch.detectors.tails import tail_signals
 from ragwatch.streams.pipelines.buckets import Bucket
@@ -467,6 +468,10 @@ def _latency(st: ServiceRows, c: _Round, sig: Signals) -> None:
         sig[f"{name}_baseline_ms"], sig[f"{name}_ratio"] = base[part], ratio[part]
         sig[f"{name}_held_s"], sig[f"{name}_z"] = held[part], z[part]
         sig[f"{name}_relearned_at"], sig[f"{name}_relearned_from"] = at[part], before[part]
+    # a retriever slower at the same hour every night (a vector store's compaction) is
+    # its rhythm from the second night (detectors/recurrence.py)
+    memory = HoldMemory.of(st.col, "retriever_p99")
+    sig["retriever_p99_recurring"] = recurring(memory, rows, end, held[:k], ratio[:k])
 
 
 def _latency_z(ratio: F64, log_var: F64) -> F64:

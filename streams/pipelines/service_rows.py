@@ -72,7 +72,7 @@ SIGNALS: tuple[str, ...] = (
     "llm_p50_ms", "llm_p95_ms", "llm_p99_ms", "llm_share",
     "ttft_p95_ms", "queue_p95_ms",
     "retriever_p99_baseline_ms", "retriever_p99_ratio", "retriever_p99_held_s",
-    "retriever_p99_relearned_at", "retriever_p99_relearned_from",
+    "retriever_p99_relearned_at", "retriever_p99_relearned_from", "retriever_p99_recurring",
     "retriever_tail_ratio", "retriever_tail_z", "e2e_tail_ratio", "e2e_tail_z",
     "retriever_tail_recovered", "e2e_tail_recovered", "retriever_tail_cusum", "e2e_tail_cusum",
     "retriever_p99_z", "e2e_p95_z",
@@ -153,8 +153,13 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
         )
     },
     # each serving baseline's hold under way (its start, highest value over the baseline,
-    # last close) and the last two that lasted an hour or more (detectors/recurrence.py)
-    **{f"{family}_hold{x}": (np.float64, math.nan) for family in SERVING for x in HOLD_COLUMNS},
+    # last close) and the last two that lasted an hour or more (detectors/recurrence.py),
+    # and the retriever P99's
+    **{
+        f"{family}_hold{x}": (np.float64, math.nan)
+        for family in (*SERVING, "retriever_p99")
+        for x in HOLD_COLUMNS
+    },
 }
 
 
