@@ -471,6 +471,37 @@ def test_a_retriever_slowing_to_4x_pages_and_its_stalls_do_not() -> None:
     assert fired[0][1] - start <= 3 * MIN
 
 
+def test_a_retriever_slower_every_night_is_its_rhythm_and_a_fault_by_day_still_pages() -> None:
+    """A vector store's nightly compaction: every lookup 6x slower for 20 minutes at 03:00.
+    At 4 requests a minute the window of 200 holds it for ~50 minutes more, so the P99's
+    hold lasts an hour and is remembered; the next night's is the rhythm
+    (``retriever_p99_recurring``) and does not page (the rule without it paged the third
+    night, 03:04). The same slowdown at 15:00 of that day, at no hour it came before,
+    pages within minutes."""
+    quiet = Service(rpm=4.0)
+    slow = replace(quiet, retriever_ms=6 * quiet.retriever_ms)
+    day_fault = T0 + 2 * DAY + 15 * HOUR
+
+    def plan(t: float) -> Service:
+        nightly = (t - T0) % DAY - 3 * HOUR
+        return slow if 0 <= nightly < 20 * MIN or day_fault <= t < day_fault + HOUR else quiet
+
+    recurred: list[float] = []
+
+    def watch(pipe: RequestPipeline) -> None:
+        sig = pipe.rows.signal_dict(0)
+        if sig.get("retriever_p99_recurring") == 1.0:
+            recurred.append(float(pipe.rows.col["bucket_end"][0]))
+
+    fired = _firing(_run(plan, 2 * 24.0 + 17.0, watch=watch))
+    by_night = [t for r, t in fired if r == "RetrievalSlowdown" and (t - T0) % DAY < 5 * HOUR]
+    assert by_night == []
+    assert [(r, t) for r, t in fired if (t - T0) % DAY >= 5 * HOUR] == [
+        ("RetrievalSlowdown", pytest.approx(day_fault + 3 * MIN, abs=3 * MIN))
+    ]
+    assert recurred and all((t - T0) % DAY < 5 * HOUR for t in recurred)
+
+
 # ---------------------------------------------------------------------- demand is context
 
 
