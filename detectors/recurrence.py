@@ -30,6 +30,11 @@ pages once it is :data:`RECUR_MARGIN` times beyond yesterday's peak.
 1.0
 >>> close(day + 18.6 * hour, 420.0, 30.0)  # far beyond it: a fault on top
 0.0
+>>> for t, held in ((3 * day + 3 * hour, 60.0), (3 * day + 5 * hour, 7260.0)):
+...     _ = close(t, held, 0.0)  # two hours held, its height no evidence (0)
+>>> _ = close(3 * day + 6 * hour, 0.0, 1.0)  # over, and not remembered
+>>> float(mem.starts[0][0]) / hour  # the first evening's is
+18.0
 """
 
 from __future__ import annotations
@@ -126,9 +131,11 @@ def _recurs(mem: HoldMemory, r: int, began: float, ratio: float) -> bool:
 
 def _remember(mem: HoldMemory, r: int) -> None:
     """The hold row ``r`` watched is over: among the remembered if it lasted long
-    enough (the oldest forgotten), and the row watches none."""
+    enough and rose above 0 (the oldest forgotten), and the row watches none. A caller
+    gives a height of 0 where a deviation is no evidence: such a hold is not the rhythm
+    of anything, and must not push a remembered one out."""
     at, peak, last = mem.at, mem.peak, mem.last
-    if last[r] - at[r] >= RECUR_MIN_S:
+    if last[r] - at[r] >= RECUR_MIN_S and peak[r] > 0:
         for k in range(REMEMBERED - 1, 0, -1):
             mem.starts[k][r], mem.peaks[k][r] = mem.starts[k - 1][r], mem.peaks[k - 1][r]
         mem.starts[0][r], mem.peaks[0][r] = at[r], peak[r]

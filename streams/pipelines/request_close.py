@@ -45,6 +45,7 @@ from ragwatch.streams.pipelines.serving import serving_signals
 
 F64 = npt.NDArray[np.float64]
 Rows = npt.NDArray[np.intp]
+EVIDENT_NATS = 10.0  # a retriever P99 hold's height counts from this tail CUSUM (its rule's)
 Bools = npt.NDArray[np.bool_]
 Signals = dict[str, F64]
 NAN = math.nan
@@ -172,6 +173,7 @@ def close_round(
     _tails(st, c, sig)
     _latency(st, c, sig)
     serving_signals(st, c.rows, c.end, sig)
+    _retriever_rhythm(st, c, sig)
     for j, name in enumerate(OUTLIER_SIGNALS):
         sig[name] = outliers[:, j]
     at = np.array([SIGNAL_AT[name] for name in sig], dtype=np.intp)
@@ -468,10 +470,22 @@ def _latency(st: ServiceRows, c: _Round, sig: Signals) -> None:
         sig[f"{name}_baseline_ms"], sig[f"{name}_ratio"] = base[part], ratio[part]
         sig[f"{name}_held_s"], sig[f"{name}_z"] = held[part], z[part]
         sig[f"{name}_relearned_at"], sig[f"{name}_relearned_from"] = at[part], before[part]
-    # a retriever slower at the same hour every night (a vector store's compaction) is
-    # its rhythm from the second night (detectors/recurrence.py)
+
+
+def _retriever_rhythm(st: ServiceRows, c: _Round, sig: Signals) -> None:
+    """``retriever_p99_recurring``: a retriever slower at the same hour every night (a
+    vector store's compaction) is its rhythm from the next night, as the serving
+    baselines' are (:mod:`~ragwatch.detectors.recurrence`). The P99's hold counts its
+    height only at closes whose tail CUSUM has the evidence ``RetrievalSlowdown`` asks
+    (:data:`EVIDENT_NATS`): a healthy retriever's stalls hold a quiet window's P99 up for
+    an hour now and then, at any hour (2 requests a minute, 1 % stalls: 10 such holds in
+    4 days), and remembered they would mute a real fault at that hour the next day."""
+    with np.errstate(invalid="ignore"):
+        evident = sig["retriever_tail_cusum"] > EVIDENT_NATS
+    height = np.where(evident, sig["retriever_p99_ratio"], 0.0)
     memory = HoldMemory.of(st.col, "retriever_p99")
-    sig["retriever_p99_recurring"] = recurring(memory, rows, end, held[:k], ratio[:k])
+    held = sig["retriever_p99_held_s"]
+    sig["retriever_p99_recurring"] = recurring(memory, c.rows, c.end, held, height)
 
 
 def _latency_z(ratio: F64, log_var: F64) -> F64:
