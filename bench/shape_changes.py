@@ -31,7 +31,11 @@ their bands for 25 minutes) pages on, so each tests that the rule knows demand f
 - **restarts under the same names** (a StatefulSet's rolling update), both instances in
   turn every weekday at 14:00: a third of a minute's requests fail, none for 2 minutes
   (the other instance takes them), then a cold start, the retriever 4x slower for a
-  minute (lazy initialisation) and 1.5x for 4 more (caches warming).
+  minute (lazy initialisation) and 1.5x for 4 more (caches warming); the envelopes say
+  when their process started, as the SDK's do (``restart-slow``: the same, and a fault
+  from Thursday's first restart on, the retriever 4x slower for 2 hours);
+- **a vector store's nightly compaction**: every lookup of both instances 4x slower for
+  20 minutes at 03:00 every night.
 
 Two instances of the chat-like service (answers of ~180 tokens, contexts of ~2,500). The
 flash crowd reaches the GPUs and the serving engines too, each with its own shape:
