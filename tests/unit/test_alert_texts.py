@@ -146,6 +146,7 @@ def test_a_resolved_retrieval_slowdown_says_where_the_p99_came_back_to() -> None
             "retriever_tail_ratio": above / 0.01,
             "retriever_tail_z": (above - 0.01) * 100 / math.sqrt(0.99 + 0.0625),
             "retriever_tail_cusum": 12.0 if ms > base else 0.0,  # the sum's cap, or none
+            "retriever_p99_recurring": 0.0,  # at no hour it came before
             "requests_total": requests,
         }
 
