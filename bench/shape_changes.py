@@ -35,7 +35,9 @@ their bands for 25 minutes) pages on, so each tests that the rule knows demand f
   when their process started, as the SDK's do (``restart-slow``: the same, and a fault
   from Thursday's first restart on, the retriever 4x slower for 2 hours);
 - **a vector store's nightly compaction**: every lookup of both instances 4x slower for
-  20 minutes at 03:00 every night.
+  20 minutes at 03:00 every night;
+- **a retriever's blips**: four a day at random minutes on either instance, every lookup
+  4x slower for a minute or 3x for two (a GC pause, a segment merge, a network blip).
 
 Two instances of the chat-like service (answers of ~180 tokens, contexts of ~2,500). The
 flash crowd reaches the GPUs and the serving engines too, each with its own shape:
@@ -74,23 +76,39 @@ def _chat(seed: int, **kw: object) -> traffic.Service:
     return traffic._chat("rag-api", 2, traffic.HOSTS4[:2], seed, peak_rpm=40.0, **kw)
 
 
+def _healthy_chat(
+    name: str,
+    days: int,
+    seed: int,
+    note: str,
+    rhythm: Rhythm = RHYTHM,
+    effects: tuple[Effect, ...] = (),
+) -> Shape:
+    """A healthy shape of the two chat instances from Monday on: ``days`` of ``rhythm``
+    with ``effects``, no fault."""
+    t0, t1 = MONDAY, MONDAY + days * DAY
+    s = _chat(seed, rhythm=rhythm, effects=effects)
+    return Shape(
+        name,
+        lambda: traffic._world((s,), t0, t1),
+        faults=(),
+        series_days=traffic._healthy_days(2, t0, t1),
+        note=note,
+    )
+
+
 def flash_crowd() -> Shape:
-    t0, t1 = MONDAY, MONDAY + 7 * DAY
-    morning = t0 + 3 * DAY + 8 * HOUR  # Thursday 08:00 UTC
-    peak = t0 + 4 * DAY + 14 * HOUR  # Friday 14:00, an hour before the daily peak
+    morning = MONDAY + 3 * DAY + 8 * HOUR  # Thursday 08:00 UTC
+    peak = MONDAY + 4 * DAY + 14 * HOUR  # Friday 14:00, an hour before the daily peak
     effects = (
         Effect("demand", INSTANCES, morning, morning + 3 * HOUR, size=2.0, ramp_s=1800.0),
         Effect("demand", INSTANCES, peak, peak + 2 * HOUR, size=1.3, ramp_s=900.0),
     )
-    s = _chat(91, rhythm=RHYTHM, effects=effects)
-    return Shape(
-        "flash-crowd",
-        lambda: traffic._world((s,), t0, t1),
-        faults=(),
-        series_days=traffic._healthy_days(2, t0, t1),
-        note="Arrivals x2 for 3 h on a weekday morning, x1.3 for 2 h at another day's peak: "
-        "demand, not damage.",
+    note = (
+        "Arrivals x2 for 3 h on a weekday morning, x1.3 for 2 h at another day's peak: "
+        "demand, not damage."
     )
+    return _healthy_chat("flash-crowd", 7, 91, note, effects=effects)
 
 
 @dataclass(frozen=True)
@@ -106,17 +124,12 @@ class ShiftedRhythm(Rhythm):
 
 
 def daylight_saving() -> Shape:
-    t0, t1 = MONDAY, MONDAY + 10 * DAY
-    rhythm = ShiftedRhythm(daily_ratio=8.0, weekend=0.4, switch_ts=t0 + 6 * DAY + 2 * HOUR)
-    s = _chat(92, rhythm=rhythm)
-    return Shape(
-        "daylight-saving",
-        lambda: traffic._world((s,), t0, t1),
-        faults=(),
-        series_days=traffic._healthy_days(2, t0, t1),
-        note="Ten days of an 8x daily rhythm whose users' clocks go an hour ahead on Sunday "
-        "02:00 of the first week: every edge of the day an hour earlier in UTC.",
+    rhythm = ShiftedRhythm(daily_ratio=8.0, weekend=0.4, switch_ts=MONDAY + 6 * DAY + 2 * HOUR)
+    note = (
+        "Ten days of an 8x daily rhythm whose users' clocks go an hour ahead on Sunday "
+        "02:00 of the first week: every edge of the day an hour earlier in UTC."
     )
+    return _healthy_chat("daylight-saving", 10, 92, note, rhythm=rhythm)
 
 
 def prompt_template() -> Shape:
@@ -290,19 +303,13 @@ def restarts(
     days: int = 7, cold: tuple[tuple[float, int, int], ...] = COLD, name: str = "restarts"
 ) -> Shape:
     """The restarts of :func:`_restarted`, each with its cold start."""
-    t0, t1 = MONDAY, MONDAY + days * DAY
-    s = _chat(103, rhythm=RHYTHM, effects=_restarted(days, cold))
-    return Shape(
-        name,
-        lambda: traffic._world((s,), t0, t1),
-        faults=(),
-        series_days=traffic._healthy_days(2, t0, t1),
-        note="Both instances restarted in turn every weekday at 14:00: a third of a minute's "
+    slower = ", then ".join(f"{x:g}x slower for {b - a} min" for x, a, b in cold)
+    note = (
+        "Both instances restarted in turn every weekday at 14:00: a third of a minute's "
         "requests fail, none for 2 minutes (the other instance takes them), then a cold "
-        "start: the retriever "
-        + (", then ".join(f"{x:g}x slower for {b - a} min" for x, a, b in cold) or "as before")
-        + ".",
+        f"start: the retriever {slower or 'as before'}."
     )
+    return _healthy_chat(name, days, 103, note, effects=_restarted(days, cold))
 
 
 def restart_slow(days: int = 5) -> Shape:
@@ -327,18 +334,32 @@ def restart_slow(days: int = 5) -> Shape:
 def retrieval_nightly(days: int = 7) -> Shape:
     """A vector store compacting its segments every night at 03:00 UTC: for 20 minutes
     every lookup of both instances is 4x slower."""
-    t0, t1 = MONDAY, MONDAY + days * DAY
     nights = [MONDAY + d * DAY + 3 * HOUR for d in range(days)]
     effects = tuple(Effect("retrieval", INSTANCES, t, t + 20 * MINUTE, size=4.0) for t in nights)
-    s = _chat(111, rhythm=RHYTHM, effects=effects)
-    return Shape(
-        "retrieval-nightly",
-        lambda: traffic._world((s,), t0, t1),
-        faults=(),
-        series_days=traffic._healthy_days(2, t0, t1),
-        note="A vector store's nightly compaction: every lookup 4x slower for 20 minutes at "
-        "03:00 every night, on both instances.",
+    note = (
+        "A vector store's nightly compaction: every lookup 4x slower for 20 minutes at "
+        "03:00 every night, on both instances."
     )
+    return _healthy_chat("retrieval-nightly", days, 111, note, effects=effects)
+
+
+def retrieval_blips(days: int = 5, per_day: int = 4) -> Shape:
+    """A retriever's blips (a GC pause, a segment merge, a network blip): ``per_day`` a day
+    at random minutes, each on one instance, every lookup 4x slower for a minute or 3x
+    for two, then as before."""
+    rng = random.Random(121)
+    effects = []
+    for d in range(days):
+        for i in range(per_day):
+            at = MONDAY + d * DAY + rng.randrange(24 * 60) * MINUTE
+            size, minutes = (4.0, 1) if i % 2 else (3.0, 2)
+            inst = (rng.choice(INSTANCES),)
+            effects.append(Effect("retrieval", inst, at, at + minutes * MINUTE, size=size))
+    note = (
+        f"A retriever's blips, {per_day} a day at random minutes on either instance: every "
+        "lookup 4x slower for a minute or 3x for two (a GC pause, a segment merge)."
+    )
+    return _healthy_chat("retrieval-blips", days, 121, note, effects=tuple(effects))
 
 
 CROWD_AT = MONDAY + 3 * DAY + 8 * HOUR  # Thursday 08:00 UTC
@@ -434,5 +455,5 @@ SHAPES = [
     batch_client("batch-weekly", 14, Hours(2.0, 5.0, weekday=6),
                  "The same batch client on Sundays 02:00-05:00 only, two weeks."),
     scale_in("scale-in", 1.5), scale_in("scale-in-1.3", 1.3), rolling_deploys(), autoscaled_pod(),
-    restarts(), restart_slow(), retrieval_nightly(),
+    restarts(), restart_slow(), retrieval_nightly(), retrieval_blips(),
 ]  # fmt: skip

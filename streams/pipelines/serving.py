@@ -127,6 +127,13 @@ CUSUM_ALT = 2.5
 # under it ~130 clean requests after the fault ends (a rule resolved then does not fire
 # again on the old fault's sum)
 CUSUM_CAP = 12.0
+# nats a tail_cusum rises by at most in a minute of requests: slow requests of one minute
+# are one event (a GC pause, a merge, a network blip stalls every call in flight), not
+# many independent ones, so 10 nats take three minutes of evidence; a minute 4x slower
+# took the sum to its cap at once and paged 7 times in 20 such blips
+# (docs/detection.md, known limits), a stall fault's rise (~0.3 nats a minute) is not
+# capped
+CUSUM_RISE = 3.0
 # The count above the P99 is taken over the window the P99 itself is (the last 200
 # requests or 2 minutes, whichever holds more): a stall rate of 4 % over 100 requests is
 # 4 against 1 expected, no evidence (z 2.2); over 200 it is 8 against 2 (z 3.0), which
@@ -358,7 +365,12 @@ def _tail(
         total = st.tails[r].seen.get(name, 0)
         fresh = over[max(0, n - (total - counted[r])) :] if counted[r] >= 0 else over[:0]
         counted[r] = total
-        sums[r] = 0.0 if recovered[i] >= RECOVERED else tail_cusum(sums[r], fresh, usual, known[1])
+        rise = sums[r] + CUSUM_RISE * st.bucket_s / 60.0  # a minute's requests: one event
+        sums[r] = (
+            0.0
+            if recovered[i] >= RECOVERED
+            else min(tail_cusum(sums[r], fresh, usual, known[1]), rise)
+        )
         cusum[i] = sums[r]
         if recovered[i] >= RECOVERED:  # the test is of the requests since it came back,
             since = over[-newer:]  # unknown while they are fewer than a quantile needs

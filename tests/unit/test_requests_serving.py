@@ -27,6 +27,7 @@ from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES
 from ragwatch.streams.pipelines.buckets import decode_ms_per_token, ttft_net_ms
 from ragwatch.streams.pipelines.requests import RequestPipeline
 from ragwatch.streams.pipelines.serving import (
+    CUSUM_RISE,
     DECODE_REQUESTS,
     _count_test,
     tail_cusum,
@@ -469,6 +470,31 @@ def test_a_retriever_slowing_to_4x_pages_and_its_stalls_do_not() -> None:
     fired = _firing(out)
     assert [r for r, _ in fired] == ["RetrievalSlowdown"]
     assert fired[0][1] - start <= 3 * MIN
+
+
+def test_a_retriever_slow_for_a_minute_or_two_at_a_time_does_not_page() -> None:
+    """Blips: a GC pause, a segment merge, a network blip stall every lookup in flight for
+    a minute or two, then the retriever is as before. A minute's requests are one event
+    to the tail's CUSUM (at most ``CUSUM_RISE`` nats): before, a 1-minute blip at 15
+    requests a minute took it to its cap at once, and its window's P99 stayed 2.5x for
+    the 10 minutes the CUSUM took to forget it (3 pages here)."""
+    blips = [(T0 + 6 * HOUR + HOUR * i, 4.0 if i % 2 else 3.0, 1 + i % 2) for i in range(6)]
+    usual = Service(rpm=15.0, stall_p=0.003)
+
+    def plan(t: float) -> Service:
+        for at, x, minutes in blips:
+            if at <= t < at + minutes * MIN:
+                return replace(usual, retriever_ms=x * usual.retriever_ms)
+        return usual
+
+    watched: list[float] = []
+
+    def watch(pipe: RequestPipeline) -> None:
+        watched.append(pipe.rows.signal_dict(0).get("retriever_tail_cusum") or 0.0)
+
+    out = _run(plan, 12.5, watch=watch)
+    assert _firing(out) == []
+    assert 2 * CUSUM_RISE <= max(watched) < 10  # each blip was evidence, none enough
 
 
 def test_a_retriever_slower_every_night_is_its_rhythm_and_a_fault_by_day_still_pages() -> None:

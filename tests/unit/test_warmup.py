@@ -24,16 +24,18 @@ WARMING = Service(retriever_ms=1.5 * HEALTHY.retriever_ms)  # caches filling
 
 
 def cold_start(at: float) -> Callable[[float], Service]:
-    """A restart at ``at``: no requests for 2 minutes, the retriever 4x slower for one,
-    then 1.5x for four (bench/shape_changes.py's ``restarts``)."""
+    """A restart at ``at``: no requests for 2 minutes, the retriever 4x slower for three
+    (an index paged in lazily), then 1.5x for four. Slower for three minutes, not the one
+    of bench/shape_changes.py's ``restarts``: a minute's requests are one event to the
+    tail's CUSUM, which a minute alone no longer pages (streams/pipelines/serving.py)."""
 
     def plan(t: float) -> Service:
         since = (t - at) / MIN
         if 0 <= since < 2:
             return Service(rpm=0.0)
-        if 2 <= since < 3:
+        if 2 <= since < 5:
             return COLD
-        return WARMING if 3 <= since < 7 else HEALTHY
+        return WARMING if 5 <= since < 9 else HEALTHY
 
     return plan
 
