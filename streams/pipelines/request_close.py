@@ -45,7 +45,7 @@ from ragwatch.streams.pipelines.serving import serving_signals
 
 F64 = npt.NDArray[np.float64]
 Rows = npt.NDArray[np.intp]
-EVIDENT_NATS = 10.0  # a retriever P99 hold's height counts from this tail CUSUM (its rule's)
+EVIDENT_NATS = 10.0  # a retriever P99 hold counts its height from this CUSUM: its rule's, tested
 Bools = npt.NDArray[np.bool_]
 Signals = dict[str, F64]
 NAN = math.nan

@@ -25,6 +25,7 @@ from ragwatch.schema import RequestRecord, RequestsEnvelope, Transition
 from ragwatch.streams.alerting.rules import load_rules
 from ragwatch.streams.notifier.inhibition import DEFAULT_INHIBIT_RULES
 from ragwatch.streams.pipelines.buckets import decode_ms_per_token, ttft_net_ms
+from ragwatch.streams.pipelines.request_close import EVIDENT_NATS
 from ragwatch.streams.pipelines.requests import RequestPipeline
 from ragwatch.streams.pipelines.serving import (
     CUSUM_RISE,
@@ -495,6 +496,15 @@ def test_a_retriever_slow_for_a_minute_or_two_at_a_time_does_not_page() -> None:
     out = _run(plan, 12.5, watch=watch)
     assert _firing(out) == []
     assert 2 * CUSUM_RISE <= max(watched) < 10  # each blip was evidence, none enough
+
+
+def test_the_rhythms_evidence_is_the_shipped_rules() -> None:
+    """The retriever P99's hold counts its height where the tail CUSUM has the evidence
+    RetrievalSlowdown asks (``EVIDENT_NATS``, written twice: the rule's YAML cannot name a
+    constant); the shipped rule and the memory say the same."""
+    (rule,) = [r for r in RULES if r.name == "RetrievalSlowdown"]
+    (cusum,) = [c for c in rule.conditions if c.signal == "retriever_tail_cusum"]
+    assert (cusum.op, cusum.threshold) == (">", EVIDENT_NATS)
 
 
 def test_a_retriever_slower_every_night_is_its_rhythm_and_a_fault_by_day_still_pages() -> None:
