@@ -67,6 +67,26 @@ class Record(Protocol):
     def ttft_ms(self) -> float | None: ...
 
 
+class RequestsMessage(Protocol):
+    """A requests envelope as the pipeline reads it: :class:`~ragwatch.schema.
+    RequestsEnvelope` or the worker's typed :class:`~ragwatch.request_wire.RequestsWire`."""
+
+    @property
+    def service(self) -> str: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def ts(self) -> float: ...
+    @property
+    def records(self) -> Sequence[Record]: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def started(self) -> float | None: ...
+
+
 @dataclass
 class Reservoir:
     """At most ``cap`` values, a uniform sample of all added (Algorithm R), as doubles

@@ -126,7 +126,7 @@ import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -149,7 +149,14 @@ from ragwatch.streams.pipelines.base import (
     drive,
     transitions_of,
 )
-from ragwatch.streams.pipelines.buckets import STAGES, Bucket, Record, Reservoir, drop_before
+from ragwatch.streams.pipelines.buckets import (
+    STAGES,
+    Bucket,
+    Record,
+    RequestsMessage,
+    Reservoir,
+    drop_before,
+)
 from ragwatch.streams.pipelines.budget import SeriesBudget
 from ragwatch.streams.pipelines.facts import instance_facts
 from ragwatch.streams.pipelines.replica_signals import compare, reads_peers
@@ -186,26 +193,6 @@ __all__ = [
     "ServiceView",
     "quantile",
 ]
-
-
-class RequestsMessage(Protocol):
-    """A requests envelope as the pipeline reads it: :class:`~ragwatch.schema.
-    RequestsEnvelope` or the worker's typed :class:`~ragwatch.request_wire.RequestsWire`."""
-
-    @property
-    def service(self) -> str: ...
-    @property
-    def instance(self) -> str: ...
-    @property
-    def ts(self) -> float: ...
-    @property
-    def records(self) -> Sequence[Record]: ...
-    @property
-    def host(self) -> str | None: ...
-    @property
-    def pid(self) -> int | None: ...
-    @property
-    def started(self) -> float | None: ...
 
 
 @dataclass

@@ -38,11 +38,13 @@ False
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
-from typing import Literal, Protocol
+from collections.abc import Collection
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from ragwatch.streams.pipelines.buckets import RequestsMessage
 
 __all__ = ["CRASH_LOOP_S", "WARMUP_S", "in_warmup", "note_start", "restart"]
 
@@ -54,26 +56,8 @@ F64 = npt.NDArray[np.float64]
 Start = Literal["restart", "bad", ""]  # what an envelope says of its process (note_start)
 
 
-class _Timed(Protocol):
-    @property
-    def ts(self) -> float: ...
-
-
-class Sent(Protocol):
-    """What of an envelope tells when its process started."""
-
-    @property
-    def ts(self) -> float: ...
-    @property
-    def pid(self) -> int | None: ...
-    @property
-    def started(self) -> float | None: ...
-    @property
-    def records(self) -> Sequence[_Timed]: ...
-
-
 def note_start(
-    started: F64, warm_until: F64, row: int, env: Sent, pids: Collection[object]
+    started: F64, warm_until: F64, row: int, env: RequestsMessage, pids: Collection[object]
 ) -> Start:
     """``row``'s envelope ``env`` (``pids``: those the series had before it): whether its
     process restarted, with a warm-up (:func:`restart`); ``"bad"``: it says its process
