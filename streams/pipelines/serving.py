@@ -129,10 +129,9 @@ CUSUM_ALT = 2.5
 CUSUM_CAP = 12.0
 # nats a tail_cusum rises by at most in a minute of requests: slow requests of one minute
 # are one event (a GC pause, a merge, a network blip stalls every call in flight), not
-# many independent ones, so 10 nats take three minutes of evidence; a minute 4x slower
-# took the sum to its cap at once and paged 7 times in 20 such blips
-# (docs/detection.md, known limits), a stall fault's rise (~0.3 nats a minute) is not
-# capped
+# many independent ones, so 10 nats take four minutes of evidence; a minute 4x slower
+# took the sum to its cap at once and paged 7 times in 20 such blips (docs/detection.md,
+# known limits); a stall fault's rise (~0.3 nats a minute) is not capped
 CUSUM_RISE = 3.0
 # The count above the P99 is taken over the window the P99 itself is (the last 200
 # requests or 2 minutes, whichever holds more): a stall rate of 4 % over 100 requests is
