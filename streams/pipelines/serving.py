@@ -364,11 +364,9 @@ def _tail(
         total = st.tails[r].seen.get(name, 0)
         fresh = over[max(0, n - (total - counted[r])) :] if counted[r] >= 0 else over[:0]
         counted[r] = total
-        rise = sums[r] + CUSUM_RISE * st.bucket_s / 60.0  # a minute's requests: one event
+        rise = CUSUM_RISE * st.bucket_s / 60.0  # a minute's requests: one event
         sums[r] = (
-            0.0
-            if recovered[i] >= RECOVERED
-            else min(tail_cusum(sums[r], fresh, usual, known[1]), rise)
+            0.0 if recovered[i] >= RECOVERED else tail_cusum(sums[r], fresh, usual, known[1], rise)
         )
         cusum[i] = sums[r]
         if recovered[i] >= RECOVERED:  # the test is of the requests since it came back,
@@ -388,14 +386,15 @@ def _tail(
 
 
 def tail_cusum(
-    before: float, over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0
+    before: float, over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0,
+    rise: float = math.inf,
 ) -> float:  # fmt: skip
     """A CUSUM, in nats, of the evidence that the share of requests above the baseline
     quantile rose from ``usual`` to :data:`CUSUM_ALT` times it, taken on from ``before``
     over the newest requests ``over`` (oldest first): each request above adds
     ``log(ALT)``, each other one ``log((1 - ALT u) / (1 - u))`` (about ``-1.5 u``), never
     below 0, divided by the count's usual dispersion; held under :data:`CUSUM_CAP` after
-    each step of requests.
+    each step of requests, and at most ``rise`` above ``before`` (:data:`CUSUM_RISE`).
 
     A window tests what it holds; this is what the requests since the series began say
     together. A 3 % stall fault on a retriever whose usual share is 1.6 % is 2.5 times the
@@ -418,7 +417,7 @@ def tail_cusum(
     up, down = math.log(CUSUM_ALT), math.log1p(-CUSUM_ALT * u) - math.log1p(-u)
     # S_k = max(0, S_k-1 + x_k) is C_k less the lowest C_j under 0, C the running sum
     c = before + np.cumsum(np.where(over, up, down)) / max(1.0, disp)
-    return float(min(c[-1] - min(0.0, float(c.min())), CUSUM_CAP))
+    return float(min(c[-1] - min(0.0, float(c.min())), CUSUM_CAP, before + rise))
 
 
 def _count_test(above: int, n: int, usual: float, disp: float) -> tuple[float, float]:
