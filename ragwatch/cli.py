@@ -237,7 +237,8 @@ def _add_demo_parsers(sub: Any) -> None:
         "--timeout",
         type=positive_duration,
         default=None,
-        help="give up after this long (default: 150s; 300s for healthy, which plays 3 days)",
+        help="give up after this long (default: 150s; 300s for healthy, which plays 3 days, "
+        "and for oom and all, which wait for the OOM kill)",
     )
     d.add_argument(
         "--workers",

@@ -267,7 +267,7 @@ def test_agent_sigterm_flushes_everything_it_produced(
 
 def test_demo_all_pages_every_fault_with_its_culprit(stack: EmbeddedStack) -> None:
     before = our_processes()
-    out = ragwatch("demo", "--scenario", "all", "--json", env={}, timeout=200)
+    out = ragwatch("demo", "--scenario", "all", "--json", env={}, timeout=360)
     assert out.returncode == 0, out.stderr[-3000:]
     firing = [a for a in map(json.loads, out.stdout.splitlines()) if a["status"] == "firing"]
     got = {

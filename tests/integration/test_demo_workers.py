@@ -48,7 +48,7 @@ def test_demo_with_three_workers_joins_hints_and_outlives_a_killed_worker(
         slow = wait_until(lambda: _raised_by(run_dir, "RetrievalSlowdown"), 60, said_now)
         assert leak != slow, f"the GPU and the request side were read by one worker: {leak}"
         os.kill(_pid_of(run_dir, leak), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=260)
+        out, _ = proc.communicate(timeout=380)
     finally:
         if proc.poll() is None:
             proc.kill()
