@@ -343,23 +343,44 @@ def retrieval_nightly(days: int = 7) -> Shape:
     return _healthy_chat("retrieval-nightly", days, 111, note, effects=effects)
 
 
-def retrieval_blips(days: int = 5, per_day: int = 4) -> Shape:
-    """A retriever's blips (a GC pause, a segment merge, a network blip): ``per_day`` a day
-    at random minutes, each on one instance, every lookup 4x slower for a minute or 3x
-    for two, then as before."""
-    rng = random.Random(121)
+def _blips(
+    name: str, kind: str, sizes: tuple[tuple[float, int], ...], seed: int, note: str,
+    days: int, per_day: int,
+) -> Shape:  # fmt: skip
+    """``per_day`` blips a day of ``kind`` at random minutes, each on one instance, the
+    i-th of a day ``sizes[i % 2]`` (size, minutes), then as before."""
+    rng = random.Random(seed)
     effects = []
     for d in range(days):
         for i in range(per_day):
             at = MONDAY + d * DAY + rng.randrange(24 * 60) * MINUTE
-            size, minutes = (4.0, 1) if i % 2 else (3.0, 2)
+            size, minutes = sizes[i % 2]
             inst = (rng.choice(INSTANCES),)
-            effects.append(Effect("retrieval", inst, at, at + minutes * MINUTE, size=size))
+            effects.append(Effect(kind, inst, at, at + minutes * MINUTE, size=size))
+    return _healthy_chat(name, days, seed, note, effects=tuple(effects))
+
+
+def retrieval_blips(days: int = 5, per_day: int = 4) -> Shape:
+    """A retriever's blips (a GC pause, a segment merge, a network blip): ``per_day`` a day
+    at random minutes, each on one instance, every lookup 4x slower for a minute or 3x
+    for two, then as before."""
     note = (
         f"A retriever's blips, {per_day} a day at random minutes on either instance: every "
         "lookup 4x slower for a minute or 3x for two (a GC pause, a segment merge)."
     )
-    return _healthy_chat("retrieval-blips", days, 121, note, effects=tuple(effects))
+    return _blips("retrieval-blips", "retrieval", ((3.0, 2), (4.0, 1)), 121, note, days, per_day)
+
+
+def queue_blips(days: int = 5, per_day: int = 4) -> Shape:
+    """A queue's blips (a burst of long prompts, an engine's pause) at the same demand:
+    ``per_day`` a day at random minutes, each on one instance, every request waiting 2 s
+    more for two minutes or 3 s for one, then as before."""
+    note = (
+        f"A queue's blips, {per_day} a day at random minutes on either instance: every "
+        "request waits 2 s more for two minutes or 3 s for one (a burst of long prompts, "
+        "an engine's pause), at the same demand."
+    )
+    return _blips("queue-blips", "queue", ((2000.0, 2), (3000.0, 1)), 131, note, days, per_day)
 
 
 CROWD_AT = MONDAY + 3 * DAY + 8 * HOUR  # Thursday 08:00 UTC
@@ -455,5 +476,5 @@ SHAPES = [
     batch_client("batch-weekly", 14, Hours(2.0, 5.0, weekday=6),
                  "The same batch client on Sundays 02:00-05:00 only, two weeks."),
     scale_in("scale-in", 1.5), scale_in("scale-in-1.3", 1.3), rolling_deploys(), autoscaled_pod(),
-    restarts(), restart_slow(), retrieval_nightly(), retrieval_blips(),
+    restarts(), restart_slow(), retrieval_nightly(), retrieval_blips(), queue_blips(),
 ]  # fmt: skip

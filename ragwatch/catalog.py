@@ -104,7 +104,8 @@ SERIES_SIGNALS["service"] = (  # one (service, instance) of RAG requests; pipeli
     "decode_tps", "decode_baseline_tps", "decode_deviation", "decode_z", "decode_requests",
     "ttft_net_p95_ms", "ttft_net_p95_baseline_ms", "ttft_net_p95_ratio",
     "ttft_net_p95_excess_ms", "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio",
-    "queue_p95_excess_ms", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
+    "queue_p95_excess_ms", "queue_tail_ratio", "queue_tail_z", "queue_tail_recovered",
+    "queue_tail_cusum", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
     "clustered_requests", *_baseline_signals("service"),
     # 1 while a serving baseline (or the retriever P99's) holds a deviation back at the same
     # hour as a day or two before, no higher (detectors/recurrence.py)

@@ -88,7 +88,8 @@ SIGNALS: tuple[str, ...] = (
     "ttft_net_p95_relearned_from", "ttft_net_p95_recurring",
     "queue_recent_p95_ms", "queue_p95_baseline_ms", "queue_p95_ratio", "queue_p95_excess_ms",
     "queue_p95_held_s", "queue_p95_relearned_at", "queue_p95_relearned_from",
-    "queue_p95_recurring",
+    "queue_p95_recurring", "queue_tail_ratio", "queue_tail_z", "queue_tail_recovered",
+    "queue_tail_cusum",
     "window_errors", "tpr_recent", "tpr_recent_deviation", "tpr_recent_z",
     # against the other instances of the service (streams/pipelines/replica_signals.py)
     *REPLICA_SIGNALS,
@@ -143,7 +144,7 @@ SCALARS: dict[str, tuple[Any, float | int]] = {
     # the values the window had seen when it last moved (serving._tail)
     **{
         f"{name}_tail_{x}": (dtype, fresh)
-        for name in ("retriever", "e2e")
+        for name in ("retriever", "e2e", "queue")
         for x, dtype, fresh in (
             ("share", np.float64, math.nan),
             ("disp", np.float64, math.nan),

@@ -46,6 +46,12 @@ more):
 - ``retriever_tail_cusum`` and ``e2e_tail_cusum``: the same count's evidence request by
   request since the series began (:func:`tail_cusum`, in nats): a window of 200 cannot
   tell a 3 % stall fault from a healthy instance's unlucky hour, the requests since can.
+- ``queue_tail_ratio``, ``_z``, ``_recovered`` and ``_cusum``: the same of the queue
+  waits over the queue's baseline P95 plus :data:`QUEUED_MS` (the requests that were
+  queued, to a person): a minute or two of queueing (a burst of long prompts, an engine's
+  pause) stays in the newest 60 requests' P95 for minutes after it cleared (a quarter
+  of an hour at night), and its evidence rises by at most :data:`CUSUM_RISE` nats a
+  minute.
 
 The baselines judge (and the tests are known) once the window has taken
 :data:`~ragwatch.detectors.latency.TRUST_VALUES` values of theirs: a baseline of the first
@@ -102,6 +108,15 @@ DECODE_REQUESTS = 60
 MEDIAN_SE = math.sqrt(math.pi / 2)  # a sample median's standard error / (sd / sqrt(n))
 MAD_SD = 1.4826  # a normal sample's sd / its median absolute deviation
 QUEUE_FLOOR_MS = 50.0  # a queue wait shorter than this is no wait to a person
+# a request that waited this much longer than the queue's baseline P95 was queued, to a
+# person (QueueWaitHigh's queue_p95_excess_ms): what the queue's CUSUM counts. Not the
+# baseline alone: a busy hour's waits pass a baseline P95 of tens of milliseconds often
+# enough to hold that CUSUM at its cap by day (bench/shapes.py --only queue-blips)
+QUEUED_MS = 1000.0
+# the least share of requests the queue's CUSUM takes as usually queued: a healthy
+# instance's is about 0, and a usual share set higher than the real one is taken for
+# dispersion (a P95's 5 % held the CUSUM at a seventh of its evidence)
+QUEUED_SHARE = 0.01
 TAIL_P = 0.01  # the share of requests a P99 leaves above it
 E2E_TAIL_P = 0.05  # ... and a P95
 TAIL_SLACK = 0.25  # relative uncertainty of that share (a baseline P99 is an estimate)
@@ -166,6 +181,7 @@ def serving_signals(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None
     sig["queue_p95_excess_ms"] = np.where(none, 0.0, sig["queue_p95_excess_ms"])
     _tail(st, rows, end, sig, "retriever", "retriever_p99_baseline_ms", TAIL_P, "p99")
     _tail(st, rows, end, sig, "e2e", "e2e_p95_baseline_ms", E2E_TAIL_P, "p95")
+    _tail(st, rows, end, sig, "queue", "queue_p95_baseline_ms", QUEUED_SHARE, "p95", QUEUED_MS)
     _recent_tokens(st, rows, end, sig)
 
 
@@ -334,14 +350,14 @@ def _decode_signals(tpot: F64, se2: F64, n: F64, base: F64, var: F64, sig: Signa
 
 def _tail(
     st: ServiceRows, rows: Rows, end: F64, sig: Signals, name: str, baseline: str, p: float,
-    least: str,
+    least: str, margin: float = 0.0,
 ) -> None:  # fmt: skip
     """``<name>_tail_ratio`` and ``_z``: the count of the window's ``name`` values above
-    the baseline quantile against the share of them usually above it (at least the ``p``
-    the quantile leaves): a binomial z, its variance times the count's usual dispersion,
-    with :data:`TAIL_SLACK` for the baseline's own error; then the usual share and
-    dispersion learn the count, unless it is evidence of a change (:func:`_learnt`); and
-    ``<name>_tail_recovered`` (:func:`tail_recovered`)."""
+    the baseline quantile (plus ``margin``) against the share of them usually above it
+    (at least the ``p`` the quantile leaves): a binomial z, its variance times the count's
+    usual dispersion, with :data:`TAIL_SLACK` for the baseline's own error; then the
+    usual share and dispersion learn the count, unless it is evidence of a change
+    (:func:`_learnt`); and ``<name>_tail_recovered`` (:func:`tail_recovered`)."""
     base = np.where(_trusted(st, rows, (name,)), sig[baseline], NAN)
     ratio, z = np.full(len(rows), NAN), np.full(len(rows), NAN)
     recovered, cusum = np.full(len(rows), NAN), np.full(len(rows), NAN)
@@ -354,7 +370,7 @@ def _tail(
         v = np.frombuffer(st.tails[r].window(name, t), np.float64)
         if len(v) < MIN_VALUES[least]:
             continue
-        over = v > b
+        over = v > b + margin
         above, n = int(np.count_nonzero(over)), len(v)
         # what the row has learnt, or the prior (the quantile's own share, dispersion 1)
         known = (p if share[r] != share[r] else share[r], 1.0 if disp[r] != disp[r] else disp[r])

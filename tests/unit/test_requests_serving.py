@@ -30,6 +30,7 @@ from ragwatch.streams.pipelines.requests import RequestPipeline
 from ragwatch.streams.pipelines.serving import (
     CUSUM_RISE,
     DECODE_REQUESTS,
+    QUEUED_MS,
     _count_test,
     tail_cusum,
     tail_recovered,
@@ -287,6 +288,47 @@ def test_a_burst_of_traffic_that_queues_requests_for_minutes_does_not_page() -> 
     start = T0 + 4 * HOUR
     burst = Service(rpm=120.0, queue_ms=1500.0)  # twice the requests, 1.5 s queued
     assert _firing(_run(_at(start, burst, start + 6 * MIN), 5.0)) == []
+
+
+def test_a_queue_of_a_minute_or_two_at_a_time_does_not_page_and_a_stuck_one_does() -> None:
+    """A burst of long prompts, an engine's pause: requests queue ~2 s for a minute or
+    two, then not, at the same demand. The newest 60 requests' P95 holds such a blip for
+    4 minutes after it cleared at 15 requests a minute, longer than the rule's ``for:``;
+    the queue's CUSUM rises by at most ``CUSUM_RISE`` nats a minute, so a blip is
+    evidence, not enough (the rule without it paged 5 of these 6 blips). A queue stuck
+    for 20 minutes pages once: its alert is pending from its 4th minute (the CUSUM's
+    10 nats take 3.3; the rule without it: from the 1st) and fires a minute later."""
+    blips = [(T0 + 6 * HOUR + HOUR * i, 1 + i % 2) for i in range(6)]
+    stuck = T0 + 12 * HOUR
+    usual = Service(rpm=15.0)
+    queued = replace(usual, queue_ms=2000.0)
+
+    def plan(t: float) -> Service:
+        if any(at <= t < at + minutes * MIN for at, minutes in blips):
+            return queued
+        return queued if stuck <= t < stuck + 20 * MIN else usual
+
+    watched: list[tuple[float, float]] = []  # (close, the queue's CUSUM)
+
+    def watch(pipe: RequestPipeline) -> None:
+        cusum = pipe.rows.signal_dict(0).get("queue_tail_cusum") or 0.0
+        watched.append((float(pipe.rows.col["bucket_end"][0]), cusum))
+
+    fired = _firing(_run(plan, 13.0, watch=watch))
+    assert [r for r, _ in fired] == ["QueueWaitHigh"]
+    assert stuck + 3 * MIN <= fired[0][1] <= stuck + 5 * MIN  # when it went pending
+    blipped = max(c for at, c in watched if at < stuck)
+    assert 2 * CUSUM_RISE <= blipped < 10  # each blip was evidence, none enough
+
+
+def test_the_queue_cusum_counts_what_the_shipped_rule_calls_queued() -> None:
+    """The queue's CUSUM counts requests that waited ``QUEUED_MS`` over the baseline P95,
+    the excess QueueWaitHigh asks of the P95 (written twice: the YAML cannot name a
+    constant), and the rule reads that CUSUM at ``EVIDENT_NATS``, as RetrievalSlowdown."""
+    (rule,) = [r for r in RULES if r.name == "QueueWaitHigh"]
+    found = {c.signal: (c.op, c.threshold) for c in rule.conditions}
+    assert found["queue_p95_excess_ms"] == (">", QUEUED_MS)
+    assert found["queue_tail_cusum"] == (">", EVIDENT_NATS)
 
 
 # ---------------------------------------------------------------------- retriever tail
