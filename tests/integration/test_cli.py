@@ -181,7 +181,10 @@ def test_unreachable_kafka_is_one_line_and_exit_2_within_seconds(
         "(RAGWATCH_KAFKA_BOOTSTRAP): "
     ), line
     assert "Connection refused" in line
-    assert took < 20, f"took {took:.1f}s"
+    # the check gives up after CHECK_TIMEOUT_S (5 s); the rest is the interpreter's start,
+    # which a loaded machine stretches (22.8 s for the worker beside other runs): a command
+    # waiting on librdkafka's retries would still run at the 60 s limit
+    assert took < 45, f"took {took:.1f}s"
     assert not (tmp_path / "rec.jsonl").exists()  # record: no empty file left behind
 
 
