@@ -354,7 +354,8 @@ def _tail(
 ) -> None:  # fmt: skip
     """``<name>_tail_ratio`` and ``_z``: the count of the window's ``name`` values above
     the baseline quantile (plus ``margin``) against the share of them usually above it
-    (at least the ``p`` the quantile leaves): a binomial z, its variance times the count's
+    (at least ``p``: the share the quantile leaves; the queue's :data:`QUEUED_SHARE`, its
+    margin being far above its P95): a binomial z, its variance times the count's
     usual dispersion, with :data:`TAIL_SLACK` for the baseline's own error; then the
     usual share and dispersion learn the count, unless it is evidence of a change
     (:func:`_learnt`); and ``<name>_tail_recovered`` (:func:`tail_recovered`)."""
@@ -372,7 +373,7 @@ def _tail(
             continue
         over = v > b + margin
         above, n = int(np.count_nonzero(over)), len(v)
-        # what the row has learnt, or the prior (the quantile's own share, dispersion 1)
+        # what the row has learnt, or the prior (``p``, dispersion 1)
         known = (p if share[r] != share[r] else share[r], 1.0 if disp[r] != disp[r] else disp[r])
         usual = max(p, known[0])
         ratio[i], z[i] = whole = _count_test(above, n, usual, known[1])
