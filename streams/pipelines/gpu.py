@@ -106,6 +106,7 @@ log = logging.getLogger(__name__)
 # hosts live on different partitions, consumed at different paces, and a fast replay turns
 # a second of lag into many minutes of event time.
 SILENT_HOST_FACTOR = 12
+SWEPT = "host %s: silent for %.0f s of event time at ts=%.0f: swept, %d alert transition(s)"
 RESIDUAL_BLOCK_S = 3600.0
 
 
@@ -342,8 +343,9 @@ class GpuPipeline:
         silent_s = SILENT_HOST_FACTOR * self.stale_s
         swept: list[Transition] = []
         for h in self.index.owners():
-            if not self.clocks.alive(str(h), now, silent_s):
-                swept += self._evict(str(h), now, silent_s)
+            if not self.clocks.alive(host := str(h), now, silent_s):
+                swept += (cleared := self._evict(host, now, silent_s))
+                log.info(SWEPT, host, silent_s, now, len(cleared))
         self.clocks.swept(now, silent_s, self.tracks)
         return swept
 

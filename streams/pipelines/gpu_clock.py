@@ -215,3 +215,11 @@ class HostClocks:
     def forget(self, host: str) -> None:
         """Drop what is known of ``host``'s clock (another worker owns it now)."""
         self._clocks.pop(host, None)
+
+    def redelivered(self, host: str) -> None:
+        """Kafka delivers ``host``'s envelopes again from the last committed offset (a
+        rebalance left its partition here): the first ones behind its newest are
+        redeliveries, as after a restore, not a jump back (one already in a jump stays
+        in it)."""
+        if (clock := self._clocks.get(host)) is not None:
+            clock.last = math.nan

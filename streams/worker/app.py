@@ -25,6 +25,7 @@ from typing import Any
 
 import faust
 import mode
+from faust.types import TP
 from redis.exceptions import RedisError
 
 from ragwatch.codec import encode
@@ -383,6 +384,8 @@ def register_processors(
         send_dead_letter=send_dead_letter,
         facts=feed,
     )
+    # a partition that waits its turn behind the others' backlog is not idle
+    loop.marks.highwater = lambda topic, partition: _highwater(app.consumer, TP(topic, partition))
     for kind in loop.topics:
         app.agent(_topic(app, settings, kind), name=f"ragwatch.{kind}-processor")(
             _agent(loop, kind)

@@ -405,7 +405,7 @@ class WorkerLoop:
             reason = f"ts: {ahead:,.0f} s ahead of this worker's clock "
             await self.dead_letter(msg, reason + f"(RAGWATCH_MAX_CLOCK_SKEW={skew:g})", raw)
             return None
-        self.marks.read(msg.topic, msg.partition, ts)
+        self.marks.read(msg.topic, msg.partition, ts, msg.offset)
         return env
 
     async def _processed(
@@ -464,8 +464,12 @@ class WorkerLoop:
             self.facts.assigned()
             await self.facts.heartbeat(self.read_up_to())
         # Faust reads every partition it keeps again from its committed offset: those
-        # messages get their places in the queues again
+        # messages get their places in the queues again, and their hosts' envelopes come
+        # again behind their newest (redeliveries, not clocks that jumped back)
         n = self.held.reset()
+        for (domain, k), tps in self.partitions.items():
+            if domain == "host" and not tps & lost:
+                self.pipes.gpus.clocks.redelivered(k)
         if not lost:
             return
         gone = [k for k, tps in self.partitions.items() if tps & lost]

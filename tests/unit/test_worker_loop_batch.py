@@ -20,6 +20,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+import pytest
+
 from ragwatch.agents.sim import FleetSimulator, SimConfig
 from ragwatch.codec import decode_gpu_wire as decode_gpu
 from ragwatch.codec import encode
@@ -499,6 +502,34 @@ async def test_messages_read_into_a_batch_before_a_rebalance_are_left_to_be_read
     ts = SimConfig().start_ts + 60
     assert run.pipes.batches == [[("gpu-node-02", ts), ("gpu-node-03", ts)]]
     assert run.counters.messages == 2
+
+
+async def test_a_partition_kept_through_a_rebalance_is_read_again_as_duplicates(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Faust reads a partition the worker keeps through a rebalance again from its
+    committed offset (none yet here: 20 minutes of it): its hosts' envelopes come again
+    far behind their newest. They are redeliveries, duplicates, not a clock that jumped
+    back (no "check its NTP" warning, nothing refused); the host's alerts are unmoved."""
+    values = gpu_values(hosts=2, ticks=20)
+    run = await batched(values, [len(values)])
+    firing = {t.alert.fingerprint for t in run.transitions}
+    await run.loop.assigned({TP(GPU_TOPIC, 0)})  # kept: read again from offset 0
+    before = run.pipes.gpus.stats.duplicates
+    await run.loop.consume("gpu", BurstStream([messages(values)]))
+    stats = run.pipes.gpus.stats
+    assert stats.clock_jumps_back == 0 and stats.duplicates - before == samples(values)
+    assert not [r for r in caplog.records if "clock jumped back" in r.getMessage()]
+    assert {t.alert.fingerprint for t in run.transitions} == firing
+    # then the first minute again, after the last: a clock that jumped back 19 minutes
+    await run.loop.consume("gpu", BurstStream([messages(values[:2])]))
+    assert stats.clock_jumps_back == samples(values[:2])
+    assert [r for r in caplog.records if "clock jumped back" in r.getMessage()]
+
+
+def samples(values: list[bytes]) -> int:
+    """The GPU and process samples of these envelopes."""
+    return sum(1 + len(g["procs"]) for v in values for g in orjson.loads(v)["gpus"])
 
 
 async def test_a_rebalance_while_restoring_drops_the_batch_and_the_hosts_gone() -> None:
