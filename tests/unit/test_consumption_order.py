@@ -37,9 +37,13 @@ def topic_of(env: Envelope) -> str:
     return "events" if isinstance(env, EventEnvelope) else "gpu"
 
 
+def key_of(env: Envelope) -> str:
+    """The message key: its service or host."""
+    return env.service if isinstance(env, RequestsEnvelope) else env.host  # type: ignore[union-attr]
+
+
 def partition_of(env: Envelope) -> int:
-    key = env.service if isinstance(env, RequestsEnvelope) else env.host  # type: ignore[union-attr]
-    return zlib.crc32(key.encode()) % PARTITIONS
+    return zlib.crc32(key_of(env).encode()) % PARTITIONS
 
 
 def newest(env: Envelope) -> float:
@@ -102,8 +106,7 @@ def by_host(envs: Sequence[Envelope]) -> dict[Queue, list[Envelope]]:
     keys: dict[str, int] = {}
     queues: dict[Queue, list[Envelope]] = {}
     for env in envs:
-        key = env.service if isinstance(env, RequestsEnvelope) else env.host  # type: ignore[union-attr]
-        queues.setdefault((topic_of(env), keys.setdefault(key, len(keys))), []).append(env)
+        queues.setdefault((topic_of(env), keys.setdefault(key_of(env), len(keys))), []).append(env)
     return queues
 
 
@@ -205,7 +208,7 @@ def test_a_partition_waiting_behind_a_backlog_or_read_again_keeps_its_hosts_aler
     host a killed worker left paged twice)."""
     leak = next(t.alert for t in in_order if t.alert.rule == "GpuMemoryLeak")
     queues = by_host(telemetry)
-    queue = next(q for q, envs in queues.items() if envs[0].host == leak.labels["host"])  # type: ignore[union-attr]
+    queue = next(q for q, envs in queues.items() if key_of(envs[0]) == leak.labels["host"])
     high = {q: len(envs) for q, envs in queues.items()}
 
     def reads() -> Iterator[Read]:
