@@ -117,6 +117,15 @@ QUEUED_MS = 1000.0
 # instance's is about 0, and a usual share set higher than the real one is taken for
 # dispersion (a P95's 5 % held the CUSUM at a seventh of its evidence)
 QUEUED_SHARE = 0.01
+# the share of requests queued that the queue's CUSUM weighs against the usual one: a
+# queue is shared, so when it is the fault many requests wait. Each request queued is
+# then log(0.2 / usual) nats (3.0 at 1 %), not a retriever's log(2.5) (0.9): at night a
+# quiet instance takes a request a minute, and 2.5 gave ~0.46 nats a queued request (at
+# its usual dispersion of 2): a queue stuck at night paged ~20 minutes in, not ~5. A
+# request not queued takes back ~0.2 nats (so a blip's evidence is gone within ~60
+# requests, and blips a few minutes apart still add up): the sum gains while more than
+# ~7 % of requests are queued
+QUEUED_ALT_SHARE = 0.2
 TAIL_P = 0.01  # the share of requests a P99 leaves above it
 E2E_TAIL_P = 0.05  # ... and a P95
 TAIL_SLACK = 0.25  # relative uncertainty of that share (a baseline P99 is an estimate)
@@ -181,7 +190,8 @@ def serving_signals(st: ServiceRows, rows: Rows, end: F64, sig: Signals) -> None
     sig["queue_p95_excess_ms"] = np.where(none, 0.0, sig["queue_p95_excess_ms"])
     _tail(st, rows, end, sig, "retriever", "retriever_p99_baseline_ms", TAIL_P, "p99")
     _tail(st, rows, end, sig, "e2e", "e2e_p95_baseline_ms", E2E_TAIL_P, "p95")
-    _tail(st, rows, end, sig, "queue", "queue_p95_baseline_ms", QUEUED_SHARE, "p95", QUEUED_MS)
+    _tail(st, rows, end, sig, "queue", "queue_p95_baseline_ms", QUEUED_SHARE, "p95",
+          margin=QUEUED_MS, alt_share=QUEUED_ALT_SHARE)  # fmt: skip
     _recent_tokens(st, rows, end, sig)
 
 
@@ -350,7 +360,7 @@ def _decode_signals(tpot: F64, se2: F64, n: F64, base: F64, var: F64, sig: Signa
 
 def _tail(
     st: ServiceRows, rows: Rows, end: F64, sig: Signals, name: str, baseline: str, p: float,
-    least: str, margin: float = 0.0,
+    least: str, margin: float = 0.0, alt_share: float = 0.0,
 ) -> None:  # fmt: skip
     """``<name>_tail_ratio`` and ``_z``: the count of the window's ``name`` values above
     the baseline quantile (plus ``margin``) against the share of them usually above it
@@ -358,7 +368,9 @@ def _tail(
     margin being far above its P95): a binomial z, its variance times the count's
     usual dispersion, with :data:`TAIL_SLACK` for the baseline's own error; then the
     usual share and dispersion learn the count, unless it is evidence of a change
-    (:func:`_learnt`); and ``<name>_tail_recovered`` (:func:`tail_recovered`)."""
+    (:func:`_learnt`); and ``<name>_tail_recovered`` (:func:`tail_recovered`).
+    ``<name>_tail_cusum`` (:func:`tail_cusum`) weighs the share ``alt_share`` against
+    the usual one, or :data:`CUSUM_ALT` times it if more."""
     base = np.where(_trusted(st, rows, (name,)), sig[baseline], NAN)
     ratio, z = np.full(len(rows), NAN), np.full(len(rows), NAN)
     recovered, cusum = np.full(len(rows), NAN), np.full(len(rows), NAN)
@@ -382,8 +394,11 @@ def _tail(
         fresh = over[max(0, n - (total - counted[r])) :] if counted[r] >= 0 else over[:0]
         counted[r] = total
         rise = CUSUM_RISE * st.bucket_s / 60.0  # a minute's requests: one event
+        alt = max(CUSUM_ALT, alt_share / usual)
         sums[r] = (
-            0.0 if recovered[i] >= RECOVERED else tail_cusum(sums[r], fresh, usual, known[1], rise)
+            0.0
+            if recovered[i] >= RECOVERED
+            else tail_cusum(sums[r], fresh, usual, known[1], rise, alt)
         )
         cusum[i] = sums[r]
         if recovered[i] >= RECOVERED:  # the test is of the requests since it came back,
@@ -404,14 +419,15 @@ def _tail(
 
 def tail_cusum(
     before: float, over: npt.NDArray[np.bool_], usual: float, disp: float = 1.0,
-    rise: float = math.inf,
+    rise: float = math.inf, alt: float = CUSUM_ALT,
 ) -> float:  # fmt: skip
     """A CUSUM, in nats, of the evidence that the share of requests above the baseline
-    quantile rose from ``usual`` to :data:`CUSUM_ALT` times it, taken on from ``before``
-    over the newest requests ``over`` (oldest first): each request above adds
-    ``log(ALT)``, each other one ``log((1 - ALT u) / (1 - u))`` (about ``-1.5 u``), never
-    below 0, divided by the count's usual dispersion; held under :data:`CUSUM_CAP` after
-    each step of requests, and at most ``rise`` above ``before`` (:data:`CUSUM_RISE`).
+    quantile rose from ``usual`` to ``alt`` times it (:data:`CUSUM_ALT`; the queue's
+    :data:`QUEUED_ALT_SHARE`), taken on from ``before`` over the newest requests ``over``
+    (oldest first): each request above adds ``log(alt)``, each other one
+    ``log((1 - alt u) / (1 - u))`` (about ``-1.5 u`` at 2.5), never below 0, divided by
+    the count's usual dispersion; held under :data:`CUSUM_CAP` after each step of
+    requests, and at most ``rise`` above ``before`` (:data:`CUSUM_RISE`).
 
     A window tests what it holds; this is what the requests since the series began say
     together. A 3 % stall fault on a retriever whose usual share is 1.6 % is 2.5 times the
@@ -427,11 +443,13 @@ def tail_cusum(
     2.6
     >>> tail_cusum(1.0, np.array([False] * 100), 0.01)
     0.0
+    >>> round(tail_cusum(0.0, np.array([True, True, False]), 0.01, alt=20.0), 2)
+    5.78
     """
     if not len(over):
         return before
-    u = min(usual, 0.5 / CUSUM_ALT)
-    up, down = math.log(CUSUM_ALT), math.log1p(-CUSUM_ALT * u) - math.log1p(-u)
+    u = min(usual, 0.5 / alt)
+    up, down = math.log(alt), math.log1p(-alt * u) - math.log1p(-u)
     # S_k = max(0, S_k-1 + x_k) is C_k less the lowest C_j under 0, C the running sum
     c = before + np.cumsum(np.where(over, up, down)) / max(1.0, disp)
     return float(min(c[-1] - min(0.0, float(c.min())), CUSUM_CAP, before + rise))

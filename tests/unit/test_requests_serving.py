@@ -321,6 +321,24 @@ def test_a_queue_of_a_minute_or_two_at_a_time_does_not_page_and_a_stuck_one_does
     assert 2 * CUSUM_RISE <= blipped < 10  # each blip was evidence, none enough
 
 
+def test_a_queue_stuck_at_night_on_a_quiet_instance_pages_within_10_minutes() -> None:
+    """A request a minute at night, and then the queue sticks (every request waits ~4 s
+    more): each queued request is ``log(QUEUED_ALT_SHARE / usual)`` nats, ~3 (1.5 at
+    the learnt dispersion), so 10 nats take ~7 queued requests. With the retriever's
+    alternative (2.5 times the usual share, ~0.5 nats a request here) it paged ~20
+    minutes in (``bench/space_real.py`` seed 3, 02:17)."""
+    night = T0 + 8 * HOUR
+    stuck = night + HOUR
+
+    def plan(t: float) -> Service:
+        rpm = 15.0 if t < night else 1.0
+        return Service(rpm=rpm, queue_ms=4000.0 if stuck <= t < stuck + HOUR else 15.0)
+
+    fired = _firing(_run(plan, 10.5))
+    assert [r for r, _ in fired] == ["QueueWaitHigh"]
+    assert fired[0][1] - stuck <= 10 * MIN
+
+
 def test_the_queue_cusum_counts_what_the_shipped_rule_calls_queued() -> None:
     """The queue's CUSUM counts requests that waited ``QUEUED_MS`` over the baseline P95,
     the excess QueueWaitHigh asks of the P95 (written twice: the YAML cannot name a
@@ -456,25 +474,25 @@ def test_the_tail_recovers_after_a_few_clean_requests_of_a_fault_that_slowed_the
     assert tail_recovered(runs, 0.01, 3.0)[0] == pytest.approx(tail_recovered(runs, 0.01)[0] / 3)
 
 
-def _cusum(before: float, over: list[bool], u: float, phi: float) -> float:
+def _cusum(before: float, over: list[bool], u: float, phi: float, alt: float) -> float:
     """``tail_cusum`` one request at a time, as its textbook recursion (the alternative
-    share, 2.5 times the usual one, at most a half)."""
-    u, s = min(u, 0.2), before
+    share, ``alt`` times the usual one, at most a half)."""
+    u, s = min(u, 0.5 / alt), before
     for a in over:
-        step = math.log(2.5) if a else math.log((1 - 2.5 * u) / (1 - u))
+        step = math.log(alt) if a else math.log((1 - alt * u) / (1 - u))
         s = max(0.0, s + step / max(1.0, phi))
     return min(s, 12.0)
 
 
 @given(
     st.floats(0.0, 12.0), st.lists(st.booleans(), max_size=300),
-    st.floats(0.001, 0.3), st.floats(0.2, 5.0),
+    st.floats(0.001, 0.3), st.floats(0.2, 5.0), st.sampled_from([2.5, 10.0, 50.0]),
 )  # fmt: skip
 def test_the_tail_cusum_is_the_recursion_one_request_at_a_time(
-    before: float, over: list[bool], u: float, phi: float
+    before: float, over: list[bool], u: float, phi: float, alt: float
 ) -> None:
-    got = tail_cusum(before, np.array(over, dtype=np.bool_), u, phi)
-    assert got == pytest.approx(_cusum(before, over, u, phi), abs=1e-9)
+    got = tail_cusum(before, np.array(over, dtype=np.bool_), u, phi, alt=alt)
+    assert got == pytest.approx(_cusum(before, over, u, phi, alt), abs=1e-9)
 
 
 def test_the_tail_cusum_finds_a_stall_fault_a_window_cannot_and_forgets_it() -> None:
