@@ -267,6 +267,15 @@ class Pipelines:
             p.forget(key)
         self.engine.forget(lambda lab: owns(domain, key, lab))
 
+    def redelivered(self, domain: Domain, key: str) -> None:
+        """A host's or service's partition stays here through a rebalance and is read
+        again from its committed offset: a host's envelopes come again behind its newest,
+        duplicates, not a clock that jumped back (:meth:`.gpu_clock.HostClocks.redelivered`).
+        A service's request envelopes need nothing: one not newer than its sender's last
+        is counted as a duplicate already (the request pipeline's ``stats.duplicates``)."""
+        if domain == "host":
+            self.gpus.clocks.redelivered(key)
+
     def run(self, envelopes: Iterable[Envelope], *, batch: int = 256) -> Iterator[Transition]:
         """Every transition of a stream of envelopes, in order: runs of up to ``batch``
         consecutive GPU envelopes go through :meth:`gpu_batch` together, and runs of

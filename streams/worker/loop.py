@@ -468,8 +468,8 @@ class WorkerLoop:
         # again behind their newest (redeliveries, not clocks that jumped back)
         n = self.held.reset()
         for (domain, k), tps in self.partitions.items():
-            if domain == "host" and not tps & lost:
-                self.pipes.gpus.clocks.redelivered(k)
+            if not tps & lost:
+                self.pipes.redelivered(domain, k)
         if not lost:
             return
         gone = [k for k, tps in self.partitions.items() if tps & lost]
