@@ -121,10 +121,10 @@ QUEUED_SHARE = 0.01
 # queue is shared, so when it is the fault many requests wait. Each request queued is
 # then log(0.2 / usual) nats (3.0 at 1 %), not a retriever's log(2.5) (0.9): at night a
 # quiet instance takes a request a minute, and 2.5 gave ~0.46 nats a queued request (at
-# its usual dispersion of 2): a queue stuck at night paged ~20 minutes in, not ~5. A
-# request not queued takes back ~0.2 nats (so a blip's evidence is gone within ~60
-# requests, and blips a few minutes apart still add up): the sum gains while more than
-# ~7 % of requests are queued
+# its usual dispersion of 2): a queue stuck at night pended 23 minutes in, now 5 (the
+# night test of tests/unit/test_requests_serving.py). A request not queued takes back
+# ~0.2 nats (a blip's evidence is gone within ~60 requests, and blips a few minutes
+# apart still add up): the sum gains while more than ~7 % of requests are queued
 QUEUED_ALT_SHARE = 0.2
 TAIL_P = 0.01  # the share of requests a P99 leaves above it
 E2E_TAIL_P = 0.05  # ... and a P95
